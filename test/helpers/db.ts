@@ -1,0 +1,109 @@
+/**
+ * Test databases. Every store test runs against PGlite (in memory) and, when DATABASE_URL is set,
+ * against the real PostgreSQL server through both drivers (`pg` and postgres.js). Each call to
+ * `open()` gets a database of its own: a new PGlite instance, or a new database on the server that is
+ * dropped again by `close()`. In CI (CI=true) DATABASE_URL is required, so the real run cannot be
+ * skipped by accident.
+ */
+import { randomBytes } from "node:crypto";
+import { PGlite } from "@electric-sql/pglite";
+import pg from "pg";
+import postgres from "postgres";
+import type { Db } from "../../src/postgres/db.ts";
+import { fromPg } from "../../src/postgres/drivers/pg.ts";
+import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
+import { fromPostgresJs } from "../../src/postgres/drivers/postgres-js.ts";
+
+export const DATABASE_URL = process.env.DATABASE_URL;
+if (process.env.CI && !DATABASE_URL) {
+  throw new Error(
+    "CI=true but DATABASE_URL is not set: the store tests must run against the real PostgreSQL",
+  );
+}
+
+export interface OpenDb {
+  db: Db;
+  /** The connection URL of the fresh database (real server only). */
+  url?: string;
+  close(): Promise<void>;
+}
+
+export interface TestBackend {
+  name: "pglite" | "pg" | "postgres";
+  open(): Promise<OpenDb>;
+}
+
+/** Create an empty database on the real server; `drop()` removes it. */
+export async function freshDatabase(prefix = "idem_test"): Promise<{ url: string; drop(): Promise<void> }> {
+  if (!DATABASE_URL) throw new Error("freshDatabase needs DATABASE_URL");
+  const name = `${prefix}_${randomBytes(6).toString("hex")}`;
+  const admin = new pg.Client({ connectionString: DATABASE_URL });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE DATABASE ${name}`);
+  } finally {
+    await admin.end();
+  }
+  const url = new URL(DATABASE_URL);
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    async drop() {
+      const c = new pg.Client({ connectionString: DATABASE_URL });
+      await c.connect();
+      try {
+        await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      } finally {
+        await c.end();
+      }
+    },
+  };
+}
+
+const pgliteBackend: TestBackend = {
+  name: "pglite",
+  async open() {
+    const db = fromPglite(await PGlite.create());
+    return { db, close: () => db.close() };
+  },
+};
+
+const pgBackend: TestBackend = {
+  name: "pg",
+  async open() {
+    const fresh = await freshDatabase();
+    const db = fromPg(new pg.Pool({ connectionString: fresh.url, max: 20 }));
+    return {
+      db,
+      url: fresh.url,
+      async close() {
+        await db.close();
+        await fresh.drop();
+      },
+    };
+  },
+};
+
+const postgresJsBackend: TestBackend = {
+  name: "postgres",
+  async open() {
+    const fresh = await freshDatabase();
+    const db = fromPostgresJs(postgres(fresh.url, { max: 20, onnotice: () => {} }));
+    return {
+      db,
+      url: fresh.url,
+      async close() {
+        await db.close();
+        await fresh.drop();
+      },
+    };
+  },
+};
+
+/** PGlite always; both real drivers when DATABASE_URL is set. */
+export const backends: TestBackend[] = DATABASE_URL
+  ? [pgliteBackend, pgBackend, postgresJsBackend]
+  : [pgliteBackend];
+
+/** Only the real-server backends (tests of concurrency that PGlite, being single-connection, cannot show). */
+export const serverBackends: TestBackend[] = DATABASE_URL ? [pgBackend, postgresJsBackend] : [];
