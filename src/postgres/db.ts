@@ -19,6 +19,8 @@ export interface Queryable {
 
 /** A connection inside an open transaction. */
 export interface Tx extends Queryable {
+  /** Run several `;`-separated statements without parameters, in order. */
+  exec(sql: string): Promise<void>;
   /** The driver's own transaction object (a `pg` client, a postgres.js `sql`, a PGlite `Transaction`). */
   readonly raw: unknown;
 }

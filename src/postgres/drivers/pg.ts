@@ -44,6 +44,9 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         await client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
         const tx: Tx = {
           raw: client,
+          async exec(sql: string) {
+            await client.query(sql);
+          },
           async query<R>(sql: string, params?: readonly unknown[]) {
             return result<R>(await client.query(sql, toParams(params)));
           },

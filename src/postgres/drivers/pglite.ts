@@ -37,7 +37,13 @@ export function fromPglite(pglite: PgliteLike, options: { owned?: boolean } = {}
     transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       return pglite.transaction(async (t) => {
         if (opts?.begin) await t.exec(opts.begin);
-        return fn({ raw: t, query: (sql, params) => run(t, sql, params) });
+        return fn({
+          raw: t,
+          query: (sql, params) => run(t, sql, params),
+          async exec(sql: string) {
+            await t.exec(sql);
+          },
+        });
       });
     },
     async close() {

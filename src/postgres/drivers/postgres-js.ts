@@ -39,7 +39,13 @@ export function fromPostgresJs(sql: PostgresJsLike, options: { owned?: boolean }
     async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       const body = async (tsql: PostgresJsQueryable) => {
         if (opts?.begin) await tsql.unsafe(opts.begin);
-        return fn({ raw: tsql, query: (text, params) => run(tsql, text, params) });
+        return fn({
+          raw: tsql,
+          query: (text, params) => run(tsql, text, params),
+          async exec(text: string) {
+            await tsql.unsafe(text);
+          },
+        });
       };
       return (await sql.begin(body)) as T;
     },

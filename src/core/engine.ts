@@ -1,0 +1,151 @@
+import { IdemError, isIdemError, KeyMissingError } from "./errors.ts";
+import { fieldsFingerprint, fingerprint, parseBody } from "./fingerprint.ts";
+import { parseIdempotencyKey } from "./key.ts";
+import { errorResponse, problemResponse } from "./problem.ts";
+import {
+  DEFAULT_REPLAYED_HEADERS,
+  filterHeaders,
+  isSaved,
+  type SavePolicy,
+  type StoredResponse,
+} from "./response.ts";
+import type { AtomicStore, Claim } from "./store.ts";
+
+/** A request as the engine sees it; each HTTP adapter builds one from its framework's request. */
+export interface IdemRequest {
+  method: string;
+  /** Path with query string. */
+  path: string;
+  header(name: string): string | null | undefined;
+  body: Uint8Array;
+}
+
+export interface EngineOptions<Tx> extends SavePolicy {
+  /** Where keys, saved responses and (in atomic mode) the work's transaction live. Required. */
+  store: AtomicStore<Tx>;
+  /** Answer 400 when a request has no `Idempotency-Key`. Default: `true`. */
+  required?: boolean;
+  /**
+   * How requests are compared: by default SHA-256 over method, path and canonical body. Pass
+   * `{ fields: ["amount_cents", "currency"] }` to compare selected body fields only, or a function.
+   */
+  fingerprint?: { fields: readonly string[] } | ((req: IdemRequest) => Uint8Array);
+  /** Response headers replayed with a saved response. Default: `DEFAULT_REPLAYED_HEADERS`. Never Set-Cookie. */
+  replayHeaders?: readonly string[];
+}
+
+/** The result of reading a request: either a claim to run, an answer to send at once, or no key at all. */
+export type Prepared =
+  | { kind: "claim"; claim: Claim }
+  | { kind: "answer"; response: StoredResponse }
+  | { kind: "unkeyed" };
+
+export const REPLAYED_HEADER = "idempotent-replayed";
+export const EXPIRES_HEADER = "idempotency-expires";
+
+/**
+ * The protocol, framework-free: parse the key, fingerprint the request, run the work under a claim,
+ * and turn every outcome into the response to send. Adapters only translate requests and responses.
+ */
+export class IdempotencyEngine<Tx> {
+  readonly options: EngineOptions<Tx>;
+  private readonly replayHeaders: readonly string[];
+  constructor(options: EngineOptions<Tx>) {
+    this.options = options;
+    this.replayHeaders = options.replayHeaders ?? DEFAULT_REPLAYED_HEADERS;
+  }
+
+  /** Read the key and fingerprint. `scope` comes from authentication (undefined: not authenticated). */
+  prepare(req: IdemRequest, scope: string | undefined): Prepared {
+    let key: string | undefined;
+    try {
+      key = parseIdempotencyKey(req.header("idempotency-key"));
+      if (key === undefined) {
+        if (this.options.required === false) return { kind: "unkeyed" };
+        throw new KeyMissingError();
+      }
+    } catch (err) {
+      if (isIdemError(err)) return { kind: "answer", response: errorResponse(err) };
+      throw err;
+    }
+    if (scope === undefined) {
+      return {
+        kind: "answer",
+        response: problemResponse(401, "unauthorized", "Authenticate before sending an idempotent request."),
+      };
+    }
+    return { kind: "claim", claim: { scope, key, fingerprint: this.fingerprintOf(req) } };
+  }
+
+  private fingerprintOf(req: IdemRequest): Uint8Array {
+    const f = this.options.fingerprint;
+    if (typeof f === "function") return f(req);
+    if (f) {
+      const parsed = parseBody(req.header("content-type"), req.body) ?? {};
+      const picked: Record<string, unknown> = {};
+      for (const name of f.fields) picked[name] = parsed[name];
+      return fieldsFingerprint(req.method, req.path, picked);
+    }
+    return fingerprint({
+      method: req.method,
+      path: req.path,
+      contentType: req.header("content-type"),
+      body: req.body,
+    });
+  }
+
+  /**
+   * Run `work` under the claim. `work` gets the transaction and returns the handler's response; the
+   * engine decides whether it is saved. Returns the response to send (an error, a replay, or the
+   * handler's own response with idem's headers added). Errors thrown by `work` are rethrown after the
+   * rollback, so the framework's error handling still applies.
+   */
+  async execute(
+    claim: Claim,
+    work: (tx: Tx) => Promise<StoredResponse>,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<{ response: StoredResponse; replayed: boolean; executed: boolean }> {
+    try {
+      const outcome = await this.options.store.atomic(
+        claim,
+        async (tx) => {
+          const produced = await work(tx);
+          const save = isSaved(produced.status, this.options)
+            ? { status: produced.status, headers: this.savedHeaders(produced.headers), body: produced.body }
+            : undefined;
+          return { response: produced, save };
+        },
+        options,
+      );
+      if (outcome.kind === "replayed") {
+        const r = outcome.response;
+        return {
+          response: {
+            status: r.status,
+            headers: [
+              ...r.headers,
+              [REPLAYED_HEADER, "true"],
+              [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
+            ],
+            body: r.body,
+          },
+          replayed: true,
+          executed: false,
+        };
+      }
+      const r = outcome.response;
+      const headers = outcome.saved
+        ? [...r.headers, [EXPIRES_HEADER, outcome.expiresAt.toUTCString()] as [string, string]]
+        : r.headers;
+      return { response: { status: r.status, headers, body: r.body }, replayed: false, executed: true };
+    } catch (err) {
+      if (err instanceof IdemError) return { response: errorResponse(err), replayed: false, executed: false };
+      throw err;
+    }
+  }
+
+  /** The headers of a response as they will be saved (allow-listed, never Set-Cookie). */
+  savedHeaders(headers: Iterable<[string, string]>): Array<[string, string]> {
+    return filterHeaders(headers, this.replayHeaders);
+  }
+}

@@ -1,0 +1,116 @@
+/**
+ * Every error idem throws or answers with. Each has a stable `code` (also the last segment of the
+ * problem `type` URI on HTTP), a `status` when it maps to an HTTP answer, and keeps its `cause`.
+ */
+export const ProblemCode = {
+  KeyMissing: "idempotency-key-missing",
+  KeyInvalid: "idempotency-key-invalid",
+  KeyInFlight: "idempotency-key-in-flight",
+  KeyMismatch: "idempotency-key-mismatch",
+  LeaseLost: "idempotency-lease-lost",
+  TransactionTooLong: "idempotency-transaction-too-long",
+  Retryable: "retryable-failure",
+  InvalidBody: "invalid-body",
+  BodyTooLarge: "body-too-large",
+  Unauthorized: "unauthorized",
+  NotFound: "not-found",
+} as const;
+export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];
+
+export class IdemError extends Error {
+  override name = "IdemError";
+  readonly code: ProblemCode | string;
+  /** The HTTP status this error is answered with, when it reaches a client. */
+  readonly status: number;
+  constructor(code: ProblemCode | string, status: number, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+    this.status = status;
+  }
+}
+
+/** The request has no `Idempotency-Key` header on a route that requires one. */
+export class KeyMissingError extends IdemError {
+  override name = "KeyMissingError";
+  constructor() {
+    super(
+      ProblemCode.KeyMissing,
+      400,
+      "This endpoint requires an Idempotency-Key header (a UUID is recommended).",
+    );
+  }
+}
+
+/** The `Idempotency-Key` header is not 1..255 visible ASCII characters (bare or as a quoted sf-string). */
+export class KeyInvalidError extends IdemError {
+  override name = "KeyInvalidError";
+  constructor(reason: string) {
+    super(ProblemCode.KeyInvalid, 400, `The Idempotency-Key header is invalid: ${reason}.`);
+  }
+}
+
+/** Another request with the same key is still being processed. Retry after `retryAfterSeconds`. */
+export class KeyInFlightError extends IdemError {
+  override name = "KeyInFlightError";
+  readonly retryAfterSeconds: number;
+  constructor(retryAfterSeconds: number) {
+    super(
+      ProblemCode.KeyInFlight,
+      409,
+      "A request with this Idempotency-Key is still in progress; retry with the same key later.",
+    );
+    this.retryAfterSeconds = retryAfterSeconds;
+  }
+}
+
+/** The key was used before for a different request (another method, path or body). */
+export class KeyMismatchError extends IdemError {
+  override name = "KeyMismatchError";
+  constructor() {
+    super(
+      ProblemCode.KeyMismatch,
+      422,
+      "This Idempotency-Key was already used with a different request; use a new key for a new request.",
+    );
+  }
+}
+
+/** This worker's lease on a key was taken over by another worker: it must stop and write nothing. */
+export class LeaseLostError extends IdemError {
+  override name = "LeaseLostError";
+  constructor() {
+    super(
+      ProblemCode.LeaseLost,
+      409,
+      "Our lease on this key expired and another worker took over; stopping.",
+    );
+  }
+}
+
+/** An atomic-mode transaction ran past its bound and was rolled back; nothing was saved. Retryable. */
+export class TransactionTooLongError extends IdemError {
+  override name = "TransactionTooLongError";
+  constructor(limitMs: number) {
+    super(
+      ProblemCode.TransactionTooLong,
+      503,
+      `The request's transaction ran longer than ${limitMs} ms and was rolled back; retry with the same key.`,
+    );
+  }
+}
+
+/** A failure whose outcome may change on a retry (a provider timeout, a 5xx). Nothing final was saved. */
+export class RetryableError extends IdemError {
+  override name = "RetryableError";
+  readonly retryAfterSeconds: number;
+  constructor(message: string, options?: { cause?: unknown; retryAfterSeconds?: number }) {
+    super(ProblemCode.Retryable, 503, message, options);
+    this.retryAfterSeconds = options?.retryAfterSeconds ?? 1;
+  }
+}
+
+export const isIdemError = (e: unknown): e is IdemError => e instanceof IdemError;
+export const isKeyInFlightError = (e: unknown): e is KeyInFlightError => e instanceof KeyInFlightError;
+export const isKeyMismatchError = (e: unknown): e is KeyMismatchError => e instanceof KeyMismatchError;
+export const isLeaseLostError = (e: unknown): e is LeaseLostError => e instanceof LeaseLostError;
+export const isRetryableError = (e: unknown): e is RetryableError => e instanceof RetryableError;

@@ -1,0 +1,59 @@
+/** A response as idem saves and replays it: status, allow-listed headers, body bytes. */
+export interface StoredResponse {
+  status: number;
+  /** Header name (lower case) and value pairs, in the order they were sent. */
+  headers: Array<[string, string]>;
+  body: Uint8Array;
+}
+
+/** Headers replayed by default. Anything else the first response carried is dropped from the replay. */
+export const DEFAULT_REPLAYED_HEADERS: readonly string[] = [
+  "content-type",
+  "content-language",
+  "content-location",
+  "content-disposition",
+  "location",
+  "etag",
+  "last-modified",
+  "cache-control",
+  "link",
+];
+
+/** Never replayed, whatever the allow-list says: a replay must not hand out the first caller's session. */
+const NEVER_REPLAYED = new Set(["set-cookie", "set-cookie2"]);
+
+/** Keep only allow-listed headers (case-insensitive), never Set-Cookie. */
+export function filterHeaders(
+  headers: Iterable<[string, string]>,
+  allow: readonly string[] = DEFAULT_REPLAYED_HEADERS,
+): Array<[string, string]> {
+  const allowed = new Set(allow.map((h) => h.toLowerCase()));
+  const out: Array<[string, string]> = [];
+  for (const [name, value] of headers) {
+    const n = name.toLowerCase();
+    if (allowed.has(n) && !NEVER_REPLAYED.has(n)) out.push([n, value]);
+  }
+  return out;
+}
+
+/** Which outcomes are saved and replayed. */
+export interface SavePolicy {
+  /**
+   * Non-2xx statuses that are final business answers and are saved like a success (e.g. 402 declined).
+   * Default: `[402]`.
+   */
+  saveStatuses?: readonly number[];
+  /**
+   * Save 5xx answers too, the way Stripe saves any result once execution began. Default: `false`
+   * (a 5xx rolls back and the same key can be retried).
+   */
+  saveServerErrors?: boolean;
+}
+
+/** True when a response with this status is a final answer that must be saved. */
+export function isSaved(status: number, policy: SavePolicy = {}): boolean {
+  if (status >= 200 && status < 300) return true;
+  if ((policy.saveStatuses ?? [402]).includes(status)) return true;
+  if (status >= 500 && policy.saveServerErrors) return true;
+  return false;
+}

@@ -1,0 +1,343 @@
+/**
+ * The store contract: every driver (PGlite, and pg + postgres.js on the real server) must behave the same.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  type Claim,
+  fingerprint,
+  isKeyInFlightError,
+  isKeyMismatchError,
+  type StoredResponse,
+  TransactionTooLongError,
+} from "../../src/core/index.ts";
+import type { Db, Tx } from "../../src/postgres/db.ts";
+import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
+import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
+import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
+
+const enc = new TextEncoder();
+const DAY = 86_400_000;
+
+function claimOf(scope: string, key: string, body: string): Claim {
+  return {
+    scope,
+    key,
+    fingerprint: fingerprint({
+      method: "POST",
+      path: "/v1/payments",
+      contentType: "application/json",
+      body: enc.encode(body),
+    }),
+  };
+}
+
+/** The work a request does: one row in `effects`, and a reply naming it. */
+async function charge(
+  tx: Tx,
+  note: string,
+  status = 201,
+): Promise<{ response: StoredResponse; save: StoredResponse | undefined }> {
+  const { rows } = await tx.query<{ id: number }>("INSERT INTO effects (note) VALUES ($1) RETURNING id", [
+    note,
+  ]);
+  const response: StoredResponse = {
+    status,
+    headers: [["content-type", "application/json"]],
+    body: enc.encode(JSON.stringify({ id: rows[0]!.id, note })),
+  };
+  return { response, save: status < 300 || status === 402 ? response : undefined };
+}
+
+async function effects(db: Db): Promise<number> {
+  const { rows } = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM effects");
+  return rows[0]!.n;
+}
+
+describe.each(backends)("atomic store on $name", (backend) => {
+  let open: OpenDb;
+  let store: PostgresStore;
+  const stores = (options: PostgresStoreOptions = {}) => PostgresStore.open(open.db, options);
+
+  beforeAll(async () => {
+    open = await backend.open();
+    await migrate(open.db);
+    await open.db.exec("CREATE TABLE effects (id serial PRIMARY KEY, note text NOT NULL)");
+    store = await stores();
+  });
+  afterAll(async () => {
+    await open?.close();
+  });
+
+  it("runs a new key once and replays the saved response byte for byte", async () => {
+    const c = claimOf("acct_1", "k-replay", '{"amount_cents":5000}');
+    const first = await store.atomic(c, (tx) => charge(tx, "replay"));
+    const second = await store.atomic(c, (tx) => charge(tx, "replay-again"));
+    expect(first.kind).toBe("executed");
+    expect(second.kind).toBe("replayed");
+    expect(Buffer.from(second.response.body)).toEqual(Buffer.from(first.response.body));
+    expect(second.response.status).toBe(201);
+    expect(second.response.headers).toEqual([["content-type", "application/json"]]);
+    const { rows } = await open.db.query("SELECT count(*)::int AS n FROM effects WHERE note LIKE 'replay%'");
+    expect(rows[0]).toEqual({ n: 1 });
+  });
+
+  it("replays binary bodies exactly", async () => {
+    const bytes = new Uint8Array(256).map((_, i) => i);
+    const c = claimOf("acct_1", "k-binary", "{}");
+    const response: StoredResponse = {
+      status: 200,
+      headers: [["content-type", "application/octet-stream"]],
+      body: bytes,
+    };
+    await store.atomic(c, async () => ({ response, save: response }));
+    const again = await store.atomic(c, async () => {
+      throw new Error("must not run");
+    });
+    expect(again.kind).toBe("replayed");
+    expect(Buffer.from(again.response.body).equals(Buffer.from(bytes))).toBe(true);
+  });
+
+  it("answers a different request under the same key with a mismatch and runs nothing", async () => {
+    await store.atomic(claimOf("acct_1", "k-mismatch", '{"amount_cents":5000}'), (tx) => charge(tx, "m"));
+    const before = await effects(open.db);
+    const err = await store
+      .atomic(claimOf("acct_1", "k-mismatch", '{"amount_cents":9999}'), (tx) => charge(tx, "m2"))
+      .catch((e) => e);
+    expect(isKeyMismatchError(err)).toBe(true);
+    expect(await effects(open.db)).toBe(before);
+  });
+
+  it("treats JSON with reordered keys as the same request", async () => {
+    await store.atomic(claimOf("acct_1", "k-order", '{"a":1,"b":{"y":2,"x":1}}'), (tx) => charge(tx, "o"));
+    const again = await store.atomic(claimOf("acct_1", "k-order", '{ "b": {"x":1,"y":2}, "a": 1 }'), (tx) =>
+      charge(tx, "o"),
+    );
+    expect(again.kind).toBe("replayed");
+  });
+
+  it("saves nothing for an answer that is not final, so the retry executes", async () => {
+    const c = claimOf("acct_1", "k-500", "{}");
+    const before = await effects(open.db);
+    const first = await store.atomic(c, (tx) => charge(tx, "five-hundred", 500));
+    expect(first).toMatchObject({ kind: "executed", saved: false });
+    expect(await effects(open.db)).toBe(before); // the work rolled back with the claim
+    const retry = await store.atomic(c, (tx) => charge(tx, "five-hundred"));
+    expect(retry).toMatchObject({ kind: "executed", saved: true });
+    expect(await effects(open.db)).toBe(before + 1);
+  });
+
+  it("rolls back the claim and the work when the work throws", async () => {
+    const c = claimOf("acct_1", "k-crash", "{}");
+    const before = await effects(open.db);
+    await expect(
+      store.atomic(c, async (tx) => {
+        await charge(tx, "crash");
+        throw new Error("crash after the effect");
+      }),
+    ).rejects.toThrow("crash after the effect");
+    expect(await effects(open.db)).toBe(before);
+    expect((await store.atomic(c, (tx) => charge(tx, "crash-retry"))).kind).toBe("executed");
+  });
+
+  it("saves nothing when the client hung up before the commit", async () => {
+    const c = claimOf("acct_1", "k-gone", "{}");
+    const ctl = new AbortController();
+    const before = await effects(open.db);
+    const first = await store.atomic(
+      c,
+      async (tx) => {
+        const r = await charge(tx, "gone");
+        ctl.abort();
+        return r;
+      },
+      { signal: ctl.signal },
+    );
+    expect(first).toMatchObject({ saved: false });
+    expect(await effects(open.db)).toBe(before);
+    expect((await store.atomic(c, (tx) => charge(tx, "gone-retry"))).kind).toBe("executed");
+  });
+
+  it("keeps scopes apart: two accounts with the same key get two executions", async () => {
+    const a = await store.atomic(claimOf("acct_A", "shared-key", "{}"), (tx) => charge(tx, "A"));
+    const b = await store.atomic(claimOf("acct_B", "shared-key", "{}"), (tx) => charge(tx, "B"));
+    expect(a.kind).toBe("executed");
+    expect(b.kind).toBe("executed");
+    expect(Buffer.from(a.response.body).toString()).toContain('"A"');
+    expect(Buffer.from(b.response.body).toString()).toContain('"B"');
+    const replayB = await store.atomic(claimOf("acct_B", "shared-key", "{}"), (tx) => charge(tx, "B"));
+    expect(Buffer.from(replayB.response.body).toString()).toContain('"B"');
+  });
+
+  it("forgets a key after the retention window, and not before", async () => {
+    let now = Date.UTC(2030, 0, 10, 12);
+    const s = await stores({ clock: () => now, retentionMs: DAY });
+    const c = claimOf("acct_1", "k-expiry", "{}");
+    expect((await s.atomic(c, (tx) => charge(tx, "e"))).kind).toBe("executed");
+    now += DAY - 1000;
+    expect((await s.atomic(c, (tx) => charge(tx, "e"))).kind).toBe("replayed");
+    now += 2000;
+    expect((await s.atomic(c, (tx) => charge(tx, "e"))).kind).toBe("executed");
+  });
+
+  it("drops whole partitions past retention and keeps every key inside the window", async () => {
+    let now = Date.UTC(2031, 5, 1, 23, 0);
+    const s = await stores({ clock: () => now, retentionMs: DAY });
+    const old = claimOf("acct_1", "k-sweep-old", "{}");
+    await s.atomic(old, (tx) => charge(tx, "old"));
+    now += DAY + 2 * 3_600_000; // next day, 01:00: the old key is 26 h old, its partition's newest could be 25 h
+    const fresh = claimOf("acct_1", "k-sweep-new", "{}");
+    await s.atomic(fresh, (tx) => charge(tx, "new"));
+    const { dropped } = await s.sweep();
+    expect(dropped).toContain(s.partitions.bucketOf(Date.UTC(2031, 5, 1, 23, 0)));
+    expect(dropped).not.toContain(s.partitions.bucketOf(now));
+    expect((await s.atomic(fresh, (tx) => charge(tx, "new"))).kind).toBe("replayed");
+    const { rows } = await open.db.query(
+      "SELECT count(*)::int AS n FROM idem.keys WHERE key = 'k-sweep-old'",
+    );
+    expect(rows[0]).toEqual({ n: 0 });
+  });
+
+  it("rolls back a transaction that outlives its bound, saving nothing", async () => {
+    let now = Date.UTC(2032, 0, 1, 12);
+    const s = await stores({ clock: () => now, boundaryOverlapMs: 60_000 });
+    const before = await effects(open.db);
+    const err = await s
+      .atomic(claimOf("acct_1", "k-long", "{}"), async (tx) => {
+        const r = await charge(tx, "long");
+        now += 31_000; // past half the overlap
+        return r;
+      })
+      .catch((e) => e);
+    expect(err).toBeInstanceOf(TransactionTooLongError);
+    expect(await effects(open.db)).toBe(before);
+  });
+
+  it("tells which migrations are pending", async () => {
+    expect(await pendingMigrations(open.db)).toEqual([]);
+  });
+});
+
+describe.each(serverBackends)("atomic store under concurrency on $name", (backend) => {
+  let open: OpenDb;
+  let store: PostgresStore;
+
+  beforeAll(async () => {
+    open = await backend.open();
+    // Several instances migrating at the same moment: one applies, the others find nothing to do.
+    const results = await Promise.all([migrate(open.db), migrate(open.db), migrate(open.db)]);
+    expect(results.map((r) => r.applied.length).sort()).toEqual(
+      [0, 0, results[0]!.applied.length || 1].sort(),
+    );
+    await open.db.exec("CREATE TABLE effects (id serial PRIMARY KEY, note text NOT NULL)");
+    store = await PostgresStore.open(open.db);
+  });
+  afterAll(async () => {
+    await open?.close();
+  });
+
+  it("runs 20 concurrent duplicates once and gives all of them the same body", async () => {
+    const c = claimOf("acct_1", "k-storm", "{}");
+    const outs = await Promise.all(
+      Array.from({ length: 20 }, () =>
+        store.atomic(c, async (tx) => {
+          const r = await charge(tx, "storm");
+          await new Promise((res) => setTimeout(res, 50));
+          return r;
+        }),
+      ),
+    );
+    expect(outs.filter((o) => o.kind === "executed")).toHaveLength(1);
+    const bodies = new Set(outs.map((o) => Buffer.from(o.response.body).toString()));
+    expect(bodies.size).toBe(1);
+    const { rows } = await open.db.query("SELECT count(*)::int AS n FROM effects WHERE note = 'storm'");
+    expect(rows[0]).toEqual({ n: 1 });
+  });
+
+  it("lets the waiting duplicate execute when the first one rolls back", async () => {
+    const c = claimOf("acct_1", "k-rollback", "{}");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const first = store
+      .atomic(c, async (tx) => {
+        await charge(tx, "rb-first");
+        await gate;
+        throw new Error("first crashed");
+      })
+      .catch((e: Error) => e.message);
+    await new Promise((r) => setTimeout(r, 100));
+    const second = store.atomic(c, (tx) => charge(tx, "rb-second"));
+    await new Promise((r) => setTimeout(r, 100));
+    release();
+    expect(await first).toBe("first crashed");
+    expect((await second).kind).toBe("executed");
+    const { rows } = await open.db.query("SELECT note FROM effects WHERE note LIKE 'rb-%'");
+    expect(rows).toEqual([{ note: "rb-second" }]);
+  });
+
+  it("answers 409 in flight when the first request holds the key past the lock timeout", async () => {
+    const s = await PostgresStore.open(open.db, { lockTimeoutMs: 200 });
+    const c = claimOf("acct_1", "k-inflight", "{}");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const first = s.atomic(c, async (tx) => {
+      const r = await charge(tx, "inflight");
+      await gate;
+      return r;
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    const err = await s.atomic(c, (tx) => charge(tx, "inflight")).catch((e) => e);
+    expect(isKeyInFlightError(err)).toBe(true);
+    expect(err.retryAfterSeconds).toBeGreaterThan(0);
+    release();
+    expect((await first).kind).toBe("executed");
+    expect((await s.atomic(c, (tx) => charge(tx, "inflight"))).kind).toBe("replayed");
+  });
+
+  /*
+   * The partition boundary: A claims 1 ms before a new partition starts and is still running when its
+   * duplicate B arrives 1 ms after. They land in different partitions, whose unique indexes know nothing
+   * of each other; B's boundary marker in the previous partition is what makes B wait for A and replay.
+   */
+  async function boundaryRace(overlapMs: number): Promise<{ kinds: string[]; executions: number }> {
+    const partitionMs = 86_400_000;
+    const boundary = Date.UTC(2033, 2, 3);
+    const note = `boundary-${overlapMs}`;
+    const key = `k-boundary-${overlapMs}`;
+    const a = await PostgresStore.open(open.db, { clock: () => boundary - 1, boundaryOverlapMs: overlapMs });
+    const b = await PostgresStore.open(open.db, { clock: () => boundary + 1, boundaryOverlapMs: overlapMs });
+    expect(a.partitions.bucketOf(boundary - 1)).toBe(b.partitions.bucketOf(boundary + 1) - 1);
+    expect(a.partitions.widthMs).toBe(partitionMs);
+    const c = claimOf("acct_1", key, "{}");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const first = a.atomic(c, async (tx) => {
+      const r = await charge(tx, note);
+      await gate;
+      return r;
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    const second = b.atomic(c, (tx) => charge(tx, note));
+    await new Promise((r) => setTimeout(r, 100));
+    release();
+    const outs = await Promise.all([first, second]);
+    const { rows } = await open.db.query<{ n: number }>(
+      "SELECT count(*)::int AS n FROM effects WHERE note = $1",
+      [note],
+    );
+    return { kinds: outs.map((o) => o.kind), executions: rows[0]!.n };
+  }
+
+  it("never runs a retry twice when two duplicates race across a partition boundary", async () => {
+    expect(await boundaryRace(600_000)).toEqual({ kinds: ["executed", "replayed"], executions: 1 });
+  });
+
+  it("shows the boundary race is real: without the marker the duplicate runs a second time", async () => {
+    expect(await boundaryRace(0)).toEqual({ kinds: ["executed", "executed"], executions: 2 });
+  });
+});
