@@ -40,4 +40,6 @@ export interface AtomicStore<Tx> {
     work: (tx: Tx) => Promise<WorkResult>,
     options?: { signal?: AbortSignal },
   ): Promise<AtomicOutcome>;
+  /** Run work in a plain transaction, for requests without a key on routes where the key is optional. */
+  transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T>;
 }

@@ -95,6 +95,10 @@ export class PostgresStore implements AtomicStore<Tx> {
     this.sql = statements(this.schema);
   }
 
+  transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T> {
+    return this.db.transaction(work);
+  }
+
   /** Read the partition width chosen at migration, and make sure the current partitions exist. */
   static async open(db: Db, options: PostgresStoreOptions = {}): Promise<PostgresStore> {
     const schema = checkSchemaName(options.schema ?? "idem");

@@ -1,0 +1,96 @@
+/**
+ * Hono adapter: `idempotency(options)` is a middleware for keyed routes.
+ *
+ *   app.post("/v1/payments", auth, validate, idempotency({ store, scope: (c) => c.var.accountId }), handler)
+ *
+ * Put validation before it, so that a bad request is answered without claiming the key. The handler
+ * finds the transaction in `c.var.idempotency.tx`: its writes commit together with the saved response.
+ */
+import type { Context, MiddlewareHandler } from "hono";
+import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
+import { IdempotencyEngine } from "../core/index.ts";
+import type { Tx } from "../postgres/db.ts";
+
+export interface IdempotencyVariables {
+  /** The transaction of this request (atomic mode): do the work's writes here. */
+  tx: Tx;
+  /** The request's idempotency key, or undefined on an optional-key route called without one. */
+  key: string | undefined;
+  scope: string | undefined;
+}
+
+declare module "hono" {
+  interface ContextVariableMap {
+    idempotency: IdempotencyVariables;
+  }
+}
+
+export interface HonoIdempotencyOptions extends EngineOptions<Tx> {
+  /** The caller's scope (their account id), from authentication, never from the body. Required. */
+  scope: (c: Context) => string | undefined | Promise<string | undefined>;
+}
+
+const NULL_BODY = new Set([101, 204, 205, 304]);
+
+function toResponse(r: StoredResponse): Response {
+  const headers = new Headers();
+  for (const [k, v] of r.headers) headers.append(k, v);
+  return new Response(
+    NULL_BODY.has(r.status) || r.body.length === 0 ? null : (r.body as Uint8Array<ArrayBuffer>),
+    { status: r.status, headers },
+  );
+}
+
+function setResponse(c: Context, r: StoredResponse): void {
+  c.res = undefined; // otherwise Hono merges the previous response's headers into the new one
+  c.res = toResponse(r);
+}
+
+export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler {
+  const engine = new IdempotencyEngine<Tx>(options);
+  return async function idempotencyMiddleware(c, next) {
+    const scope = await options.scope(c);
+    const url = new URL(c.req.url);
+    const body = new Uint8Array(await c.req.arrayBuffer()); // Hono caches it: the handler can read it again
+    const req: IdemRequest = {
+      method: c.req.method,
+      path: url.pathname + url.search,
+      header: (name) => c.req.header(name),
+      body,
+    };
+    const prepared = engine.prepare(req, scope);
+    if (prepared.kind === "answer") {
+      setResponse(c, prepared.response);
+      return;
+    }
+    if (prepared.kind === "unkeyed") {
+      await options.store.transaction(async (tx) => {
+        c.set("idempotency", { tx, key: undefined, scope });
+        await next();
+        if (c.error) throw c.error;
+      });
+      return;
+    }
+    const { claim } = prepared;
+    try {
+      const out = await engine.execute(
+        claim,
+        async (tx) => {
+          c.set("idempotency", { tx, key: claim.key, scope });
+          await next();
+          if (c.error) throw c.error; // the handler threw: roll back; Hono's onError already answered
+          const res = c.res;
+          return {
+            status: res.status,
+            headers: [...res.headers],
+            body: new Uint8Array(await res.arrayBuffer()),
+          };
+        },
+        { signal: c.req.raw.signal },
+      );
+      setResponse(c, out.response);
+    } catch (err) {
+      if (err !== c.error) throw err;
+    }
+  };
+}
