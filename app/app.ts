@@ -22,12 +22,11 @@ export function createApp(deps: AppDeps): Hono {
   });
   app.route("/", paymentRoutes(deps));
   app.notFound((c) =>
-    problem(c, 404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
+    problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
   );
-  app.onError((err, c) => {
+  app.onError((err, _c) => {
     deps.log?.({ level: "error", msg: "unhandled error", err: String(err?.stack ?? err) });
     return problem(
-      c,
       500,
       "internal-error",
       "The server failed; nothing was saved, so a retry with the same key is safe.",

@@ -2,7 +2,7 @@
  * Payments, first cut (atomic mode): the payment row and the saved response commit together.
  */
 import { randomBytes } from "node:crypto";
-import type { Context, MiddlewareHandler } from "hono";
+import type { MiddlewareHandler } from "hono";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { type AtomicStore, bodyKind } from "idem";
@@ -45,7 +45,7 @@ export function authenticate(apiKeys: ApiKeys): MiddlewareHandler<Env> {
     const m = /^Bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "");
     const account = m ? await apiKeys.accountFor(m[1]!) : undefined;
     if (!account) {
-      return problem(c, 401, "unauthorized", "Send a valid API key as `Authorization: Bearer <api key>`.", [
+      return problem(401, "unauthorized", "Send a valid API key as `Authorization: Bearer <api key>`.", [
         ["www-authenticate", 'Bearer realm="idem"'],
       ]);
     }
@@ -91,14 +91,13 @@ const validatePayment: MiddlewareHandler<Env> = async function validatePayment(c
   const kind = bodyKind(ct);
   if (kind === "raw") {
     return problem(
-      c,
       415,
       "unsupported-media-type",
       "Send the body as application/json or application/x-www-form-urlencoded.",
     );
   }
   const parsed = parsePayment(ct, await c.req.text());
-  if (typeof parsed === "string") return problem(c, 400, "invalid-body", `Invalid payment: ${parsed}.`);
+  if (typeof parsed === "string") return problem(400, "invalid-body", `Invalid payment: ${parsed}.`);
   c.set("payment", parsed);
   await next();
 };
@@ -125,8 +124,8 @@ export function paymentRoutes(deps: {
   requireKey?: boolean;
 }): Hono<Env> {
   const app = new Hono<Env>();
-  const tooLarge = (c: Context) =>
-    problem(c, 413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`);
+  const tooLarge = () =>
+    problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`);
 
   app.post(
     "/v1/payments",
@@ -154,7 +153,7 @@ export function paymentRoutes(deps: {
       "SELECT id, amount_cents, currency, status, created_at FROM payments WHERE id = $1 AND account_id = $2",
       [c.req.param("id"), c.var.accountId],
     );
-    if (!rows[0]) return problem(c, 404, "not-found", "No payment with this id in your account.");
+    if (!rows[0]) return problem(404, "not-found", "No payment with this id in your account.");
     return c.json(toPayment(rows[0]));
   });
 

@@ -1,0 +1,74 @@
+/** Start the reference service in this process on a fresh database, on a random loopback port. */
+import type { AddressInfo } from "node:net";
+import { serve } from "@hono/node-server";
+import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
+import { createApp } from "../../app/app.ts";
+import { prepareSchema } from "../../app/database.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
+import type { OpenDb, TestBackend } from "../helpers/db.ts";
+
+export const KEY_1 = "sk_test_demo_1";
+export const KEY_2 = "sk_test_demo_2";
+
+export interface RunningService {
+  url: string;
+  open: OpenDb;
+  store: PostgresStore;
+  stop(): Promise<void>;
+  count(sql: string, params?: unknown[]): Promise<number>;
+}
+
+export async function startService(
+  backend: TestBackend,
+  options: { requireKey?: boolean } = {},
+): Promise<RunningService> {
+  const open = await backend.open();
+  await prepareSchema(open.db);
+  await ensureDemoAccounts(open.db);
+  const store = await PostgresStore.open(open.db);
+  const app = createApp({
+    db: open.db,
+    store,
+    apiKeys: new ApiKeys(open.db),
+    requireKey: options.requireKey,
+  });
+  const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" });
+  await new Promise<void>((r) => server.once("listening", () => r()));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    open,
+    store,
+    async stop() {
+      await new Promise<void>((r) => server.close(() => r()));
+      await open.close();
+    },
+    async count(sql, params) {
+      const { rows } = await open.db.query<{ n: number }>(sql, params);
+      return Number(rows[0]?.n);
+    },
+  };
+}
+
+export function pay(
+  url: string,
+  init: {
+    key?: string;
+    apiKey?: string;
+    body?: string;
+    contentType?: string;
+    headers?: Record<string, string>;
+  } = {},
+): Promise<Response> {
+  const headers: Record<string, string> = {
+    authorization: `Bearer ${init.apiKey ?? KEY_1}`,
+    "content-type": init.contentType ?? "application/json",
+    ...init.headers,
+  };
+  if (init.key !== undefined) headers["idempotency-key"] = init.key;
+  return fetch(`${url}/v1/payments`, {
+    method: "POST",
+    headers,
+    body: init.body ?? JSON.stringify({ amount_cents: 5000, currency: "eur" }),
+  });
+}
