@@ -1,0 +1,52 @@
+/**
+ * `idem`: the command line. Each command lives in its own file and is loaded only when called.
+ */
+import { CliError, EXIT } from "./shared.ts";
+
+const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: string[]) => Promise<number>> }> = {
+  migrate: { summary: "apply idem's SQL migrations", run: async () => (await import("./migrate.ts")).migrateCommand },
+  serve: { summary: "run the reference payments service", run: async () => (await import("./serve.ts")).serveCommand },
+  sweep: { summary: "drop expired key partitions (retention)", run: async () => (await import("./sweep.ts")).sweepCommand },
+  accounts: {
+    summary: "create an account and print its API key",
+    run: async () => (await import("./serve.ts")).accountsCommand,
+  },
+};
+
+export const USAGE = `usage: idem <command> [options]   (idem <command> --help for its options)
+
+${Object.entries(COMMANDS)
+  .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
+  .join("\n")}
+
+Every command reads DATABASE_URL (default: the embedded PGlite in .idem/pgdata).
+Exit codes: 0 success, 1 failure, 2 bad usage.`;
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (!name || name === "--help" || name === "-h" || name === "help") {
+    console.log(USAGE);
+    return name ? EXIT.ok : EXIT.usage;
+  }
+  const command = COMMANDS[name];
+  if (!command) {
+    console.error(`idem: unknown command "${name}" (try: idem --help)`);
+    return EXIT.usage;
+  }
+  try {
+    return await (await command.run())(rest);
+  } catch (err) {
+    if (err instanceof CliError) {
+      console.error(`idem: ${err.message}`);
+      return err.exitCode;
+    }
+    console.error(`idem: ${(err as Error)?.message ?? err}`);
+    return EXIT.failure;
+  }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code;
+  });
+}

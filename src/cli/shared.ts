@@ -1,0 +1,57 @@
+import { parseArgs, type ParseArgsConfig } from "node:util";
+import type { Db } from "../postgres/db.ts";
+
+/** Exit codes scripts can rely on. */
+export const EXIT = { ok: 0, failure: 1, usage: 2 } as const;
+
+/** A failure the user can fix: printed as one line, `idem: <message>`. */
+export class CliError extends Error {
+  constructor(
+    message: string,
+    readonly exitCode: number = EXIT.failure,
+  ) {
+    super(message);
+  }
+}
+
+export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(argv: string[], options: T, usage: string) {
+  try {
+    return parseArgs({ args: argv, options: { ...options, help: { type: "boolean", short: "h" } }, allowPositionals: true });
+  } catch (err) {
+    throw new CliError(`${(err as Error).message}\n${usage}`, EXIT.usage);
+  }
+}
+
+/**
+ * Open the database named by --database-url or DATABASE_URL through node-postgres, or the embedded
+ * PGlite under .idem/pgdata when neither is set (the same default as `npm start`).
+ */
+export async function openDb(url: string | undefined): Promise<{ db: Db; where: string }> {
+  if (!url) {
+    const { mkdirSync } = await import("node:fs");
+    const { PGlite } = await import("@electric-sql/pglite");
+    const { fromPglite } = await import("../postgres/drivers/pglite.ts");
+    const dir = process.env.IDEM_DATA_DIR ?? ".idem/pgdata";
+    mkdirSync(dir, { recursive: true });
+    return { db: fromPglite(await PGlite.create(dir)), where: `embedded PGlite in ${dir}` };
+  }
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+    if (!/^postgres(ql)?:$/.test(parsed.protocol)) throw new Error("protocol");
+  } catch {
+    throw new CliError(`DATABASE_URL is not a PostgreSQL URL: write it like postgres://user@127.0.0.1:5432/dbname`);
+  }
+  const { default: pg } = await import("pg");
+  const { fromPg } = await import("../postgres/drivers/pg.ts");
+  const db = fromPg(new pg.Pool({ connectionString: url, max: 4, connectionTimeoutMillis: 5_000 }));
+  try {
+    await db.query("SELECT 1");
+  } catch (err) {
+    await db.close().catch(() => {});
+    throw new CliError(
+      `cannot reach PostgreSQL at ${parsed.host}${parsed.pathname} (${(err as Error).message}): start the server or fix DATABASE_URL`,
+    );
+  }
+  return { db, where: `${parsed.host}${parsed.pathname}` };
+}
