@@ -1,0 +1,195 @@
+/**
+ * Circuit breaker: after too many recent attempts failed, stop sending for a while (fail fast),
+ * then let a few probe attempts through; a probe that succeeds closes the circuit, one that fails
+ * opens it again.
+ *
+ * What comes from cockatiel and why: deciding *when* to open (failures in a row, or a failure rate
+ * over the last N attempts or over a span of time) is the statistically fiddly part, and cockatiel's
+ * `ConsecutiveBreaker`, `CountBreaker` and `SamplingBreaker` do it well, are widely used and are tested
+ * (the sampling one keeps rotating sub-windows rather than a timestamp per call). We feed them our
+ * outcomes through their small `IBreaker` interface.
+ *
+ * What is written here and why: the open / half-open / closed state machine. cockatiel's
+ * `CircuitBreakerPolicy` lets exactly one probe through while half-open and makes every other caller
+ * *wait* for that probe (ignoring their AbortSignal while they wait), whereas we want callers to fail
+ * fast and want a configurable number of probes. It also wraps a function call, while our breaker is
+ * consulted per attempt inside a retry loop that classifies HTTP responses itself, and a caller's
+ * abort must count neither as a success nor as a failure. The state machine is about 60 lines.
+ */
+import {
+  CircuitState as CockatielState,
+  ConsecutiveBreaker,
+  CountBreaker,
+  type IBreaker,
+  SamplingBreaker,
+} from "cockatiel";
+
+/** The breaker's states. */
+export const CircuitState = { closed: "closed", open: "open", halfOpen: "half-open" } as const;
+export type CircuitState = (typeof CircuitState)[keyof typeof CircuitState];
+
+/** Failure-rate windows: the last `attempts` attempts, or the attempts of the last `ms` milliseconds. */
+export type BreakerWindow =
+  | {
+      /** How many recent attempts the rate is computed over. */
+      attempts: number;
+      /** Fewest attempts in the window before the rate may open the circuit. Default: `attempts`. */
+      minimumAttempts?: number;
+    }
+  | {
+      /** How many milliseconds of recent attempts the rate is computed over. */
+      ms: number;
+      /** Fewest attempts per second before the rate may open the circuit. Default: 5 failures/s' worth. */
+      minimumRps?: number;
+    };
+
+export interface CircuitBreakerOptions {
+  /**
+   * Open after this many failed attempts in a row. Default 5. Ignored when `failureRate` is set.
+   */
+  consecutiveFailures?: number;
+  /**
+   * Open when more than this share of the attempts in `window` failed (0 < rate < 1).
+   * Default: unset (the consecutive count is used).
+   */
+  failureRate?: number;
+  /** The window `failureRate` is measured over. Default `{ attempts: 20 }`. */
+  window?: BreakerWindow;
+  /** How long the circuit stays open before probes are let through. Default 5,000 ms. */
+  openMs?: number;
+  /** How many probe attempts may be in flight at once while half-open. Default 1. */
+  halfOpenProbes?: number;
+  /**
+   * HTTP statuses that count as failures (a network error or per-try timeout always does).
+   * Default 500, 502, 503, 504. 408, 409 and 429 come from a server that is up and answering, so
+   * by default they count as successes for the breaker (the retry loop still retries them).
+   */
+  failureStatuses?: readonly number[];
+  /** Called on every state change. Default: none. */
+  onStateChange?: (change: { from: CircuitState; to: CircuitState }) => void;
+}
+
+export const DEFAULT_BREAKER_CONSECUTIVE_FAILURES = 5;
+export const DEFAULT_BREAKER_OPEN_MS = 5_000;
+export const DEFAULT_BREAKER_WINDOW: BreakerWindow = { attempts: 20 };
+export const DEFAULT_FAILURE_STATUSES: readonly number[] = [500, 502, 503, 504];
+
+/** Permission to send one attempt. Report exactly one verdict (later calls are ignored). */
+export interface BreakerPermit {
+  /** The attempt got an answer from a healthy server. */
+  success(): void;
+  /** The attempt failed in a way that counts against the server. */
+  failure(): void;
+  /** The attempt ended with no verdict (e.g. the caller aborted it). */
+  release(): void;
+}
+
+export class CircuitBreaker {
+  readonly failureStatuses: ReadonlySet<number>;
+  readonly #strategy: IBreaker;
+  readonly #openMs: number;
+  readonly #probes: number;
+  readonly #onStateChange: CircuitBreakerOptions["onStateChange"];
+  #state: CircuitState = CircuitState.closed;
+  #openedAt = 0;
+  #probesInFlight = 0;
+  /** Bumped on every transition, so verdicts of attempts begun in an earlier state are ignored. */
+  #generation = 0;
+
+  constructor(options: CircuitBreakerOptions = {}) {
+    this.#strategy = strategyFor(options);
+    this.#openMs = options.openMs ?? DEFAULT_BREAKER_OPEN_MS;
+    this.#probes = Math.max(1, options.halfOpenProbes ?? 1);
+    this.failureStatuses = new Set(options.failureStatuses ?? DEFAULT_FAILURE_STATUSES);
+    this.#onStateChange = options.onStateChange;
+  }
+
+  /** The state now (an open circuit whose wait is over reports half-open). */
+  get state(): CircuitState {
+    if (this.#state === CircuitState.open && this.retryInMs() === 0) return CircuitState.halfOpen;
+    return this.#state;
+  }
+
+  /** Milliseconds until an attempt would be let through (0 when closed or half-open). */
+  retryInMs(): number {
+    if (this.#state !== CircuitState.open) return 0;
+    return Math.max(0, this.#openedAt + this.#openMs - Date.now());
+  }
+
+  /** A permit for one attempt, or `undefined` when the attempt must not be sent. */
+  tryAcquire(): BreakerPermit | undefined {
+    if (this.#state === CircuitState.open) {
+      if (this.retryInMs() > 0) return undefined;
+      this.#transition(CircuitState.halfOpen);
+    }
+    if (this.#state === CircuitState.halfOpen) {
+      if (this.#probesInFlight >= this.#probes) return undefined;
+      this.#probesInFlight++;
+      return this.#permit(true);
+    }
+    return this.#permit(false);
+  }
+
+  #permit(probe: boolean): BreakerPermit {
+    const generation = this.#generation;
+    let settled = false;
+    const settle = (verdict: "success" | "failure" | "none") => {
+      if (settled) return;
+      settled = true;
+      if (generation !== this.#generation) return;
+      if (probe) this.#probesInFlight--;
+      if (verdict === "none") return;
+      if (this.#state === CircuitState.halfOpen) {
+        if (verdict === "success") {
+          this.#strategy.success(CockatielState.HalfOpen); // resets the window
+          this.#transition(CircuitState.closed);
+        } else {
+          this.#strategy.failure(CockatielState.HalfOpen);
+          this.#transition(CircuitState.open);
+        }
+      } else if (verdict === "success") {
+        this.#strategy.success(CockatielState.Closed);
+      } else if (this.#strategy.failure(CockatielState.Closed)) {
+        this.#transition(CircuitState.open);
+      }
+    };
+    return {
+      success: () => settle("success"),
+      failure: () => settle("failure"),
+      release: () => settle("none"),
+    };
+  }
+
+  #transition(to: CircuitState): void {
+    const from = this.#state;
+    if (from === to) return;
+    this.#state = to;
+    this.#generation++;
+    this.#probesInFlight = 0;
+    if (to === CircuitState.open) this.#openedAt = Date.now();
+    try {
+      this.#onStateChange?.({ from, to });
+    } catch {
+      // A listener's bug must not break the breaker.
+    }
+  }
+}
+
+function strategyFor(options: CircuitBreakerOptions): IBreaker {
+  if (options.failureRate === undefined) {
+    return new ConsecutiveBreaker(options.consecutiveFailures ?? DEFAULT_BREAKER_CONSECUTIVE_FAILURES);
+  }
+  const window = options.window ?? DEFAULT_BREAKER_WINDOW;
+  if ("ms" in window) {
+    return new SamplingBreaker({
+      threshold: options.failureRate,
+      duration: window.ms,
+      ...(window.minimumRps !== undefined && { minimumRps: window.minimumRps }),
+    });
+  }
+  return new CountBreaker({
+    threshold: options.failureRate,
+    size: window.attempts,
+    ...(window.minimumAttempts !== undefined && { minimumNumberOfCalls: window.minimumAttempts }),
+  });
+}

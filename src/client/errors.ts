@@ -1,0 +1,248 @@
+/**
+ * Every way a client call can end other than with a final answer, as typed errors.
+ *
+ * Each class has a `name`, a stable `code` (safe to match on across versions) and an `isXError` guard
+ * that also works across realms and duplicated copies of the package (it checks `code`, not
+ * `instanceof`). The errors that end a retry loop ("give-ups") share {@link GiveUpError}: they carry
+ * the idempotency key, the number of attempts made, and the last response or error seen.
+ */
+
+/** Stable error codes. Match on these, not on messages. */
+export const ClientErrorCode = {
+  deadlineExceeded: "IDEM_DEADLINE_EXCEEDED",
+  retryBudgetExhausted: "IDEM_RETRY_BUDGET_EXHAUSTED",
+  circuitOpen: "IDEM_CIRCUIT_OPEN",
+  attemptsExhausted: "IDEM_ATTEMPTS_EXHAUSTED",
+  aborted: "IDEM_ABORTED",
+  intentNotFound: "IDEM_INTENT_NOT_FOUND",
+  intentConflict: "IDEM_INTENT_CONFLICT",
+  intentHasNoRequest: "IDEM_INTENT_HAS_NO_REQUEST",
+  unreplayableBody: "IDEM_UNREPLAYABLE_BODY",
+} as const;
+export type ClientErrorCode = (typeof ClientErrorCode)[keyof typeof ClientErrorCode];
+
+/** Base class of every error thrown by `idem/client`. */
+export class IdemClientError extends Error {
+  override name = "IdemClientError";
+  readonly code: ClientErrorCode;
+  constructor(code: ClientErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+  }
+}
+
+/** What a give-up error knows about the call it ended. */
+export interface GiveUpDetails {
+  /** The intent's id. */
+  intentId: string;
+  /** The idempotency key every attempt carried. */
+  key: string;
+  /** Attempts actually sent (0 when the call failed before the first one). */
+  attempts: number;
+  /**
+   * The last response received, if the last attempt got one. Its body has been read into memory,
+   * so it can be inspected (`await err.lastResponse.json()`) without holding a connection open.
+   */
+  lastResponse?: Response;
+  /** The last network error or per-try timeout, if the last attempt got no response. */
+  lastError?: unknown;
+}
+
+/**
+ * A retry loop gave up. The outcome of the intent is UNKNOWN unless `lastResponse` says otherwise:
+ * the intent stays pending in the store, and retrying it later with the same key is safe.
+ */
+export class GiveUpError extends IdemClientError {
+  override name = "GiveUpError";
+  readonly intentId: string;
+  readonly key: string;
+  readonly attempts: number;
+  readonly lastResponse?: Response;
+  readonly lastError?: unknown;
+  constructor(code: ClientErrorCode, message: string, details: GiveUpDetails, cause = details.lastError) {
+    super(code, message, { cause });
+    this.intentId = details.intentId;
+    this.key = details.key;
+    this.attempts = details.attempts;
+    if (details.lastResponse) this.lastResponse = details.lastResponse;
+    if (details.lastError !== undefined) this.lastError = details.lastError;
+  }
+}
+
+/** Why a {@link DeadlineExceededError} was raised. */
+export const DeadlineReason = {
+  /** The deadline passed during an attempt or a wait. */
+  elapsed: "elapsed",
+  /** The next wait (a server's Retry-After, or the backoff) would have ended after the deadline. */
+  waitTooLong: "wait-too-long",
+} as const;
+export type DeadlineReason = (typeof DeadlineReason)[keyof typeof DeadlineReason];
+
+/** The call's single deadline is spent, or the next wait would outlast it (so we did not start it). */
+export class DeadlineExceededError extends GiveUpError {
+  override name = "DeadlineExceededError";
+  readonly reason: DeadlineReason;
+  /** The wait that was refused, when `reason` is `"wait-too-long"`. */
+  readonly waitMs?: number;
+  constructor(details: GiveUpDetails & { reason: DeadlineReason; waitMs?: number; deadlineMs: number }) {
+    super(
+      ClientErrorCode.deadlineExceeded,
+      details.reason === DeadlineReason.waitTooLong
+        ? `Gave up after ${details.attempts} attempt(s): the next wait (${Math.round(details.waitMs ?? 0)} ms) would outlast the ${details.deadlineMs} ms deadline`
+        : `Gave up after ${details.attempts} attempt(s): the ${details.deadlineMs} ms deadline passed`,
+      details,
+    );
+    this.reason = details.reason;
+    if (details.waitMs !== undefined) this.waitMs = details.waitMs;
+  }
+}
+
+/** The client's shared retry budget had no token for another retry. */
+export class RetryBudgetExhaustedError extends GiveUpError {
+  override name = "RetryBudgetExhaustedError";
+  constructor(details: GiveUpDetails) {
+    super(
+      ClientErrorCode.retryBudgetExhausted,
+      `Gave up after ${details.attempts} attempt(s): the retry budget is spent`,
+      details,
+    );
+  }
+}
+
+/** The circuit breaker is open (or half-open with every probe slot taken): the attempt was not sent. */
+export class CircuitOpenError extends GiveUpError {
+  override name = "CircuitOpenError";
+  /** Milliseconds until the breaker lets a probe through (0 when it is half-open). */
+  readonly retryInMs: number;
+  constructor(details: GiveUpDetails & { retryInMs: number }) {
+    super(
+      ClientErrorCode.circuitOpen,
+      `Gave up after ${details.attempts} attempt(s): the circuit is open (next probe in ${Math.max(0, Math.round(details.retryInMs))} ms)`,
+      details,
+    );
+    this.retryInMs = details.retryInMs;
+  }
+}
+
+/** Every allowed attempt was used and none got a final answer. */
+export class AttemptsExhaustedError extends GiveUpError {
+  override name = "AttemptsExhaustedError";
+  constructor(details: GiveUpDetails) {
+    const last = details.lastResponse ? `HTTP ${details.lastResponse.status}` : describe(details.lastError);
+    super(
+      ClientErrorCode.attemptsExhausted,
+      `Gave up after ${details.attempts} attempt(s); the last one ended with ${last}`,
+      details,
+    );
+  }
+}
+
+/** The caller's `AbortSignal` fired. `cause` is the signal's reason. */
+export class CallAbortedError extends GiveUpError {
+  override name = "CallAbortedError";
+  constructor(details: GiveUpDetails & { reason: unknown }) {
+    super(
+      ClientErrorCode.aborted,
+      `Aborted by the caller after ${details.attempts} attempt(s)`,
+      details,
+      details.reason,
+    );
+  }
+}
+
+/** `resume(id)` or `request(id, ...)` named an intent the store does not have. */
+export class IntentNotFoundError extends IdemClientError {
+  override name = "IntentNotFoundError";
+  readonly intentId: string;
+  constructor(intentId: string) {
+    super(ClientErrorCode.intentNotFound, `No intent with id ${JSON.stringify(intentId)} in the store`);
+    this.intentId = intentId;
+  }
+}
+
+/**
+ * The intent is already bound to a different request (method, URL or body). One intent is one side
+ * effect: a new request needs a new intent (a server would answer 422 to the reused key anyway).
+ */
+export class IntentConflictError extends IdemClientError {
+  override name = "IntentConflictError";
+  readonly intentId: string;
+  constructor(intentId: string, what: string) {
+    super(
+      ClientErrorCode.intentConflict,
+      `Intent ${JSON.stringify(intentId)} was begun for another request (${what} differs); begin a new intent`,
+    );
+    this.intentId = intentId;
+  }
+}
+
+/** `resume(id)` on an intent that never recorded a request (it was begun but nothing was sent). */
+export class IntentHasNoRequestError extends IdemClientError {
+  override name = "IntentHasNoRequestError";
+  readonly intentId: string;
+  constructor(intentId: string) {
+    super(
+      ClientErrorCode.intentHasNoRequest,
+      `Intent ${JSON.stringify(intentId)} has no recorded request to resume; call request() with it`,
+    );
+    this.intentId = intentId;
+  }
+}
+
+/** The request body cannot be sent twice (a stream, FormData) or stored; pass a string or bytes. */
+export class UnreplayableBodyError extends IdemClientError {
+  override name = "UnreplayableBodyError";
+  constructor(kind: string) {
+    super(
+      ClientErrorCode.unreplayableBody,
+      `A ${kind} body cannot be replayed on retry or persisted with the intent; pass a string, URLSearchParams, Blob or bytes`,
+    );
+  }
+}
+
+function describe(error: unknown): string {
+  if (error instanceof Error) {
+    const code = (error.cause as { code?: unknown } | undefined)?.code;
+    return typeof code === "string" ? `${error.name} (${code})` : error.name;
+  }
+  return String(error);
+}
+
+function hasCode(error: unknown, codes: readonly string[]): boolean {
+  return (
+    typeof error === "object" &&
+    error !== null &&
+    codes.includes((error as { code?: unknown }).code as string) &&
+    error instanceof Error
+  );
+}
+
+const allCodes: readonly string[] = Object.values(ClientErrorCode);
+const giveUpCodes: readonly string[] = [
+  ClientErrorCode.deadlineExceeded,
+  ClientErrorCode.retryBudgetExhausted,
+  ClientErrorCode.circuitOpen,
+  ClientErrorCode.attemptsExhausted,
+  ClientErrorCode.aborted,
+];
+
+export const isIdemClientError = (e: unknown): e is IdemClientError => hasCode(e, allCodes);
+export const isGiveUpError = (e: unknown): e is GiveUpError => hasCode(e, giveUpCodes);
+export const isDeadlineExceededError = (e: unknown): e is DeadlineExceededError =>
+  hasCode(e, [ClientErrorCode.deadlineExceeded]);
+export const isRetryBudgetExhaustedError = (e: unknown): e is RetryBudgetExhaustedError =>
+  hasCode(e, [ClientErrorCode.retryBudgetExhausted]);
+export const isCircuitOpenError = (e: unknown): e is CircuitOpenError =>
+  hasCode(e, [ClientErrorCode.circuitOpen]);
+export const isAttemptsExhaustedError = (e: unknown): e is AttemptsExhaustedError =>
+  hasCode(e, [ClientErrorCode.attemptsExhausted]);
+export const isCallAbortedError = (e: unknown): e is CallAbortedError =>
+  hasCode(e, [ClientErrorCode.aborted]);
+export const isIntentNotFoundError = (e: unknown): e is IntentNotFoundError =>
+  hasCode(e, [ClientErrorCode.intentNotFound]);
+export const isIntentConflictError = (e: unknown): e is IntentConflictError =>
+  hasCode(e, [ClientErrorCode.intentConflict]);
+export const isIntentHasNoRequestError = (e: unknown): e is IntentHasNoRequestError =>
+  hasCode(e, [ClientErrorCode.intentHasNoRequest]);
+export const isUnreplayableBodyError = (e: unknown): e is UnreplayableBodyError =>
+  hasCode(e, [ClientErrorCode.unreplayableBody]);

@@ -1,0 +1,123 @@
+/**
+ * Intents and where they are kept.
+ *
+ * An intent is one side effect the caller means to cause once ("charge order 42"). It gets its
+ * idempotency key when it begins; every attempt, in this process or after a restart, sends that key.
+ * The store keeps the key next to the request it belongs to, so that a restarted process can list
+ * what is still pending and send it again with the same key.
+ */
+import { newIdempotencyKey } from "./key.ts";
+
+/** Where an intent stands. */
+export const IntentStatus = {
+  /** No final answer yet. It may or may not have taken effect: resending it with its key is safe. */
+  pending: "pending",
+  /** A final answer (2xx or a final 4xx such as 402 or 422) arrived; `outcome.status` holds it. */
+  done: "done",
+  /** The caller gave up on it for good (`client.abandon`). Its key is never reused. */
+  abandoned: "abandoned",
+} as const;
+export type IntentStatus = (typeof IntentStatus)[keyof typeof IntentStatus];
+
+/** A request as stored with its intent: enough to send it again after a restart. */
+export interface StoredRequest {
+  method: string;
+  /** Absolute URL (or as given, when it was relative and there was no base to resolve it against). */
+  url: string;
+  /**
+   * Header pairs, lower-cased. Credentials (`authorization`, `cookie`, `proxy-authorization`) and the
+   * idempotency-key header are never stored: give credentials through the client's `headers` option.
+   */
+  headers: [string, string][];
+  /** The body: text as is, bytes as base64. Absent for requests without one. */
+  body?: { text: string } | { base64: string };
+}
+
+/** One intent, as kept by a store. Plain JSON-compatible data. */
+export interface IntentRecord {
+  /** The caller's id for the intent (e.g. "checkout-42"), or a random one. Unique in a store. */
+  id: string;
+  /** The idempotency key sent with every attempt. */
+  key: string;
+  status: IntentStatus;
+  /** The request, recorded before its first attempt is sent. Absent until then. */
+  request?: StoredRequest;
+  /** Attempts sent so far, over every process that worked on it. */
+  attempts: number;
+  /** The final answer's status, once `status` is `done`. */
+  outcome?: { status: number };
+  /** ISO 8601 timestamps. */
+  createdAt: string;
+  updatedAt: string;
+}
+
+/** A handle on an intent: its record, or its id. */
+export type IntentRef = IntentRecord | string;
+
+/**
+ * Where intents are kept. Implementations: {@link MemoryIntentStore}, `LocalStorageIntentStore`,
+ * `FileIntentStore` (`idem/client/file`), `PostgresIntentStore` (`idem/client/postgres`).
+ */
+export interface IntentStore {
+  /** Insert `record` unless an intent with its id exists; resolve to whichever record is stored. */
+  create(record: IntentRecord): Promise<IntentRecord>;
+  get(id: string): Promise<IntentRecord | undefined>;
+  /** Replace the stored record with this id (insert it if missing). */
+  save(record: IntentRecord): Promise<void>;
+  /** Every record, or those with the given status, oldest first. */
+  list(filter?: { status?: IntentStatus }): Promise<IntentRecord[]>;
+  delete(id: string): Promise<void>;
+}
+
+/** A fresh pending intent record with a new random key. `id` defaults to the key. */
+export function newIntentRecord(id?: string, now: Date = new Date()): IntentRecord {
+  const key = newIdempotencyKey();
+  const at = now.toISOString();
+  return { id: id ?? key, key, status: IntentStatus.pending, attempts: 0, createdAt: at, updatedAt: at };
+}
+
+/** Intent ids are 1..255 visible ASCII characters, like keys. */
+export function assertIntentId(id: string): void {
+  if (typeof id !== "string" || !/^[\x21-\x7e]{1,255}$/.test(id)) {
+    throw new TypeError(`Intent id must be 1..255 visible ASCII characters, got ${JSON.stringify(id)}`);
+  }
+}
+
+export function sortOldestFirst(records: IntentRecord[]): IntentRecord[] {
+  return records.sort((a, b) =>
+    a.createdAt < b.createdAt ? -1 : a.createdAt > b.createdAt ? 1 : a.id < b.id ? -1 : 1,
+  );
+}
+
+/** Intents in this process's memory only: lost on restart. The default store; good for tests. */
+export class MemoryIntentStore implements IntentStore {
+  readonly #records = new Map<string, IntentRecord>();
+
+  async create(record: IntentRecord): Promise<IntentRecord> {
+    const existing = this.#records.get(record.id);
+    if (existing) return structuredClone(existing);
+    this.#records.set(record.id, structuredClone(record));
+    return record;
+  }
+
+  async get(id: string): Promise<IntentRecord | undefined> {
+    const r = this.#records.get(id);
+    return r && structuredClone(r);
+  }
+
+  async save(record: IntentRecord): Promise<void> {
+    this.#records.set(record.id, structuredClone(record));
+  }
+
+  async list(filter: { status?: IntentStatus } = {}): Promise<IntentRecord[]> {
+    const out: IntentRecord[] = [];
+    for (const r of this.#records.values()) {
+      if (!filter.status || r.status === filter.status) out.push(structuredClone(r));
+    }
+    return sortOldestFirst(out);
+  }
+
+  async delete(id: string): Promise<void> {
+    this.#records.delete(id);
+  }
+}

@@ -1,0 +1,173 @@
+/**
+ * Intents in PostgreSQL: the outgoing call is recorded in the caller's own database, ideally in the
+ * same transaction as the business row that made it necessary (the order, the payout). If the
+ * process dies after that commit, `client.pending()` finds the call and its key after the restart.
+ * Import from `idem/client/postgres`. Takes any `Queryable` (a `Db` or a `Tx` from `idem/postgres`,
+ * or your own adapter) and imports no driver.
+ *
+ * ```ts
+ * const intents = new PostgresIntentStore(db);
+ * await intents.install();
+ * await db.transaction(async (tx) => {
+ *   await tx.query("INSERT INTO orders (id, total) VALUES ($1, $2)", ["order-42", 5000]);
+ *   await intents.using(tx).create(newIntentRecord("order-42")); // key committed with the order
+ * });
+ * ```
+ */
+import type { Queryable } from "../postgres/db.ts";
+import type { IntentRecord, IntentStatus, IntentStore, StoredRequest } from "./intent-store.ts";
+
+export interface PostgresIntentStoreOptions {
+  /** Schema holding the table (created by `install()`). Default `"idem"`. */
+  schema?: string;
+  /** Table name. Default `"client_intents"`. */
+  table?: string;
+}
+
+interface Row {
+  id: string;
+  key: string;
+  status: string;
+  request: unknown;
+  attempts: number | string;
+  outcome_status: number | null;
+  created_at: Date | string;
+  updated_at: Date | string;
+}
+
+const COLUMNS = "id, key, status, request, attempts, outcome_status, created_at, updated_at";
+
+export class PostgresIntentStore implements IntentStore {
+  readonly #db: Queryable;
+  readonly #options: PostgresIntentStoreOptions;
+  readonly #schema: string;
+  readonly #table: string;
+
+  constructor(db: Queryable, options: PostgresIntentStoreOptions = {}) {
+    this.#db = db;
+    this.#options = options;
+    this.#schema = ident(options.schema ?? "idem");
+    this.#table = `${this.#schema}.${ident(options.table ?? "client_intents")}`;
+  }
+
+  /** The same table through another connection, e.g. the transaction that writes your business row. */
+  using(db: Queryable): PostgresIntentStore {
+    return new PostgresIntentStore(db, this.#options);
+  }
+
+  /** Create the schema, table and index if missing. Safe to call on every start, concurrently. */
+  async install(): Promise<void> {
+    const statements = [
+      `CREATE SCHEMA IF NOT EXISTS ${this.#schema}`,
+      `CREATE TABLE IF NOT EXISTS ${this.#table} (
+        id text PRIMARY KEY,
+        key text NOT NULL UNIQUE,
+        status text NOT NULL CHECK (status IN ('pending', 'done', 'abandoned')),
+        request jsonb,
+        attempts integer NOT NULL DEFAULT 0,
+        outcome_status integer,
+        created_at timestamptz NOT NULL,
+        updated_at timestamptz NOT NULL
+      )`,
+      `CREATE INDEX IF NOT EXISTS ${ident(`${this.#options.table ?? "client_intents"}_pending`)}
+        ON ${this.#table} (created_at) WHERE status = 'pending'`,
+    ];
+    for (const sql of statements) {
+      // Two processes running IF NOT EXISTS at once can still collide on the catalog; the loser's
+      // object exists by the time it retries.
+      try {
+        await this.#db.query(sql);
+      } catch (err) {
+        if (!["23505", "42P06", "42P07"].includes((err as { code?: string }).code ?? "")) throw err;
+        await this.#db.query(sql);
+      }
+    }
+  }
+
+  /** Alias of {@link install}. */
+  ensureSchema(): Promise<void> {
+    return this.install();
+  }
+
+  async create(record: IntentRecord): Promise<IntentRecord> {
+    const inserted = await this.#db.query<Row>(
+      `INSERT INTO ${this.#table} (${COLUMNS}) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8)
+       ON CONFLICT (id) DO NOTHING RETURNING ${COLUMNS}`,
+      params(record),
+    );
+    if (inserted.rows[0]) return fromRow(inserted.rows[0]);
+    const existing = await this.get(record.id);
+    if (!existing) throw new Error(`PostgresIntentStore: intent ${record.id} vanished during create`);
+    return existing;
+  }
+
+  async get(id: string): Promise<IntentRecord | undefined> {
+    const { rows } = await this.#db.query<Row>(`SELECT ${COLUMNS} FROM ${this.#table} WHERE id = $1`, [id]);
+    return rows[0] && fromRow(rows[0]);
+  }
+
+  async save(record: IntentRecord): Promise<void> {
+    await this.#db.query(
+      `INSERT INTO ${this.#table} (${COLUMNS}) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8)
+       ON CONFLICT (id) DO UPDATE SET key = EXCLUDED.key, status = EXCLUDED.status,
+         request = EXCLUDED.request, attempts = EXCLUDED.attempts,
+         outcome_status = EXCLUDED.outcome_status, updated_at = EXCLUDED.updated_at`,
+      params(record),
+    );
+  }
+
+  async list(filter: { status?: IntentStatus } = {}): Promise<IntentRecord[]> {
+    const { rows } = filter.status
+      ? await this.#db.query<Row>(
+          `SELECT ${COLUMNS} FROM ${this.#table} WHERE status = $1 ORDER BY created_at, id`,
+          [filter.status],
+        )
+      : await this.#db.query<Row>(`SELECT ${COLUMNS} FROM ${this.#table} ORDER BY created_at, id`);
+    return rows.map(fromRow);
+  }
+
+  async delete(id: string): Promise<void> {
+    await this.#db.query(`DELETE FROM ${this.#table} WHERE id = $1`, [id]);
+  }
+}
+
+function ident(name: string): string {
+  if (!/^[A-Za-z_][A-Za-z0-9_]{0,62}$/.test(name)) {
+    throw new TypeError(`PostgresIntentStore: ${JSON.stringify(name)} is not a plain SQL identifier`);
+  }
+  return `"${name}"`;
+}
+
+function params(r: IntentRecord): unknown[] {
+  return [
+    r.id,
+    r.key,
+    r.status,
+    r.request ? JSON.stringify(r.request) : null,
+    r.attempts,
+    r.outcome?.status ?? null,
+    r.createdAt,
+    r.updatedAt,
+  ];
+}
+
+function fromRow(row: Row): IntentRecord {
+  const request = typeof row.request === "string" ? JSON.parse(row.request) : row.request;
+  const record: IntentRecord = {
+    id: row.id,
+    key: row.key,
+    status: row.status as IntentStatus,
+    attempts: Number(row.attempts),
+    createdAt: iso(row.created_at),
+    updatedAt: iso(row.updated_at),
+  };
+  if (request) record.request = request as StoredRequest;
+  if (row.outcome_status !== null) {
+    record.outcome = { status: Number(row.outcome_status) };
+  }
+  return record;
+}
+
+function iso(v: Date | string): string {
+  return (v instanceof Date ? v : new Date(v)).toISOString();
+}
