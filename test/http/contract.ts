@@ -1,0 +1,339 @@
+/**
+ * What every HTTP adapter must do, driven over real HTTP against a tiny payments app that each
+ * framework's test builds the same way: `POST /v1/payments` (key required) and `POST /v1/tips` (key
+ * optional), the scope from `x-account` (standing in for authentication), the body validated before
+ * the idempotency middleware. Two headers, outside the fingerprint, steer the handler: `x-crash` makes
+ * it throw after its insert, `x-sleep-ms` makes it wait after its insert.
+ */
+import { randomBytes, randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import { afterAll, beforeAll, expect, it } from "vitest";
+import type { Tx } from "../../src/postgres/db.ts";
+import { migrate } from "../../src/postgres/migrate.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
+import type { OpenDb, TestBackend } from "../helpers/db.ts";
+
+export interface PaymentInput {
+  amount_cents: number;
+  currency: string;
+}
+
+/** Validation, run before the idempotency middleware: a string is the reason the body is refused. */
+export function validatePayment(body: unknown): PaymentInput | string {
+  if (body === null || typeof body !== "object") return "the body must be a JSON object";
+  const { amount_cents, currency } = body as Record<string, unknown>;
+  if (typeof amount_cents !== "number" || !Number.isInteger(amount_cents) || amount_cents <= 0) {
+    return "amount_cents must be a positive whole number";
+  }
+  if (typeof currency !== "string" || !/^[a-z]{3}$/.test(currency)) return "currency must be like eur";
+  return { amount_cents, currency };
+}
+
+export const INVALID_BODY = JSON.stringify({
+  type: "urn:test:invalid-body",
+  title: "Bad Request",
+  status: 400,
+});
+
+/** What the payments handler answers; each app sends it with its framework's own response API. */
+export interface PaymentReply {
+  status: 201;
+  location: string;
+  cookie: string;
+  json: string;
+}
+
+/** The handler's work, in the request's transaction. */
+export async function charge(
+  tx: Tx,
+  account: string,
+  input: PaymentInput,
+  header: (name: string) => string | undefined,
+): Promise<PaymentReply> {
+  const { rows } = await tx.query<{ id: number }>(
+    "INSERT INTO payments (account, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id",
+    [account, input.amount_cents, input.currency],
+  );
+  const id = rows[0]!.id;
+  const wait = Number(header("x-sleep-ms") ?? 0);
+  if (wait > 0) await sleep(wait);
+  if (header("x-crash")) throw new Error("the handler crashed after its insert");
+  return {
+    status: 201,
+    location: `/v1/payments/${id}`,
+    cookie: `session=${randomBytes(8).toString("hex")}; Path=/; HttpOnly`,
+    // a fresh receipt on every execution: a replay that ran the handler again would show
+    json: JSON.stringify({ id, account, ...input, receipt: randomBytes(8).toString("hex") }),
+  };
+}
+
+export interface RunningApp {
+  url: string;
+  close(): Promise<void>;
+}
+
+export type StartApp = (store: PostgresStore) => Promise<RunningApp>;
+
+export interface AppUnderTest {
+  readonly url: string;
+  readonly db: OpenDb["db"];
+  readonly store: PostgresStore;
+  /** Payment rows of an account. */
+  rows(account: string): Promise<number>;
+  /** Key rows of an account (saved or in flight). */
+  keys(account: string): Promise<number>;
+  post(
+    path: string,
+    init: {
+      account?: string;
+      key?: string;
+      body?: unknown;
+      headers?: Record<string, string>;
+      signal?: AbortSignal;
+    },
+  ): Promise<Response>;
+}
+
+/** Open a fresh database, migrate it, start the app on 127.0.0.1:0; stop both after the file. */
+export function useApp(backend: TestBackend, start: StartApp): AppUnderTest {
+  let open: OpenDb;
+  let store: PostgresStore;
+  let app: RunningApp;
+  beforeAll(async () => {
+    open = await backend.open();
+    await migrate(open.db);
+    await open.db.exec(
+      `CREATE TABLE payments (id serial PRIMARY KEY, account text NOT NULL,
+                              amount_cents integer NOT NULL, currency text NOT NULL)`,
+    );
+    store = await PostgresStore.open(open.db);
+    app = await start(store);
+  });
+  afterAll(async () => {
+    await app?.close();
+    await open?.close();
+  });
+  const count = async (sql: string, account: string) =>
+    (await open.db.query<{ n: number }>(sql, [account])).rows[0]!.n;
+  return {
+    get url() {
+      return app.url;
+    },
+    get db() {
+      return open.db;
+    },
+    get store() {
+      return store;
+    },
+    rows: (account) => count("SELECT count(*)::int AS n FROM payments WHERE account = $1", account),
+    keys: (account) => count("SELECT count(*)::int AS n FROM idem.keys WHERE scope = $1", account),
+    post(path, init) {
+      const headers: Record<string, string> = { "content-type": "application/json", ...init.headers };
+      if (init.account !== undefined) headers["x-account"] = init.account;
+      if (init.key !== undefined) headers["idempotency-key"] = init.key;
+      return fetch(app.url + path, {
+        method: "POST",
+        headers,
+        signal: init.signal,
+        body:
+          typeof init.body === "string"
+            ? init.body
+            : JSON.stringify(init.body ?? { amount_cents: 5000, currency: "eur" }),
+      });
+    },
+  };
+}
+
+export const account = () => `acct_${randomBytes(6).toString("hex")}`;
+
+const PROBLEM = "urn:idem:problem:";
+
+async function problemOf(res: Response): Promise<{ type: string; status: number }> {
+  expect(res.headers.get("content-type")).toBe("application/problem+json");
+  return (await res.json()) as { type: string; status: number };
+}
+
+/** The behaviours every adapter shares. */
+export function paymentsContract(app: AppUnderTest, options: { hangUp?: boolean } = {}): void {
+  it("runs a new key once and replays the same bytes with Idempotent-Replayed: true", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/payments", { account: acct, key });
+    const firstBody = await first.text();
+    expect(first.status).toBe(201);
+    expect(first.headers.get("idempotent-replayed")).toBeNull();
+    const retry = await app.post("/v1/payments", { account: acct, key });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(retry.headers.get("content-type")).toBe(first.headers.get("content-type"));
+    expect(retry.headers.get("location")).toBe(first.headers.get("location"));
+    expect(await retry.text()).toBe(firstBody);
+    expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("sends Set-Cookie to the first caller and never in a replay", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/payments", { account: acct, key });
+    expect(first.headers.getSetCookie()).toEqual([
+      expect.stringMatching(/^session=[0-9a-f]{16}; Path=\/; HttpOnly$/),
+    ]);
+    const retry = await app.post("/v1/payments", { account: acct, key });
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(retry.headers.getSetCookie()).toEqual([]);
+  });
+
+  it("answers the same key with another body 422 problem+json and runs nothing", async () => {
+    const acct = account();
+    const key = randomUUID();
+    await app.post("/v1/payments", { account: acct, key, body: { amount_cents: 5000, currency: "eur" } });
+    const other = await app.post("/v1/payments", {
+      account: acct,
+      key,
+      body: { amount_cents: 9999, currency: "eur" },
+    });
+    expect(other.status).toBe(422);
+    expect(await problemOf(other)).toMatchObject({ type: `${PROBLEM}idempotency-key-mismatch`, status: 422 });
+    expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("treats JSON with reordered fields as the same request", async () => {
+    const acct = account();
+    const key = randomUUID();
+    await app.post("/v1/payments", { account: acct, key, body: '{"amount_cents":5000,"currency":"eur"}' });
+    const retry = await app.post("/v1/payments", {
+      account: acct,
+      key,
+      body: '{ "currency": "eur", "amount_cents": 5000 }',
+    });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+  });
+
+  it("answers a missing key 400 problem+json and saves nothing", async () => {
+    const acct = account();
+    const res = await app.post("/v1/payments", { account: acct });
+    expect(res.status).toBe(400);
+    expect(await problemOf(res)).toMatchObject({ type: `${PROBLEM}idempotency-key-missing` });
+    expect(await app.rows(acct)).toBe(0);
+    expect(await app.keys(acct)).toBe(0);
+  });
+
+  it.each([
+    ["300 characters", "k".repeat(300)],
+    ["a control character (tab)", "abc\tdef"],
+    ["an unterminated quoted key", '"abc'],
+  ])("answers a key of %s 400 problem+json and saves nothing", async (_, key) => {
+    const acct = account();
+    const res = await app.post("/v1/payments", { account: acct, key });
+    expect(res.status).toBe(400);
+    expect(await problemOf(res)).toMatchObject({ type: `${PROBLEM}idempotency-key-invalid` });
+    expect(await app.rows(acct)).toBe(0);
+    expect(await app.keys(acct)).toBe(0);
+  });
+
+  it("accepts the quoted sf-string key as the same key as the bare token", async () => {
+    const acct = account();
+    const key = `abc-${randomUUID()}`;
+    const quoted = await app.post("/v1/payments", { account: acct, key: `"${key}"` });
+    expect(quoted.status).toBe(201);
+    const bare = await app.post("/v1/payments", { account: acct, key });
+    expect(bare.headers.get("idempotent-replayed")).toBe("true");
+    expect(await bare.text()).toBe(await quoted.text());
+    expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("answers an invalid body 400 before claiming, so the key stays free", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const bad = await app.post("/v1/payments", {
+      account: acct,
+      key,
+      body: { amount_cents: -1, currency: "eur" },
+    });
+    expect(bad.status).toBe(400);
+    expect(await app.keys(acct)).toBe(0);
+    const good = await app.post("/v1/payments", { account: acct, key });
+    expect(good.status).toBe(201);
+    expect(good.headers.get("idempotent-replayed")).toBeNull();
+  });
+
+  it("runs ten concurrent requests with one key once, and all of them get the same body", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const replies = await Promise.all(
+      Array.from({ length: 10 }, async () => {
+        const res = await app.post("/v1/payments", { account: acct, key });
+        return { status: res.status, body: await res.text() };
+      }),
+    );
+    expect(replies.map((r) => r.status)).toEqual(Array(10).fill(201));
+    expect(new Set(replies.map((r) => r.body)).size).toBe(1);
+    expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("keeps scopes apart: the same key runs once in each account", async () => {
+    const [a, b] = [account(), account()];
+    const key = randomUUID();
+    const ra = await app.post("/v1/payments", { account: a, key });
+    const rb = await app.post("/v1/payments", { account: b, key });
+    expect([ra.status, rb.status]).toEqual([201, 201]);
+    expect(rb.headers.get("idempotent-replayed")).toBeNull();
+    expect((await rb.json()).account).toBe(b);
+    expect([await app.rows(a), await app.rows(b)]).toEqual([1, 1]);
+  });
+
+  it("rolls back a handler that throws: 500, nothing saved, and the retry runs", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const crash = await app.post("/v1/payments", { account: acct, key, headers: { "x-crash": "1" } });
+    expect(crash.status).toBe(500);
+    expect(await app.rows(acct)).toBe(0);
+    expect(await app.keys(acct)).toBe(0);
+    const retry = await app.post("/v1/payments", { account: acct, key });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get("idempotent-replayed")).toBeNull();
+    expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("runs a request without a key on an optional-key route every time, and replays one with a key", async () => {
+    const acct = account();
+    const one = await app.post("/v1/tips", { account: acct });
+    const two = await app.post("/v1/tips", { account: acct });
+    expect([one.status, two.status]).toEqual([201, 201]);
+    expect(two.headers.get("idempotent-replayed")).toBeNull();
+    expect(await app.rows(acct)).toBe(2);
+    const key = randomUUID();
+    await app.post("/v1/tips", { account: acct, key });
+    const replay = await app.post("/v1/tips", { account: acct, key });
+    expect(replay.headers.get("idempotent-replayed")).toBe("true");
+    expect(await app.rows(acct)).toBe(3);
+  });
+
+  it("answers a keyed request without a scope 401 problem+json", async () => {
+    const res = await app.post("/v1/payments", { key: randomUUID() });
+    expect(res.status).toBe(401);
+    expect(await problemOf(res)).toMatchObject({ type: `${PROBLEM}unauthorized` });
+  });
+
+  if (options.hangUp) {
+    it("saves nothing for a client that hangs up before the commit, and its retry runs", async () => {
+      const acct = account();
+      const key = randomUUID();
+      const attempt = app.post("/v1/payments", {
+        account: acct,
+        key,
+        headers: { "x-sleep-ms": "300" },
+        signal: AbortSignal.timeout(50),
+      });
+      await expect(attempt).rejects.toThrow();
+      await sleep(700); // the handler finishes its 300 ms, then the store sees the hang-up and rolls back
+      expect(await app.rows(acct)).toBe(0);
+      expect(await app.keys(acct)).toBe(0);
+      const retry = await app.post("/v1/payments", { account: acct, key });
+      expect(retry.status).toBe(201);
+      expect(retry.headers.get("idempotent-replayed")).toBeNull();
+      expect(await app.rows(acct)).toBe(1);
+    });
+  }
+}

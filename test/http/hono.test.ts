@@ -1,0 +1,70 @@
+/**
+ * The Hono adapter (the reference the other adapters mirror), served with @hono/node-server.
+ */
+import type { AddressInfo } from "node:net";
+import { serve } from "@hono/node-server";
+import { type Context, Hono, type MiddlewareHandler } from "hono";
+import { describe } from "vitest";
+import { idempotency } from "../../src/http/hono.ts";
+import type { PostgresStore } from "../../src/postgres/store.ts";
+import { backends } from "../helpers/db.ts";
+import {
+  charge,
+  INVALID_BODY,
+  type PaymentInput,
+  paymentsContract,
+  useApp,
+  validatePayment,
+} from "./contract.ts";
+
+type Env = { Variables: { payment: PaymentInput } };
+
+const validate: MiddlewareHandler<Env> = async function validate(c, next) {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(await c.req.text());
+  } catch {
+    parsed = undefined;
+  }
+  const payment = validatePayment(parsed);
+  if (typeof payment === "string") {
+    return c.body(INVALID_BODY, 400, { "content-type": "application/problem+json" });
+  }
+  c.set("payment", payment);
+  await next();
+};
+
+async function pay(c: Context<Env>) {
+  const { tx, scope } = c.var.idempotency;
+  const r = await charge(tx, scope!, c.var.payment, (name) => c.req.header(name));
+  return c.body(r.json, r.status, {
+    "content-type": "application/json",
+    location: r.location,
+    "set-cookie": r.cookie,
+  });
+}
+
+function startHono(store: PostgresStore) {
+  const app = new Hono<Env>();
+  const scope = (c: Context) => c.req.header("x-account");
+  app.post("/v1/payments", validate, idempotency({ store, scope }), pay);
+  app.post("/v1/tips", validate, idempotency({ store, scope, required: false }), pay);
+  app.onError((_err, c) => c.json({ type: "urn:test:crash" }, 500));
+  return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
+    const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info: AddressInfo) => {
+      resolve({
+        url: `http://127.0.0.1:${info.port}`,
+        close: () =>
+          new Promise<void>((done) => {
+            server.close(() => done());
+            (server as import("node:http").Server).closeAllConnections?.();
+          }),
+      });
+    });
+  });
+}
+
+describe.each(backends)("Hono adapter on $name", (backend) => {
+  const app = useApp(backend, startHono);
+  paymentsContract(app, { hangUp: true });
+});
