@@ -1,0 +1,97 @@
+/**
+ * The Express 5 adapter: `idempotency(options)` middleware, the handler's response held back until commit.
+ */
+import { randomUUID } from "node:crypto";
+import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import express, { type NextFunction, type Request, type RequestHandler, type Response } from "express";
+import { describe, expect, it } from "vitest";
+import { idempotency, keepRawBody } from "../../src/http/express.ts";
+import type { PostgresStore } from "../../src/postgres/store.ts";
+import { backends } from "../helpers/db.ts";
+import { account, charge, INVALID_BODY, paymentsContract, useApp, validatePayment } from "./contract.ts";
+
+const validate: RequestHandler = function validate(req, res, next) {
+  const payment = validatePayment(req.body);
+  if (typeof payment === "string") {
+    res.status(400).type("application/problem+json").send(INVALID_BODY);
+    return;
+  }
+  res.locals.payment = payment;
+  next();
+};
+
+async function pay(req: Request, res: Response) {
+  const { tx, scope } = req.idempotency;
+  const r = await charge(tx, scope!, res.locals.payment, (name) => req.get(name));
+  res.status(r.status).location(r.location).cookie("session", r.cookie.split(/[=;]/)[1], { httpOnly: true });
+  res.type("application/json").send(r.json);
+}
+
+function startExpress(store: PostgresStore) {
+  const app = express();
+  const scope = (req: Request) => req.get("x-account");
+  const json = express.json({ verify: keepRawBody });
+  app.post("/v1/payments", json, validate, idempotency({ store, scope }), pay);
+  app.post("/v1/tips", json, validate, idempotency({ store, scope, required: false }), pay);
+  // the body parsed without its bytes (canonical JSON of req.body), and not parsed at all (read here)
+  app.post("/v1/parsed", express.json(), validate, idempotency({ store, scope }), pay);
+  app.post("/v1/unparsed", idempotency({ store, scope }), (req, res) => {
+    res.status(201).json({ key: req.idempotency.key });
+  });
+  app.use((_err: unknown, _req: Request, res: Response, _next: NextFunction) => {
+    res.status(500).json({ type: "urn:test:crash" });
+  });
+  return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
+    const server: Server = app.listen(0, "127.0.0.1", () => {
+      resolve({
+        url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+        close: () =>
+          new Promise<void>((done) => {
+            server.close(() => done());
+            server.closeAllConnections();
+          }),
+      });
+    });
+  });
+}
+
+describe.each(backends)("Express adapter on $name", (backend) => {
+  const app = useApp(backend, startExpress);
+  paymentsContract(app, { hangUp: true });
+
+  it("fingerprints a body parsed without keepRawBody by its value", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/parsed", {
+      account: acct,
+      key,
+      body: '{"amount_cents":5000,"currency":"eur"}',
+    });
+    expect(first.status).toBe(201);
+    const same = await app.post("/v1/parsed", {
+      account: acct,
+      key,
+      body: '{"currency":"eur","amount_cents":5000}',
+    });
+    expect(same.headers.get("idempotent-replayed")).toBe("true");
+    const other = await app.post("/v1/parsed", {
+      account: acct,
+      key,
+      body: { amount_cents: 1, currency: "eur" },
+    });
+    expect(other.status).toBe(422);
+    expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("reads and fingerprints the body itself when no parser ran", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/unparsed", { account: acct, key, body: "one" });
+    expect(first.status).toBe(201);
+    const same = await app.post("/v1/unparsed", { account: acct, key, body: "one" });
+    expect(same.headers.get("idempotent-replayed")).toBe("true");
+    const other = await app.post("/v1/unparsed", { account: acct, key, body: "two" });
+    expect(other.status).toBe(422);
+  });
+});
