@@ -1,0 +1,72 @@
+/**
+ * The Fastify 5 adapter: route hooks from `idempotency(options)`, and the same hooks as a plugin.
+ */
+import { randomUUID } from "node:crypto";
+import Fastify, { type FastifyReply, type FastifyRequest, type preValidationAsyncHookHandler } from "fastify";
+import { describe, expect, it } from "vitest";
+import { idempotency, idempotencyPlugin } from "../../src/http/fastify.ts";
+import type { PostgresStore } from "../../src/postgres/store.ts";
+import { backends } from "../helpers/db.ts";
+import {
+  account,
+  charge,
+  INVALID_BODY,
+  type PaymentInput,
+  paymentsContract,
+  useApp,
+  validatePayment,
+} from "./contract.ts";
+
+const validate: preValidationAsyncHookHandler = async function validate(request, reply) {
+  if (typeof validatePayment(request.body) === "string") {
+    return reply.code(400).type("application/problem+json").send(INVALID_BODY);
+  }
+};
+
+async function pay(request: FastifyRequest, reply: FastifyReply) {
+  const { tx, scope } = request.idempotency;
+  const header = (name: string) => request.headers[name] as string | undefined;
+  const r = await charge(tx, scope!, request.body as PaymentInput, header);
+  return reply
+    .code(r.status)
+    .header("location", r.location)
+    .header("set-cookie", r.cookie)
+    .type("application/json")
+    .send(r.json);
+}
+
+async function startFastify(store: PostgresStore) {
+  const app = Fastify();
+  const scope = (request: FastifyRequest) => request.headers["x-account"] as string | undefined;
+  app.post("/v1/payments", { preValidation: validate, ...idempotency({ store, scope }) }, pay);
+  app.post("/v1/tips", { preValidation: validate, ...idempotency({ store, scope, required: false }) }, pay);
+  await app.register(
+    async (scoped) => {
+      await scoped.register(idempotencyPlugin, { store, scope });
+      scoped.post("/payments", { preValidation: validate }, pay);
+    },
+    { prefix: "/plugin" },
+  );
+  app.post("/v1/unkeyed", async () => ({ ok: true })); // beside the plugin's prefix: not affected by it
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  return { url, close: () => app.close() };
+}
+
+describe.each(backends)("Fastify adapter on $name", (backend) => {
+  const app = useApp(backend, startFastify);
+  paymentsContract(app, { hangUp: true });
+
+  it("applies the plugin to the routes of its prefix only", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/plugin/payments", { account: acct, key });
+    expect(first.status).toBe(201);
+    const retry = await app.post("/plugin/payments", { account: acct, key });
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(await retry.text()).toBe(await first.text());
+    expect((await app.post("/plugin/payments", { account: acct })).status).toBe(400);
+    const outside = await app.post("/v1/unkeyed", { account: acct });
+    expect(outside.status).toBe(200);
+    expect(await app.rows(acct)).toBe(1);
+  });
+});
