@@ -25,7 +25,9 @@ export async function openDatabase(options: {
       throw new Error(`DATABASE_URL is not a URL: set it like postgres://user@127.0.0.1:5432/dbname`);
     }
     const { default: pg } = await import("pg");
-    const pool = new pg.Pool({ connectionString: options.url, max: options.poolSize ?? 20 });
+    // Pipeline mode lets node-postgres send BEGIN with the first statement and the last statement with
+    // COMMIT, which takes two round trips off every keyed request (see PostgresStore.atomic).
+    const pool = new pg.Pool({ connectionString: options.url, max: options.poolSize ?? 20, pipeline: true } as pg.PoolConfig);
     const db = fromPg(pool);
     try {
       await db.query("SELECT 1");

@@ -17,6 +17,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   const { db, embedded, where } = await openDatabase({
     url: env.DATABASE_URL || undefined,
     dataDir: env.IDEM_DATA_DIR,
+    poolSize: env.IDEM_POOL_SIZE ? Number(env.IDEM_POOL_SIZE) : undefined,
   });
   await prepareSchema(db);
   const demo = embedded || env.IDEM_DEMO === "1";
@@ -27,6 +28,8 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     db,
     store,
     apiKeys: new ApiKeys(db),
+    // IDEM_OPTIONAL_KEY=1 lets POSTs without a key through (the benchmark's baseline); never in production.
+    requireKey: env.IDEM_OPTIONAL_KEY !== "1",
     log: (l) => console.error(JSON.stringify(l)),
   });
   const server = serve({ fetch: app.fetch, port, hostname: env.HOST ?? "127.0.0.1" });

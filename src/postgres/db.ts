@@ -21,6 +21,12 @@ export interface Queryable {
 export interface Tx extends Queryable {
   /** Run several `;`-separated statements without parameters, in order. */
   exec(sql: string): Promise<void>;
+  /**
+   * Queue the transaction's last statement: drivers that pipeline send it together with COMMIT. Its
+   * result is awaited by `transaction()`; if it fails, the transaction rolls back and `transaction()`
+   * rejects with its error. Call it at most once, as the last thing the transaction does.
+   */
+  final(sql: string, params?: readonly unknown[]): void;
   /** The driver's own transaction object (a `pg` client, a postgres.js `sql`, a PGlite `Transaction`). */
   readonly raw: unknown;
 }

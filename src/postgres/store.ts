@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import {
   type AtomicOutcome,
   type AtomicStore,
@@ -5,7 +6,6 @@ import {
   KeyInFlightError,
   KeyMismatchError,
   type StoredResponse,
-  TransactionTooLongError,
   type WorkResult,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
@@ -22,16 +22,14 @@ export interface PostgresStoreOptions {
   retentionMs?: number;
   /**
    * How long a concurrent duplicate waits for the first request's transaction before it is answered
-   * 409 with `Retry-After` (atomic mode). This also bounds lock waits inside the work's transaction.
+   * 409 with `Retry-After`.
    * Default: 5,000 ms.
    */
   lockTimeoutMs?: number;
   /**
-   * Claims made during the first `boundaryOverlapMs` of a partition also mark the previous partition,
-   * so that duplicates racing across a partition boundary meet on one unique index; an atomic
-   * transaction that runs longer than half of it is rolled back (TransactionTooLongError, retryable).
-   * Default: 600,000 ms (10 minutes). 0 turns markers off (only for a table that is never partitioned
-   * across live traffic; a test shows the double execution it allows).
+   * Phases-mode claims made during the first `boundaryOverlapMs` of a partition also mark the previous
+   * partition, so that two first claims racing across a partition boundary meet on one unique index.
+   * Default: 600,000 ms (10 minutes). (Atomic mode serialises on a per-key lock instead.)
    */
   boundaryOverlapMs?: number;
   /** The clock, in epoch milliseconds (tests inject one). Default: `Date.now`. */
@@ -47,17 +45,23 @@ export interface KeyRow {
   status: number | null;
   headers: Array<[string, string]> | null;
   body: Uint8Array | null;
+  /** Phases mode only (read with `lookup(..., { phases: true })`): the lease and what earlier phases saved. */
+  lease_token?: string | null;
+  lease_until?: Date | null;
+  phase_data?: Record<string, unknown> | null;
 }
 
-const RECOVERY_DONE = "done";
-
-/** Thrown inside a transaction to roll it back and carry a result out. */
-class Rollback {
-  constructor(
-    readonly reason: "conflict" | "unsaved" | "gone",
-    readonly response?: StoredResponse,
-  ) {}
+/** The extra columns a phases-mode claim writes along with the key row (see sql/0002_phases.sql). */
+export interface PhaseClaimColumns {
+  recoveryPoint: string;
+  leaseToken: string;
+  leaseUntil: Date;
+  runner: string;
+  /** JSON text of the runner's input, kept for the completer. */
+  request: string;
 }
+
+export const RECOVERY_DONE = "done";
 
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   if (a.length !== b.length) return false;
@@ -65,8 +69,14 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return true;
 }
 
-function sqlState(err: unknown): string | undefined {
+/** The SQLSTATE of a driver error, if it has one. */
+export function sqlState(err: unknown): string | undefined {
   return (err as { code?: string })?.code;
+}
+
+/** The insert hit a bucket that has no partition yet (a clock far from the partitions made at start-up). */
+function isMissingPartition(err: unknown): boolean {
+  return sqlState(err) === "23514" && /no partition/.test(String((err as Error).message));
 }
 
 /**
@@ -139,15 +149,19 @@ export class PostgresStore implements AtomicStore<Tx> {
     return { dropped: await this.partitions.dropExpired(this.clock(), this.retentionMs) };
   }
 
-  /** The live (unexpired) row of a key, or undefined. */
+  /**
+   * The live (unexpired) row of a key, or undefined. `phases: true` also reads the lease and the phase
+   * data (phases mode); atomic mode reads only what a replay needs.
+   */
   async lookup(
     q: { query: Db["query"] },
     scope: string,
     key: string,
     nowMs: number,
+    options: { phases?: boolean } = {},
   ): Promise<KeyRow | undefined> {
     const oldest = nowMs - this.retentionMs;
-    const { rows } = await q.query<KeyRow>(this.sql.lookup, [
+    const { rows } = await q.query<KeyRow>(options.phases ? this.sql.lookupPhases : this.sql.lookup, [
       scope,
       key,
       this.partitions.bucketOf(oldest),
@@ -160,12 +174,14 @@ export class PostgresStore implements AtomicStore<Tx> {
     return new Date(new Date(row.created_at).getTime() + this.retentionMs);
   }
 
-  /** Decide what a finished or foreign row means for this claim (replay or 422), or undefined for none. */
-  private answerFromRow(claim: Claim, row: KeyRow): AtomicOutcome {
+  /**
+   * What an existing row means for this claim: `KeyMismatchError` (422) for another request under the
+   * key, the replay of a finished row, or undefined for a row that is not finished yet. The fingerprint
+   * is checked first, so a wrong request never gets further (in phases mode: never takes the lease).
+   */
+  replayOf(claim: Claim, row: KeyRow): AtomicOutcome | undefined {
     if (!sameBytes(row.fingerprint, claim.fingerprint)) throw new KeyMismatchError();
-    if (row.recovery_point !== RECOVERY_DONE || row.status === null) {
-      throw new KeyInFlightError(1);
-    }
+    if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
     return {
       kind: "replayed",
       expiresAt: this.expiresAt(row),
@@ -173,46 +189,115 @@ export class PostgresStore implements AtomicStore<Tx> {
     };
   }
 
+  /** Decide what a finished or foreign row means for this claim (replay or 422), or 409 for an unfinished one. */
+  private answerFromRow(claim: Claim, row: KeyRow): AtomicOutcome {
+    const replay = this.replayOf(claim, row);
+    if (!replay) throw new KeyInFlightError(1);
+    return replay;
+  }
+
+  /**
+   * Where a claim made at `now` goes: its bucket, and whether it also marks the previous bucket (claims
+   * in the first `boundaryOverlapMs` of a partition do, unless a retry turned markers off).
+   */
+  placement(now: number, withMarker: boolean): { bucket: number; marker: boolean } {
+    const bucket = this.partitions.bucketOf(now);
+    return { bucket, marker: withMarker && now - this.partitions.startOf(bucket) < this.boundaryOverlapMs };
+  }
+
+  /**
+   * Insert a claim's key row (and its boundary marker). Returns true when every row went in; false on a
+   * conflict, after which the caller must roll back (with a marker, one of the two rows may have gone
+   * in) and look the key up again. Shared by both modes: atomic runs it inside the work's transaction;
+   * phases mode commits it at once, carrying the lease in `phase`.
+   */
+  async insertClaim(
+    q: { query: Db["query"] },
+    claim: Claim,
+    at: { bucket: number; marker: boolean; createdAt: string },
+    phase?: PhaseClaimColumns,
+  ): Promise<boolean> {
+    const params: unknown[] = [at.bucket, claim.scope, claim.key, claim.fingerprint, at.createdAt];
+    if (phase) {
+      params.push(phase.recoveryPoint, phase.leaseToken, phase.leaseUntil.toISOString());
+      params.push(phase.runner, phase.request);
+    }
+    if (at.marker) params.push(at.bucket - 1);
+    const sql = phase
+      ? at.marker
+        ? this.sql.claimPhasesWithMarker
+        : this.sql.claimPhases
+      : at.marker
+        ? this.sql.claimWithMarker
+        : this.sql.claim;
+    const r = await q.query(sql, params);
+    return r.rows.length === (at.marker ? 2 : 1);
+  }
+
+  /** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
+  async withPartitions<T>(fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (err) {
+      if (!isMissingPartition(err)) throw err;
+      const b = this.partitions.bucketOf(this.clock());
+      await this.partitions.ensure([b - 1, b, b + 1]);
+      return fn();
+    }
+  }
+
+  /**
+   * The SQL that serialises every request for one (scope, key): a transaction-scoped advisory lock,
+   * waited for at most `lockTimeoutMs`. Sent with BEGIN (a literal, no parameters) so that it costs no
+   * round trip of its own; the lock timeout is reset afterwards so it does not bound the work.
+   */
+  lockSql(scope: string, key: string): string {
+    return (
+      `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(this.lockTimeoutMs))}ms'; ` +
+      `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`
+    );
+  }
+
   /*
    * Atomic mode. Timeline of two duplicates A and B:
-   *   A: lookup (nothing) -> BEGIN -> INSERT key row (uncommitted, but the unique index holds it)
-   *   B: lookup (nothing: A's row is invisible) -> BEGIN -> INSERT same key ... waits on A's index entry
-   *   A: work -> save response -> COMMIT
-   *   B: INSERT returns no row (conflict) -> ROLLBACK -> lookup again -> replays A's saved response
-   * Had A rolled back, B's INSERT would have gone through and B would run the work itself.
-   * If A holds the key past lockTimeoutMs, B answers 409 with Retry-After instead of waiting on.
+   *   A: BEGIN + lock(scope, key) + lookup (nothing)  -> work -> INSERT key row with response + COMMIT
+   *   B: BEGIN + lock(scope, key) ... waits for A's transaction to end
+   *   A: COMMIT (the lock goes with it)
+   *   B: lookup, a new statement with a new snapshot -> sees A's row -> replays A's saved response
+   * Had A rolled back, B's lookup would find nothing and B would run the work itself. If A holds the
+   * lock past lockTimeoutMs, B answers 409 with Retry-After instead of waiting on.
+   *
+   * Why a lock rather than claiming with an early INSERT: the keys table is partitioned by time, and
+   * PostgreSQL's unique indexes are per partition, so two duplicates on either side of a partition
+   * boundary would not meet on one index. The lock is per key whatever the partition, and the key row
+   * is written once, with its response, instead of inserted and then updated. The primary key still
+   * backs it up: a duplicate row in one partition fails and rolls the whole transaction back.
+   *
+   * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
+   * and [INSERT key row, COMMIT].
    */
   async atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
     options: { signal?: AbortSignal } = {},
   ): Promise<AtomicOutcome> {
-    const now = this.clock();
-    const existing = await this.lookup(this.db, claim.scope, claim.key, now);
-    if (existing) return this.answerFromRow(claim, existing);
-
-    let withMarker = true;
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.claimAndRun(claim, work, this.clock(), withMarker, options.signal);
+        return await this.runAtomic(claim, work, options.signal);
       } catch (err) {
         if (err instanceof Rollback) {
-          if (err.reason === "unsaved" || err.reason === "gone") {
-            return { kind: "executed", response: err.response!, saved: false, expiresAt: new Date(now) };
-          }
-          // Conflict: the key was claimed and committed by someone else while we waited.
-          const row = await this.lookup(this.db, claim.scope, claim.key, this.clock());
-          if (row) return this.answerFromRow(claim, row);
-          // Only an expired row from before the window stood in the way of our boundary marker.
-          if (attempt < 2) {
-            withMarker = false;
-            continue;
-          }
-          throw new KeyInFlightError(1);
+          return {
+            kind: "executed",
+            response: err.response,
+            saved: false,
+            expiresAt: new Date(this.clock()),
+          };
         }
+        if (sqlState(err) === "55P03" && !(err instanceof WorkError)) throw new KeyInFlightError(1);
+        if (err instanceof WorkError) throw err.cause;
         if (sqlState(err) === "23514" && attempt < 2 && /no partition/.test(String((err as Error).message))) {
           const b = this.partitions.bucketOf(this.clock());
-          await this.partitions.ensure([b - 1, b, b + 1]);
+          await this.partitions.ensure([b, b + 1]);
           continue;
         }
         throw err;
@@ -220,48 +305,36 @@ export class PostgresStore implements AtomicStore<Tx> {
     }
   }
 
-  private claimAndRun(
+  private runAtomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
-    now: number,
-    withMarker: boolean,
-    signal: AbortSignal | undefined,
+    signal?: AbortSignal,
   ): Promise<AtomicOutcome> {
-    const bucket = this.partitions.bucketOf(now);
-    const marker = withMarker && now - this.partitions.startOf(bucket) < this.boundaryOverlapMs;
-    const createdAt = new Date(now).toISOString();
     return this.db.transaction(
       async (tx) => {
-        let claimed: number;
-        try {
-          const params = [bucket, claim.scope, claim.key, claim.fingerprint, createdAt];
-          const r = marker
-            ? await tx.query(this.sql.claimWithMarker, [...params, bucket - 1])
-            : await tx.query(this.sql.claim, params);
-          claimed = r.rows.length;
-        } catch (err) {
-          if (sqlState(err) === "55P03") throw new KeyInFlightError(1); // lock_timeout on the claim
-          throw err;
-        }
-        if (claimed !== (marker ? 2 : 1)) throw new Rollback("conflict");
+        const now = this.clock();
+        const existing = await this.lookup(tx, claim.scope, claim.key, now);
+        if (existing) return this.answerFromRow(claim, existing);
 
-        const result = await work(tx);
-        if (!result.save) throw new Rollback("unsaved", result.response);
-        if (signal?.aborted) throw new Rollback("gone", result.response);
+        let result: WorkResult;
+        try {
+          result = await work(tx);
+        } catch (err) {
+          throw new WorkError(err);
+        }
+        if (!result.save) throw new Rollback(result.response);
+        if (signal?.aborted) throw new Rollback(result.response); // the client hung up: save nothing
         const saved = result.save;
-        // Half the overlap bounds the transaction (markers off, overlap 0: no bound, and no boundary safety).
-        const bound = Math.floor(this.boundaryOverlapMs / 2);
-        const u = await tx.query(this.sql.save, [
+        tx.final(this.sql.insertDone, [
+          this.partitions.bucketOf(now),
           claim.scope,
           claim.key,
-          bucket,
+          claim.fingerprint,
+          new Date(now).toISOString(),
           saved.status,
           JSON.stringify(saved.headers),
           saved.body,
-          new Date(this.clock()).toISOString(),
-          bound,
         ]);
-        if (u.rowCount !== 1) throw new TransactionTooLongError(bound);
         return {
           kind: "executed",
           response: result.response,
@@ -269,26 +342,50 @@ export class PostgresStore implements AtomicStore<Tx> {
           expiresAt: new Date(now + this.retentionMs),
         };
       },
-      { begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(this.lockTimeoutMs))}ms'` },
+      { begin: this.lockSql(claim.scope, claim.key) },
     );
   }
 }
 
+/** Thrown inside a transaction to roll it back and carry the unsaved response out. */
+class Rollback {
+  constructor(readonly response: StoredResponse) {}
+}
+
+/** Wraps what the work threw, so that the work's own errors are never mistaken for ours. */
+class WorkError {
+  constructor(readonly cause: unknown) {}
+}
+
+/** A signed 64-bit lock id for (scope, key): the first 8 bytes of SHA-256, as a decimal literal. */
+export function keyLockId(scope: string, key: string): string {
+  return createHash("sha256").update(scope).update("\0").update(key).digest().readBigInt64BE(0).toString();
+}
+
 function statements(s: string) {
-  return {
-    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body
-               FROM ${s}.keys
+  const lookupWhere = `FROM ${s}.keys
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
-              ORDER BY bucket DESC LIMIT 1`,
+              ORDER BY bucket DESC LIMIT 1`;
+  return {
+    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body ${lookupWhere}`,
+    lookupPhases: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
+                          lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
+    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body)
+                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8)`,
     claim: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
             VALUES ($1, $2, $3, $4, $5::timestamptz)
             ON CONFLICT DO NOTHING RETURNING marker`,
     claimWithMarker: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, marker)
             VALUES ($1, $2, $3, $4, $5::timestamptz, false), ($6, $2, $3, $4, $5::timestamptz, true)
             ON CONFLICT DO NOTHING RETURNING marker`,
-    save: `UPDATE ${s}.keys
-              SET recovery_point = 'done', status = $4, headers = $5::text::jsonb, body = $6
-            WHERE scope = $1 AND key = $2 AND bucket = $3 AND NOT marker
-              AND ($8 <= 0 OR $7::timestamptz < created_at + $8 * interval '1 millisecond')`,
+    claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
+                                         lease_until, runner, request, updated_at)
+            VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
+            ON CONFLICT DO NOTHING RETURNING marker`,
+    claimPhasesWithMarker: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
+                                                   lease_until, runner, request, updated_at, marker)
+            VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz, false),
+                   ($11, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz, true)
+            ON CONFLICT DO NOTHING RETURNING marker`,
   };
 }

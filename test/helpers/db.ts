@@ -72,7 +72,7 @@ const pgBackend: TestBackend = {
   name: "pg",
   async open() {
     const fresh = await freshDatabase();
-    const db = fromPg(new pg.Pool({ connectionString: fresh.url, max: 20 }));
+    const db = fromPg(new pg.Pool({ connectionString: fresh.url, max: 20, pipeline: true } as pg.PoolConfig));
     return {
       db,
       url: fresh.url,

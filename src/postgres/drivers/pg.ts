@@ -1,16 +1,19 @@
+import { createHash } from "node:crypto";
 import type { Db, QueryResult, Tx } from "../db.ts";
 
 /**
  * The slice of node-postgres this adapter uses, typed structurally so `idem/postgres` never imports `pg`
  * at run time: a `pg.Pool` satisfies it.
  */
-export interface PgPoolLike {
-  query(text: string, values?: unknown[]): Promise<{ rows: any[]; rowCount: number | null }>;
+interface PgQueryable {
+  query(config: { text: string; values?: unknown[]; name?: string }): Promise<{ rows: any[]; rowCount: number | null }>;
+  query(text: string): Promise<unknown>;
+}
+export interface PgPoolLike extends PgQueryable {
   connect(): Promise<PgClientLike>;
   end(): Promise<void>;
 }
-export interface PgClientLike {
-  query(text: string, values?: unknown[]): Promise<{ rows: any[]; rowCount: number | null }>;
+export interface PgClientLike extends PgQueryable {
   release(err?: boolean | Error): void;
 }
 
@@ -24,43 +27,101 @@ function result<R>(r: { rows: any[]; rowCount: number | null }): QueryResult<R> 
   return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
 }
 
-/** Adapt a node-postgres `Pool`. `close()` ends the pool only when `owned` is true (the default). */
+/*
+ * Statements run as named prepared statements (the name derives from the text), so PostgreSQL parses
+ * and plans each one once per connection instead of on every call, which matters for statements on the
+ * partitioned keys table. postgres.js does the same by default.
+ */
+const names = new Map<string, string>();
+function statementName(text: string): string {
+  let name = names.get(text);
+  if (!name) {
+    name = `idem_${createHash("sha1").update(text).digest("hex").slice(0, 16)}`;
+    if (names.size > 1_000) names.clear();
+    names.set(text, name);
+  }
+  return name;
+}
+
+function run<R>(q: PgQueryable, sql: string, params: readonly unknown[] | undefined): Promise<QueryResult<R>> {
+  return q.query({ text: sql, values: toParams(params), name: statementName(sql) }).then(result<R>);
+}
+
+/**
+ * Adapt a node-postgres `Pool`. `close()` ends the pool only when `owned` is true (the default).
+ * A pool created with `pipeline: true` sends BEGIN and the transaction's first statement together.
+ */
 export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db {
   const owned = options.owned ?? true;
   return {
     driver: "pg",
-    async query<R>(sql: string, params?: readonly unknown[]) {
-      return result<R>(await pool.query(sql, toParams(params)));
-    },
+    query: (sql, params) => run(pool, sql, params),
     async exec(sql: string) {
       await pool.query(sql);
     },
     async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       const client = await pool.connect();
       let broken = false;
+      // BEGIN is not awaited on its own: node-postgres queues (or, in pipeline mode, pipelines) the
+      // next statement behind it, and its failure surfaces at the first statement or at COMMIT.
+      let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
+      begun.catch(() => {});
+      const settleBegin = async () => {
+        if (begun) {
+          const b = begun;
+          begun = undefined;
+          await b;
+        }
+      };
+      let last: Promise<unknown> | undefined;
+      const tx: Tx = {
+        raw: client,
+        final(sql, params) {
+          last = run(client, sql, params);
+          last.catch(() => {});
+        },
+        async query<R>(sql: string, params?: readonly unknown[]) {
+          const q = run<R>(client, sql, params);
+          if (begun) {
+            q.catch(() => {});
+            await settleBegin();
+          }
+          return q;
+        },
+        async exec(sql: string) {
+          const q = client.query(sql);
+          if (begun) {
+            q.catch(() => {});
+            await settleBegin();
+          }
+          await q;
+        },
+      };
       try {
-        // No parameters, so node-postgres uses the simple protocol and BEGIN plus the extra SQL
-        // travel in one round trip.
-        await client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
-        const tx: Tx = {
-          raw: client,
-          async exec(sql: string) {
-            await client.query(sql);
-          },
-          async query<R>(sql: string, params?: readonly unknown[]) {
-            return result<R>(await client.query(sql, toParams(params)));
-          },
-        };
+        let value: T;
         try {
-          const value = await fn(tx);
-          await client.query("COMMIT");
-          return value;
+          value = await fn(tx);
+          await settleBegin();
         } catch (err) {
           await client.query("ROLLBACK").catch(() => {
             broken = true;
           });
           throw err;
         }
+        // With `last` queued, COMMIT follows it on the wire; if `last` failed, PostgreSQL answers the
+        // COMMIT of the aborted transaction with a rollback, and we report `last`'s error.
+        const commit = client.query("COMMIT");
+        if (last) {
+          commit.catch(() => {});
+          try {
+            await last;
+          } catch (err) {
+            await commit.catch(() => {});
+            throw err;
+          }
+        }
+        await commit;
+        return value;
       } catch (err) {
         if (isConnectionError(err)) broken = true;
         throw err;

@@ -37,13 +37,20 @@ export function fromPglite(pglite: PgliteLike, options: { owned?: boolean } = {}
     transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       return pglite.transaction(async (t) => {
         if (opts?.begin) await t.exec(opts.begin);
-        return fn({
+        let last: Promise<unknown> | undefined;
+        const value = await fn({
+          final(sql, params) {
+            last = run(t, sql, params);
+            last.catch(() => {});
+          },
           raw: t,
           query: (sql, params) => run(t, sql, params),
           async exec(sql: string) {
             await t.exec(sql);
           },
         });
+        await last;
+        return value;
       });
     },
     async close() {

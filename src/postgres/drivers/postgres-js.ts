@@ -39,13 +39,20 @@ export function fromPostgresJs(sql: PostgresJsLike, options: { owned?: boolean }
     async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       const body = async (tsql: PostgresJsQueryable) => {
         if (opts?.begin) await tsql.unsafe(opts.begin);
-        return fn({
+        let last: Promise<unknown> | undefined;
+        const value = await fn({
+          final(text, params) {
+            last = run(tsql, text, params);
+            last.catch(() => {});
+          },
           raw: tsql,
           query: (text, params) => run(tsql, text, params),
           async exec(text: string) {
             await tsql.unsafe(text);
           },
         });
+        await last;
+        return value;
       };
       return (await sql.begin(body)) as T;
     },

@@ -1,0 +1,159 @@
+/**
+ * Issue 2's benchmark: the payment endpoint over HTTP on the real PostgreSQL, in one run:
+ * unkeyed (the same endpoint with the key optional and absent), keyed first-time, keyed replay, and a
+ * storm of 1,000 concurrent requests over 10 keys. The service runs in its own process; the load comes
+ * from autocannon in this one.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { randomUUID } from "node:crypto";
+import autocannon from "autocannon";
+import pg from "pg";
+
+export interface Row {
+  scenario: string;
+  rps: number;
+  p50: number;
+  p99: number;
+  note?: string;
+}
+
+const BASE = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+const DURATION_S = Number(process.env.BENCH_SECONDS ?? 5);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+const BODY = JSON.stringify({ amount_cents: 5000, currency: "eur" });
+const HEADERS = { authorization: "Bearer sk_test_demo_1", "content-type": "application/json" };
+
+async function admin<T>(fn: (c: pg.Client) => Promise<T>, url = BASE): Promise<T> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    return await fn(c);
+  } finally {
+    await c.end();
+  }
+}
+
+export async function freshBenchDatabase(): Promise<{ url: string; drop(): Promise<void> }> {
+  const name = `idem_bench_${randomUUID().slice(0, 8)}`;
+  await admin((c) => c.query(`CREATE DATABASE ${name}`));
+  const url = new URL(BASE);
+  url.pathname = `/${name}`;
+  const drop = async () => {
+    await admin((c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`));
+  };
+  return { url: url.toString(), drop };
+}
+
+export function startService(env: Record<string, string>): Promise<{ url: string; child: ChildProcess }> {
+  const child = spawn("node_modules/.bin/tsx", ["--conditions=source", "app/main.ts"], {
+    env: { ...process.env, PORT: "0", IDEM_DEMO: "1", ...env },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  return new Promise((resolve, reject) => {
+    let out = "";
+    child.stdout!.on("data", (d) => {
+      out += d;
+      const m = /on (http:\/\/127\.0\.0\.1:\d+)/.exec(out);
+      if (m) resolve({ url: m[1]!, child });
+    });
+    child.once("exit", (code) => reject(new Error(`service exited (${code}): ${out}`)));
+  });
+}
+
+function load(
+  url: string,
+  opts: { setup?: (req: any) => any; connections?: number; amount?: number; duration?: number },
+): Promise<autocannon.Result> {
+  return new Promise((resolve, reject) => {
+    autocannon(
+      {
+        url: `${url}/v1/payments`,
+        method: "POST",
+        headers: HEADERS,
+        body: BODY,
+        connections: opts.connections ?? CONNECTIONS,
+        ...(opts.amount ? { amount: opts.amount } : { duration: opts.duration ?? DURATION_S }),
+        requests: opts.setup ? [{ setupRequest: opts.setup }] : undefined,
+      },
+      (err, result) => (err ? reject(err) : resolve(result)),
+    );
+  });
+}
+
+function row(scenario: string, r: autocannon.Result, note?: string): Row {
+  const bad = r.non2xx + r.errors + r.timeouts;
+  return {
+    scenario,
+    rps: r.requests.average,
+    p50: r.latency.p50,
+    p99: r.latency.p99,
+    note: bad ? `${bad} non-2xx/errors! ${note ?? ""}` : note,
+  };
+}
+
+export async function httpBench(): Promise<Row[]> {
+  const db = await freshBenchDatabase();
+  const svc = await startService({ DATABASE_URL: db.url, IDEM_OPTIONAL_KEY: "1", IDEM_POOL_SIZE: "16" });
+  const rows: Row[] = [];
+  try {
+    const count = () => admin(async (c) => Number((await c.query("SELECT count(*) AS n FROM payments")).rows[0].n), db.url);
+    // Warm-up: connections, JIT, plan caches.
+    await load(svc.url, { duration: 2, setup: (req) => ({ ...req, headers: { ...req.headers, "idempotency-key": randomUUID() } }) });
+
+    rows.push(row("unkeyed (same endpoint, no key)", await load(svc.url, {})));
+
+    const keys: string[] = [];
+    rows.push(
+      row(
+        "keyed, first time",
+        await load(svc.url, {
+          setup: (req) => {
+            const key = randomUUID();
+            keys.push(key);
+            return { ...req, headers: { ...req.headers, "idempotency-key": key } };
+          },
+        }),
+      ),
+    );
+
+    let i = 0;
+    rows.push(
+      row(
+        "keyed, replay",
+        await load(svc.url, {
+          setup: (req) => ({ ...req, headers: { ...req.headers, "idempotency-key": keys[i++ % keys.length]! } }),
+        }),
+      ),
+    );
+
+    const before = await count();
+    const stormKeys = Array.from({ length: 10 }, () => randomUUID());
+    let j = 0;
+    const storm = await load(svc.url, {
+      connections: 1000,
+      amount: 1000,
+      setup: (req) => ({ ...req, headers: { ...req.headers, "idempotency-key": stormKeys[j++ % 10]! } }),
+    });
+    const executions = (await count()) - before;
+    rows.push(row("storm: 1,000 concurrent over 10 keys", storm, `executions: ${executions} (must be 10)`));
+  } finally {
+    svc.child.kill("SIGTERM");
+    await new Promise((r) => svc.child.once("exit", r));
+    await db.drop();
+  }
+  return rows;
+}
+
+export function printRows(title: string, rows: Row[]): void {
+  console.log(`\n${title}`);
+  console.log("| scenario | req/s | p50 ms | p99 ms | note |\n|---|---:|---:|---:|---|");
+  for (const r of rows) console.log(`| ${r.scenario} | ${r.rps.toFixed(0)} | ${r.p50} | ${r.p99} | ${r.note ?? ""} |`);
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const rows = await httpBench();
+  printRows("Payment endpoint over HTTP (real PostgreSQL)", rows);
+  const [unkeyed, keyed, replay] = rows;
+  console.log(`\nkeyed/unkeyed  = ${(keyed!.rps / unkeyed!.rps).toFixed(2)} (goal >= 0.80)`);
+  console.log(`replay/unkeyed = ${(replay!.rps / unkeyed!.rps).toFixed(2)} (goal >= 1.00)`);
+}
