@@ -4,6 +4,7 @@
  */
 import { mkdirSync } from "node:fs";
 import { type Db, fromPg, fromPglite, migrate } from "idem/postgres";
+import type { PoolConfig } from "pg";
 
 export interface OpenedDatabase {
   db: Db;
@@ -27,7 +28,11 @@ export async function openDatabase(options: {
     const { default: pg } = await import("pg");
     // Pipeline mode lets node-postgres send BEGIN with the first statement and the last statement with
     // COMMIT, which takes two round trips off every keyed request (see PostgresStore.atomic).
-    const pool = new pg.Pool({ connectionString: options.url, max: options.poolSize ?? 20, pipeline: true } as pg.PoolConfig);
+    const pool = new pg.Pool({
+      connectionString: options.url,
+      max: options.poolSize ?? 20,
+      pipeline: true,
+    } as PoolConfig);
     const db = fromPg(pool);
     try {
       await db.query("SELECT 1");
