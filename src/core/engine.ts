@@ -9,7 +9,7 @@ import {
   type SavePolicy,
   type StoredResponse,
 } from "./response.ts";
-import type { AtomicStore, Claim } from "./store.ts";
+import type { AtomicOutcome, AtomicStore, Claim } from "./store.ts";
 
 /** A request as the engine sees it; each HTTP adapter builds one from its framework's request. */
 export interface IdemRequest {
@@ -105,8 +105,8 @@ export class IdempotencyEngine<Tx> {
     work: (tx: Tx) => Promise<StoredResponse>,
     options: { signal?: AbortSignal } = {},
   ): Promise<{ response: StoredResponse; replayed: boolean; executed: boolean }> {
-    try {
-      const outcome = await this.options.store.atomic(
+    return this.settle(() =>
+      this.options.store.atomic(
         claim,
         async (tx) => {
           const produced = await work(tx);
@@ -116,7 +116,20 @@ export class IdempotencyEngine<Tx> {
           return { response: produced, save };
         },
         options,
-      );
+      ),
+    );
+  }
+
+  /**
+   * Turn the outcome of any runner (atomic mode above, or a phases runner) into the response to send:
+   * replays get `Idempotent-Replayed: true`, saved answers the key's expiry, and idem's errors (422,
+   * 409 with `Retry-After`, a retryable 503) become problem responses. Other errors are rethrown.
+   */
+  async settle(
+    run: () => Promise<AtomicOutcome>,
+  ): Promise<{ response: StoredResponse; replayed: boolean; executed: boolean }> {
+    try {
+      const outcome = await run();
       if (outcome.kind === "replayed") {
         const r = outcome.response;
         return {

@@ -7,8 +7,8 @@
  * finds the transaction in `c.var.idempotency.tx`: its writes commit together with the saved response.
  */
 import type { Context, MiddlewareHandler } from "hono";
-import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
-import { IdempotencyEngine } from "../core/index.ts";
+import type { AtomicOutcome, Claim, EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
+import { errorResponse, IdempotencyEngine, KeyMissingError } from "../core/index.ts";
 import type { Tx } from "../postgres/db.ts";
 
 export interface IdempotencyVariables {
@@ -92,5 +92,55 @@ export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler 
     } catch (err) {
       if (err !== c.error) throw err;
     }
+  };
+}
+
+/** What `idempotentPhases` needs of a phases runner (`definePhases` from `idem/postgres` returns one). */
+export interface PhasesRunnerLike<I> {
+  readonly store: EngineOptions<Tx>["store"];
+  run(claim: Claim, input: I, options?: { signal?: AbortSignal }): Promise<AtomicOutcome>;
+}
+
+export interface HonoPhasesOptions<I> extends Omit<EngineOptions<Tx>, "store" | "required"> {
+  /** The caller's scope (their account id), from authentication, never from the body. Required. */
+  scope: (c: Context) => string | undefined | Promise<string | undefined>;
+  /** The phases runner that does the work. Required. */
+  runner: PhasesRunnerLike<I>;
+  /** The runner's input, from the validated request (JSON: it is stored for the completer). Required. */
+  input: (c: Context) => I | Promise<I>;
+}
+
+/**
+ * Hono handler for a route in phases mode (recovery points, for work that calls other systems):
+ *
+ *   app.post("/v1/payments", auth, validate, idempotentPhases({ runner, scope, input: (c) => c.var.payment }))
+ *
+ * It ends the request: the answer is the runner's (saved and replayed when final), or a problem (422,
+ * 409 with Retry-After, 503 retryable). A key is always required. The client's disconnect does not stop
+ * the phases once they began.
+ */
+export function idempotentPhases<I>(options: HonoPhasesOptions<I>): MiddlewareHandler {
+  const engine = new IdempotencyEngine<Tx>({ ...options, store: options.runner.store, required: true });
+  return async function idempotentPhasesHandler(c) {
+    const scope = await options.scope(c);
+    const url = new URL(c.req.url);
+    const req: IdemRequest = {
+      method: c.req.method,
+      path: url.pathname + url.search,
+      header: (name) => c.req.header(name),
+      body: new Uint8Array(await c.req.arrayBuffer()),
+    };
+    const prepared = engine.prepare(req, scope);
+    if (prepared.kind !== "claim") {
+      // A key is required here, so "unkeyed" cannot happen; "answer" is a 400/401.
+      setResponse(c, prepared.kind === "answer" ? prepared.response : errorResponse(new KeyMissingError()));
+      return c.res;
+    }
+    const input = await options.input(c);
+    const out = await engine.settle(() =>
+      options.runner.run(prepared.claim, input, { signal: c.req.raw.signal }),
+    );
+    setResponse(c, out.response);
+    return c.res;
   };
 }

@@ -1,7 +1,25 @@
+export { type CompleteOptions, type CompleteReport, type CompleteResult, complete } from "./complete.ts";
 export type { Db, Queryable, QueryResult, Tx } from "./db.ts";
 export { fromPg, type PgPoolLike } from "./drivers/pg.ts";
 export { fromPglite, type PgliteLike } from "./drivers/pglite.ts";
 export { fromPostgresJs, type PostgresJsLike } from "./drivers/postgres-js.ts";
 export { type MigrateOptions, type MigrateResult, migrate, pendingMigrations } from "./migrate.ts";
+export { type OutboxEvent, writeOutbox } from "./outbox.ts";
 export { Partitions } from "./partitions.ts";
+export {
+  type CrashInfo,
+  type CrashPointName,
+  definePhases,
+  type ExternalPhase,
+  jsonResponse,
+  type LocalPhase,
+  type Phase,
+  type PhaseContext,
+  type PhaseFaults,
+  type PhaseStep,
+  type PhasesOptions,
+  PhasesRunner,
+  SimulatedCrashError,
+} from "./phases.ts";
 export { type KeyRow, PostgresStore, type PostgresStoreOptions } from "./store.ts";
+export { uuidv7 } from "./uuid7.ts";

@@ -1,0 +1,17 @@
+/**
+ * `idem/testing`: tools to prove exactly-once behaviour under failure. A payment-provider simulator
+ * (`startProvider`, and a classifying client `chargeProvider`), crash points for phases runners
+ * (`crashAt`, `randomCrashes`, `pauseAt`), and a seeded generator.
+ */
+export { SimulatedCrashError } from "../postgres/phases.ts";
+export { type CountingFaults, combineFaults, crashAt, pauseAt, randomCrashes } from "./faults.ts";
+export { createRng, type Rng } from "./prng.ts";
+export {
+  type Charge,
+  type FaultRates,
+  type Provider,
+  type ProviderFault,
+  type ProviderOptions,
+  startProvider,
+} from "./provider.ts";
+export { type ChargeRequest, type ChargeResult, chargeProvider, listCharges } from "./provider-client.ts";

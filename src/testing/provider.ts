@@ -1,0 +1,314 @@
+/**
+ * A payment-provider simulator: an HTTP server that behaves like a card processor, for tests, demos and
+ * benchmarks of code that charges cards exactly once.
+ *
+ *   POST /v1/charges   {"amount": 5000, "currency": "eur", "card": "4242"}  with `Idempotency-Key`
+ *       200 the charge; a repeat of the key returns the same charge (`Idempotent-Replayed: true`);
+ *       402 card declined (also remembered under the key); 422 the key was used with other parameters;
+ *       400 a malformed request.
+ *   GET  /v1/charges   every charge made, in order, with the idempotency key it received
+ *   GET  /v1/charges/:id
+ *   POST /_sim/faults  {"rates": {...}, "next": ["timeout", ...]}   change the faults at run time
+ *   POST /_sim/reset   forget every charge and key
+ *
+ * Faults, per request (`X-Fault: timeout|500|503|drop|decline`, `X-Latency-Ms: n`), scripted for the next
+ * requests (`failNext`), or at random rates drawn from a seeded generator (same seed, same faults):
+ *   timeout  the request is held without an answer until the client gives up; nothing is charged
+ *   500/503  an error answer; nothing is charged
+ *   drop     the charge IS made, then the connection is cut before the reply (a lost reply)
+ *   decline  the card is declined (final: 402)
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { createRng, type Rng } from "./prng.ts";
+
+export type ProviderFault = "timeout" | "500" | "503" | "drop" | "decline";
+const FAULTS: readonly ProviderFault[] = ["timeout", "500", "503", "drop", "decline"];
+
+/** Probabilities (0..1) of each random fault per charge request. */
+export interface FaultRates {
+  timeout?: number;
+  /** 500 or 503, half each. */
+  error?: number;
+  drop?: number;
+  decline?: number;
+}
+
+export interface ProviderOptions {
+  /** Port to listen on. Default: 0 (any free port). */
+  port?: number;
+  /** Address to listen on. Default: `"127.0.0.1"`. */
+  host?: string;
+  /** Seed of the generator behind random faults, latencies and charge ids. Default: 1. */
+  seed?: number;
+  /** Amounts (in minor units) that are always declined. Default: none. */
+  declineAmounts?: readonly number[];
+  /** Card numbers (or tokens) that are always declined. Default: none. */
+  declineCards?: readonly string[];
+  /** Added latency per charge request in ms: a number, or `[min, max]` drawn per request. Default: 0. */
+  latencyMs?: number | readonly [number, number];
+  /** Random fault rates. Default: none. */
+  faults?: FaultRates;
+  /** The longest a `timeout` fault holds a request before cutting it. Default: 60,000 ms. */
+  hangMs?: number;
+}
+
+export interface Charge {
+  id: string;
+  amount: number;
+  currency: string;
+  card: string | null;
+  /** The `Idempotency-Key` the provider received, or null. */
+  idempotency_key: string | null;
+  status: "succeeded" | "failed";
+  failure_code: string | null;
+  /** Order of creation, from 1. */
+  seq: number;
+  created: string;
+}
+
+export interface Provider {
+  /** Base URL, e.g. `http://127.0.0.1:43817`. */
+  url: string;
+  port: number;
+  /** Every charge made (succeeded and declined), in order. */
+  charges(): Charge[];
+  /** Charge requests received (including repeats and faulted ones). */
+  requests(): number;
+  /** Replace the random fault rates. */
+  setFaults(rates: FaultRates): void;
+  /** Apply these faults to the next charge requests, one each, before any random ones. */
+  failNext(...faults: ProviderFault[]): void;
+  /** Forget every charge, key and scripted fault (the generator keeps going). */
+  reset(): void;
+  close(): Promise<void>;
+}
+
+interface Saved {
+  params: string;
+  status: number;
+  body: string;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+async function readBody(req: IncomingMessage, limit = 64 * 1024): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > limit) throw new Error("body too large");
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+function send(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
+  const text = typeof body === "string" ? body : JSON.stringify(body);
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(text),
+    ...headers,
+  });
+  res.end(text);
+}
+
+function errorBody(type: string, code: string, message: string, extra: Record<string, unknown> = {}) {
+  return { error: { type, code, message, ...extra } };
+}
+
+/** Start the simulator. Close it with `close()`. */
+export async function startProvider(options: ProviderOptions = {}): Promise<Provider> {
+  const rng: Rng = createRng(options.seed ?? 1);
+  const declineAmounts = new Set(options.declineAmounts ?? []);
+  const declineCards = new Set(options.declineCards ?? []);
+  const hangMs = options.hangMs ?? 60_000;
+  let rates: FaultRates = { ...options.faults };
+  let scripted: ProviderFault[] = [];
+  let charges: Charge[] = [];
+  let byKey = new Map<string, Saved>();
+  let received = 0;
+
+  const latency = (req: IncomingMessage): number => {
+    const header = Number(req.headers["x-latency-ms"]);
+    if (Number.isFinite(header) && header >= 0) return header;
+    const l = options.latencyMs ?? 0;
+    if (typeof l === "number") return l;
+    return l[0] + rng.int(l[1] - l[0] + 1);
+  };
+
+  const faultFor = (req: IncomingMessage): ProviderFault | undefined => {
+    const h = String(req.headers["x-fault"] ?? "").trim();
+    if (FAULTS.includes(h as ProviderFault)) return h as ProviderFault;
+    const next = scripted.shift();
+    if (next) return next;
+    // One draw per fault kind, in a fixed order, so a seed gives the same sequence of faults.
+    if (rng.chance(rates.timeout ?? 0)) return "timeout";
+    if (rng.chance(rates.error ?? 0)) return rng.chance(0.5) ? "500" : "503";
+    if (rng.chance(rates.drop ?? 0)) return "drop";
+    if (rng.chance(rates.decline ?? 0)) return "decline";
+    return undefined;
+  };
+
+  async function createCharge(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    received++;
+    let input: { amount?: unknown; currency?: unknown; card?: unknown };
+    try {
+      input = JSON.parse(await readBody(req));
+    } catch {
+      return send(res, 400, errorBody("invalid_request_error", "invalid_json", "The body is not JSON."));
+    }
+    const { amount, currency } = input;
+    const card = input.card === undefined || input.card === null ? null : String(input.card);
+    if (typeof amount !== "number" || !Number.isInteger(amount) || amount <= 0) {
+      return send(
+        res,
+        400,
+        errorBody("invalid_request_error", "invalid_amount", "amount: a positive integer."),
+      );
+    }
+    if (typeof currency !== "string" || !/^[a-z]{3}$/.test(currency)) {
+      return send(res, 400, errorBody("invalid_request_error", "invalid_currency", "currency: like eur."));
+    }
+    const keyHeader = req.headers["idempotency-key"];
+    const key = typeof keyHeader === "string" && keyHeader.length > 0 ? keyHeader : null;
+    const fault = faultFor(req);
+    const wait = latency(req);
+    if (wait > 0) await sleep(wait);
+
+    if (fault === "timeout") {
+      // Hold the request: the client times out. Nothing is charged.
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, hangMs);
+        res.once("close", () => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+      res.destroy();
+      return;
+    }
+    if (fault === "500" || fault === "503") {
+      return send(res, Number(fault), errorBody("api_error", "unavailable", "The provider failed; retry."));
+    }
+
+    // The check and the creation run with no await in between, so concurrent repeats of a key
+    // (Node runs one callback at a time) always find the first one's result.
+    const params = JSON.stringify([amount, currency, card]);
+    const saved = key ? byKey.get(key) : undefined;
+    if (saved) {
+      if (saved.params !== params) {
+        return send(
+          res,
+          422,
+          errorBody("idempotency_error", "key_reused", "This key was used with other parameters."),
+        );
+      }
+      if (fault === "drop") return void res.destroy();
+      return send(res, saved.status, saved.body, { "idempotent-replayed": "true" });
+    }
+    const declined = fault === "decline" || declineAmounts.has(amount) || (card && declineCards.has(card));
+    const charge: Charge = {
+      id: `ch_${rng.hex(24)}`,
+      amount,
+      currency,
+      card,
+      idempotency_key: key,
+      status: declined ? "failed" : "succeeded",
+      failure_code: declined ? "card_declined" : null,
+      seq: charges.length + 1,
+      created: new Date().toISOString(),
+    };
+    charges.push(charge);
+    const status = declined ? 402 : 200;
+    const body = JSON.stringify(
+      declined
+        ? errorBody("card_error", "card_declined", "Your card was declined.", { charge: charge.id })
+        : charge,
+    );
+    if (key) byKey.set(key, { params, status, body });
+    if (fault === "drop") {
+      res.destroy(); // charged, but the reply is lost
+      return;
+    }
+    send(res, status, body);
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? "/", "http://provider");
+    const path = url.pathname;
+    if (req.method === "POST" && path === "/v1/charges") return createCharge(req, res);
+    if (req.method === "GET" && path === "/v1/charges") {
+      const status = url.searchParams.get("status");
+      return send(res, 200, { data: status ? charges.filter((c) => c.status === status) : charges });
+    }
+    const one = /^\/v1\/charges\/([^/]+)$/.exec(path);
+    if (req.method === "GET" && one) {
+      const c = charges.find((x) => x.id === one[1]);
+      return c
+        ? send(res, 200, c)
+        : send(res, 404, errorBody("invalid_request_error", "not_found", "No such charge."));
+    }
+    if (req.method === "POST" && path === "/_sim/faults") {
+      const body = JSON.parse((await readBody(req)) || "{}") as {
+        rates?: FaultRates;
+        next?: ProviderFault[];
+      };
+      if (body.rates) rates = { ...body.rates };
+      if (body.next) scripted.push(...body.next.filter((f) => FAULTS.includes(f)));
+      return send(res, 200, { rates, next: scripted });
+    }
+    if (req.method === "POST" && path === "/_sim/reset") {
+      reset();
+      return send(res, 200, { ok: true });
+    }
+    send(res, 404, errorBody("invalid_request_error", "not_found", `No route for ${req.method} ${path}.`));
+  }
+
+  function reset(): void {
+    charges = [];
+    byKey = new Map();
+    scripted = [];
+    received = 0;
+  }
+
+  const server: Server = createServer((req, res) => {
+    handle(req, res).catch((err) => {
+      if (!res.headersSent) send(res, 500, errorBody("api_error", "internal", String(err?.message ?? err)));
+      else res.destroy();
+    });
+  });
+  server.keepAliveTimeout = 30_000;
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(options.port ?? 0, options.host ?? "127.0.0.1", () => resolve());
+  });
+  const address = server.address() as AddressInfo;
+  const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
+  return {
+    url: `http://${host}:${address.port}`,
+    port: address.port,
+    charges: () => charges.map((c) => ({ ...c })),
+    requests: () => received,
+    setFaults(r) {
+      rates = { ...r };
+    },
+    failNext(...faults) {
+      scripted.push(...faults);
+    },
+    reset,
+    close() {
+      return new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+    },
+  };
+}

@@ -1,0 +1,187 @@
+/**
+ * The payment flow of the spec's scenario table, on a fresh database and a fresh provider simulator:
+ *   started  (external) charge the provider with `<scope>:<key>`; a decline is a final 402
+ *   charged  (local)    insert the payment row and one receipt-email outbox row, answer 201
+ */
+import { type Claim, fingerprint, RetryableError, type StoredResponse } from "../../src/core/index.ts";
+import type { Db } from "../../src/postgres/db.ts";
+import { migrate } from "../../src/postgres/migrate.ts";
+import { writeOutbox } from "../../src/postgres/outbox.ts";
+import {
+  definePhases,
+  jsonResponse,
+  type PhaseContext,
+  type PhaseFaults,
+} from "../../src/postgres/phases.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
+import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
+import { chargeProvider } from "../../src/testing/provider-client.ts";
+import type { OpenDb, TestBackend } from "../helpers/db.ts";
+
+export const LEASE_MS = 30_000;
+const enc = new TextEncoder();
+
+export interface PayInput {
+  amount_cents: number;
+  currency: string;
+}
+export type PayData = { chargeId: string };
+
+export function claimOf(scope: string, key: string, input: PayInput | Record<string, unknown>): Claim {
+  return {
+    scope,
+    key,
+    fingerprint: fingerprint({
+      method: "POST",
+      path: "/v1/payments",
+      contentType: "application/json",
+      body: enc.encode(JSON.stringify(input)),
+    }),
+  };
+}
+
+export interface World {
+  open: OpenDb;
+  db: Db;
+  store: PostgresStore;
+  provider: Provider;
+  /** The test clock (epoch ms); advance it to expire leases. */
+  now: { ms: number };
+  runner(options?: RunnerOptions): ReturnType<typeof paymentsRunner>;
+  counts(key?: string): Promise<{ charges: number; declined: number; receipts: number; payments: number }>;
+  point(scope: string, key: string): Promise<string | undefined>;
+  lease(scope: string, key: string): Promise<{ lease_token: string | null; updated_at: Date | null }>;
+  close(): Promise<void>;
+}
+
+export interface RunnerOptions {
+  faults?: PhaseFaults;
+  heartbeatMs?: number;
+  /** Runs inside the external phase just before the provider call (a slow worker's stall). */
+  beforeCharge?: (ctx: PhaseContext<PayInput, PayData>) => Promise<void>;
+  /** The provider call's own timeout. Default 2,000 ms. */
+  timeoutMs?: number;
+  name?: string;
+}
+
+export function paymentsRunner(store: PostgresStore, providerUrl: string, o: RunnerOptions = {}) {
+  return definePhases<PayInput, PayData>({
+    store,
+    name: o.name ?? "payments",
+    leaseMs: LEASE_MS,
+    heartbeatMs: o.heartbeatMs ?? 0,
+    faults: o.faults,
+    phases: {
+      started: {
+        external: async (ctx) => {
+          await o.beforeCharge?.(ctx);
+          const r = await chargeProvider(providerUrl, {
+            amount: ctx.input.amount_cents,
+            currency: ctx.input.currency,
+            idempotencyKey: ctx.idempotencyKey,
+            timeoutMs: o.timeoutMs ?? 2_000,
+            signal: ctx.signal,
+          });
+          if (r.kind === "declined") return { response: jsonResponse(402, { error: "card declined" }) };
+          if (r.kind === "charged") return { data: { chargeId: r.charge.id } };
+          if (r.kind === "rejected") return { response: jsonResponse(400, { error: r.message }) };
+          throw new RetryableError(`provider: ${r.reason}`);
+        },
+        next: "charged",
+      },
+      charged: {
+        local: async (ctx, tx) => {
+          const chargeId = ctx.data.chargeId!;
+          await tx.query(
+            "INSERT INTO payments (charge_id, scope, key, amount_cents) VALUES ($1, $2, $3, $4)",
+            [chargeId, ctx.scope, ctx.key, ctx.input.amount_cents],
+          );
+          await writeOutbox(tx, {
+            topic: "receipt-email",
+            type: "payment.succeeded",
+            aggregateType: "payment",
+            aggregateId: chargeId,
+            payload: { charge: chargeId, amount_cents: ctx.input.amount_cents },
+          });
+          return { response: jsonResponse(201, { charge: chargeId, amount_cents: ctx.input.amount_cents }) };
+        },
+      },
+    },
+  });
+}
+
+export async function openWorld(
+  backend: TestBackend,
+  providerOptions: ProviderOptions = {},
+  storeOptions: { retentionMs?: number } = {},
+): Promise<World> {
+  const open = await backend.open();
+  const db = open.db;
+  await migrate(db);
+  // No unique index on charge_id on purpose: a second payment row for one charge must be countable.
+  await db.exec(`CREATE TABLE payments (
+    id serial PRIMARY KEY, charge_id text NOT NULL, scope text NOT NULL, key text NOT NULL,
+    amount_cents int NOT NULL)`);
+  const now = { ms: Date.UTC(2030, 4, 6, 12) };
+  const store = await PostgresStore.open(db, { clock: () => now.ms, ...storeOptions });
+  const provider = await startProvider({ seed: 7, ...providerOptions });
+  const count = async (sql: string, params: unknown[] = []) =>
+    (await db.query<{ n: number }>(sql, params)).rows[0]!.n;
+  return {
+    open,
+    db,
+    store,
+    provider,
+    now,
+    runner: (o) => paymentsRunner(store, provider.url, o),
+    async counts(key) {
+      const charges = provider.charges().filter((c) => !key || c.idempotency_key?.endsWith(`:${key}`));
+      return {
+        charges: charges.filter((c) => c.status === "succeeded").length,
+        declined: charges.filter((c) => c.status === "failed").length,
+        receipts: await count(
+          key
+            ? "SELECT count(*)::int AS n FROM idem.outbox o JOIN payments p ON p.charge_id = o.aggregate_id WHERE o.topic = 'receipt-email' AND p.key = $1"
+            : "SELECT count(*)::int AS n FROM idem.outbox WHERE topic = 'receipt-email'",
+          key ? [key] : [],
+        ),
+        payments: await count(
+          key
+            ? "SELECT count(*)::int AS n FROM payments WHERE key = $1"
+            : "SELECT count(*)::int AS n FROM payments",
+          key ? [key] : [],
+        ),
+      };
+    },
+    async point(scope, key) {
+      const { rows } = await db.query<{ recovery_point: string }>(
+        "SELECT recovery_point FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker",
+        [scope, key],
+      );
+      return rows[0]?.recovery_point;
+    },
+    async lease(scope, key) {
+      const { rows } = await db.query<{ lease_token: string | null; updated_at: Date | null }>(
+        "SELECT lease_token, updated_at FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker",
+        [scope, key],
+      );
+      return rows[0]!;
+    },
+    async close() {
+      await provider.close();
+      await open.close();
+    },
+  };
+}
+
+export const text = (r: StoredResponse) => new TextDecoder().decode(r.body);
+
+export function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
