@@ -96,9 +96,13 @@ export async function httpBench(): Promise<Row[]> {
   const svc = await startService({ DATABASE_URL: db.url, IDEM_OPTIONAL_KEY: "1", IDEM_POOL_SIZE: "16" });
   const rows: Row[] = [];
   try {
-    const count = () => admin(async (c) => Number((await c.query("SELECT count(*) AS n FROM payments")).rows[0].n), db.url);
+    const count = () =>
+      admin(async (c) => Number((await c.query("SELECT count(*) AS n FROM payments")).rows[0].n), db.url);
     // Warm-up: connections, JIT, plan caches.
-    await load(svc.url, { duration: 2, setup: (req) => ({ ...req, headers: { ...req.headers, "idempotency-key": randomUUID() } }) });
+    await load(svc.url, {
+      duration: 2,
+      setup: (req) => ({ ...req, headers: { ...req.headers, "idempotency-key": randomUUID() } }),
+    });
 
     rows.push(row("unkeyed (same endpoint, no key)", await load(svc.url, {})));
 
@@ -121,7 +125,10 @@ export async function httpBench(): Promise<Row[]> {
       row(
         "keyed, replay",
         await load(svc.url, {
-          setup: (req) => ({ ...req, headers: { ...req.headers, "idempotency-key": keys[i++ % keys.length]! } }),
+          setup: (req) => ({
+            ...req,
+            headers: { ...req.headers, "idempotency-key": keys[i++ % keys.length]! },
+          }),
         }),
       ),
     );
@@ -147,13 +154,6 @@ export async function httpBench(): Promise<Row[]> {
 export function printRows(title: string, rows: Row[]): void {
   console.log(`\n${title}`);
   console.log("| scenario | req/s | p50 ms | p99 ms | note |\n|---|---:|---:|---:|---|");
-  for (const r of rows) console.log(`| ${r.scenario} | ${r.rps.toFixed(0)} | ${r.p50} | ${r.p99} | ${r.note ?? ""} |`);
-}
-
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const rows = await httpBench();
-  printRows("Payment endpoint over HTTP (real PostgreSQL)", rows);
-  const [unkeyed, keyed, replay] = rows;
-  console.log(`\nkeyed/unkeyed  = ${(keyed!.rps / unkeyed!.rps).toFixed(2)} (goal >= 0.80)`);
-  console.log(`replay/unkeyed = ${(replay!.rps / unkeyed!.rps).toFixed(2)} (goal >= 1.00)`);
+  for (const r of rows)
+    console.log(`| ${r.scenario} | ${r.rps.toFixed(0)} | ${r.p50} | ${r.p99} | ${r.note ?? ""} |`);
 }
