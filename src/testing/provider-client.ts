@@ -96,9 +96,9 @@ export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeR
       done({ kind: "transient", reason: "aborted" });
       r.destroy();
     };
+    r.on("error", () => done({ kind: "transient", reason: "network" }));
     if (req.signal?.aborted) return onAbort();
     req.signal?.addEventListener("abort", onAbort, { once: true });
-    r.on("error", () => done({ kind: "transient", reason: "network" }));
     r.end(body);
   });
 }

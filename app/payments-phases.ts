@@ -1,0 +1,211 @@
+/**
+ * Payments in phases mode: the card is charged at a payment provider (the simulator from
+ * `idem/testing`, over HTTP), which no ROLLBACK can undo. The request is a small state machine:
+ *
+ *   started  (external) charge the provider with the key `<account>:<Idempotency-Key>`; a decline is a
+ *            final answer (402, saved and replayed); a timeout or 5xx frees the lease (503, retry)
+ *   charged  (local)    one transaction: the payment row, one `receipt-email` outbox row, and done (201)
+ *
+ * A client that never retries after a crash is finished by the completer (`idem complete` with this
+ * module: see `idemRunners`).
+ */
+import { Hono, type MiddlewareHandler } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { bodyKind, problemResponse, RetryableError } from "idem";
+import { idempotentPhases } from "idem/hono";
+import {
+  type Db,
+  definePhases,
+  jsonResponse,
+  type PhaseFaults,
+  type PhasesRunner,
+  type PostgresStore,
+  writeOutbox,
+} from "idem/postgres";
+import { chargeProvider } from "idem/testing";
+import type { ApiKeys } from "./accounts.ts";
+import { authenticate, MAX_BODY_BYTES, type Payment, type PaymentInput, parsePayment } from "./payments.ts";
+import { problem } from "./problems.ts";
+
+/** What the runner stores with the key (for the completer): the validated payment. */
+export interface PaymentJob extends PaymentInput {
+  /** Card number or token; the simulator declines chosen ones. */
+  card?: string;
+}
+type PaymentData = { chargeId: string };
+type Env = { Variables: { accountId: string; payment: PaymentJob } };
+
+export interface PaymentPhasesOptions {
+  store: PostgresStore;
+  /** Base URL of the payment provider (`idem provider`, or `startProvider()` in tests). */
+  providerUrl: string;
+  /** Lease length. Default: 30,000 ms. */
+  leaseMs?: number;
+  /** The provider call's own timeout; well under the lease. Default: 10,000 ms. */
+  providerTimeoutMs?: number;
+  /** Crash points (tests only). */
+  faults?: PhaseFaults;
+}
+
+export const PAYMENTS_RUNNER = "payments";
+
+/** The payments state machine. Its name is stored with each key; the completer finds it by that name. */
+export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<PaymentJob, PaymentData> {
+  return definePhases<PaymentJob, PaymentData>({
+    store: o.store,
+    name: PAYMENTS_RUNNER,
+    leaseMs: o.leaseMs,
+    faults: o.faults,
+    phases: {
+      started: {
+        external: async (ctx) => {
+          const r = await chargeProvider(o.providerUrl, {
+            amount: ctx.input.amount_cents,
+            currency: ctx.input.currency,
+            card: ctx.input.card,
+            idempotencyKey: ctx.idempotencyKey, // OUR key, passed downstream: a repeat costs nothing
+            timeoutMs: o.providerTimeoutMs ?? 10_000,
+            signal: ctx.signal,
+          });
+          switch (r.kind) {
+            case "charged":
+              return { data: { chargeId: r.charge.id } };
+            case "declined":
+              return {
+                response: problemResponse(402, "card-declined", `The card was declined (${r.code}).`),
+              };
+            case "rejected": // the provider refused the request itself: not final for us, not saved
+              return {
+                response: problemResponse(
+                  502,
+                  "provider-rejected",
+                  `The payment provider refused: ${r.message}`,
+                ),
+              };
+            default:
+              throw new RetryableError(
+                `The payment provider did not answer (${r.reason}); retry with the same key.`,
+              );
+          }
+        },
+        next: "charged",
+      },
+      charged: {
+        local: async (ctx, tx) => {
+          const chargeId = ctx.data.chargeId!;
+          // The payment id is derived from the charge: one charge can never give two payment rows.
+          const id = `pay_${chargeId.replace(/^ch_/, "")}`;
+          const { rows } = await tx.query<Record<string, unknown>>(
+            `INSERT INTO payments (id, account_id, amount_cents, currency, status)
+             VALUES ($1, $2, $3, $4, 'succeeded') RETURNING id, amount_cents, currency, status, created_at`,
+            [id, ctx.scope, ctx.input.amount_cents, ctx.input.currency],
+          );
+          const payment = toPayment(rows[0]!);
+          await writeOutbox(tx, {
+            topic: "receipt-email",
+            type: "payment.succeeded",
+            aggregateType: "payment",
+            aggregateId: id,
+            payload: {
+              payment: id,
+              account: ctx.scope,
+              charge: chargeId,
+              amount_cents: payment.amount_cents,
+            },
+          });
+          return {
+            response: jsonResponse(201, { ...payment, charge: chargeId }, [
+              ["location", `/v1/payments/${id}`],
+            ]),
+          };
+        },
+      },
+    },
+  });
+}
+
+function toPayment(row: Record<string, unknown>): Payment {
+  return {
+    id: String(row.id),
+    amount_cents: Number(row.amount_cents),
+    currency: String(row.currency),
+    status: String(row.status),
+    created_at: new Date(row.created_at as string).toISOString(),
+  };
+}
+
+/** Like payments.ts's validation, plus an optional `card` (JSON or form). Nothing is claimed on a 4xx. */
+const validatePayment: MiddlewareHandler<Env> = async function validatePayment(c, next) {
+  const ct = c.req.header("content-type");
+  const kind = bodyKind(ct);
+  if (kind === "raw") {
+    return problem(415, "unsupported-media-type", "Send the body as application/json or form data.");
+  }
+  const raw = await c.req.text();
+  const parsed = parsePayment(ct, raw);
+  if (typeof parsed === "string") return problem(400, "invalid-body", `Invalid payment: ${parsed}.`);
+  let card: unknown;
+  try {
+    card = kind === "json" ? JSON.parse(raw).card : new URLSearchParams(raw).get("card");
+  } catch {
+    card = undefined;
+  }
+  if (
+    card !== undefined &&
+    card !== null &&
+    (typeof card !== "string" || !/^[A-Za-z0-9_]{1,64}$/.test(card))
+  ) {
+    return problem(400, "invalid-body", "Invalid payment: card must be 1 to 64 letters, digits or _.");
+  }
+  c.set("payment", typeof card === "string" ? { ...parsed, card } : parsed);
+  await next();
+};
+
+/**
+ * The payment routes in phases mode: `POST /v1/payments` (charged through the provider),
+ * `GET /v1/payments` and `GET /v1/payments/:id`. A drop-in for payments.ts's `paymentRoutes`.
+ */
+export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKeys: ApiKeys }): Hono<Env> {
+  const app = new Hono<Env>();
+  const runner = paymentPhasesRunner(deps);
+  app.post(
+    "/v1/payments",
+    bodyLimit({
+      maxSize: MAX_BODY_BYTES,
+      onError: () => problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`),
+    }),
+    authenticate(deps.apiKeys),
+    validatePayment,
+    idempotentPhases<PaymentJob>({
+      runner,
+      scope: (c) => c.var.accountId,
+      input: (c) => c.var.payment,
+    }),
+  );
+  app.get("/v1/payments", authenticate(deps.apiKeys), async (c) => {
+    const { rows } = await deps.db.query<Record<string, unknown>>(
+      `SELECT id, amount_cents, currency, status, created_at FROM payments
+        WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT 100`,
+      [c.var.accountId],
+    );
+    return c.json({ data: rows.map(toPayment) });
+  });
+  app.get("/v1/payments/:id", authenticate(deps.apiKeys), async (c) => {
+    const { rows } = await deps.db.query<Record<string, unknown>>(
+      "SELECT id, amount_cents, currency, status, created_at FROM payments WHERE id = $1 AND account_id = $2",
+      [c.req.param("id"), c.var.accountId],
+    );
+    if (!rows[0]) return problem(404, "not-found", "No payment with this id in your account.");
+    return c.json(toPayment(rows[0]));
+  });
+  return app;
+}
+
+/**
+ * The runners of this service, for `idem complete --module app/payments-phases.ts`: the provider's URL
+ * comes from PROVIDER_URL (default http://127.0.0.1:4100).
+ */
+export function idemRunners(deps: { store: PostgresStore }): PhasesRunner<any, any>[] {
+  const providerUrl = process.env.PROVIDER_URL || "http://127.0.0.1:4100";
+  return [paymentPhasesRunner({ store: deps.store, providerUrl })];
+}
