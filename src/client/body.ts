@@ -7,11 +7,16 @@ import { UnreplayableBodyError } from "./errors.ts";
 import type { StoredRequest } from "./intent-store.ts";
 
 export type ReplayableBody = string | Uint8Array<ArrayBuffer>;
+export interface Replayable {
+  body?: ReplayableBody;
+  contentType?: string;
+}
 
-/** The body as text or bytes, and the content type it implies (fetch would have set it). */
-export async function toReplayable(
-  body: BodyInit | null | undefined,
-): Promise<{ body?: ReplayableBody; contentType?: string }> {
+/**
+ * The body as text or bytes, and the content type it implies (fetch would have set it). Synchronous
+ * for everything but a Blob, which is read once (the caller awaits the promise).
+ */
+export function toReplayable(body: BodyInit | null | undefined): Replayable | Promise<Replayable> {
   if (body === undefined || body === null) return {};
   if (typeof body === "string") return { body };
   if (body instanceof URLSearchParams) {
@@ -23,8 +28,10 @@ export async function toReplayable(
     return { body: new Uint8Array(body.buffer, body.byteOffset, body.byteLength).slice() };
   }
   if (typeof Blob !== "undefined" && body instanceof Blob) {
-    const bytes = new Uint8Array(await body.arrayBuffer());
-    return body.type ? { body: bytes, contentType: body.type } : { body: bytes };
+    return body.arrayBuffer().then((b): Replayable => {
+      const bytes = new Uint8Array(b);
+      return body.type ? { body: bytes, contentType: body.type } : { body: bytes };
+    });
   }
   if (typeof FormData !== "undefined" && body instanceof FormData)
     throw new UnreplayableBodyError("FormData");

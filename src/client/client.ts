@@ -10,10 +10,10 @@
  * always sleeps its backoff, so most of that would be fought rather than reused.
  */
 import { type BackoffOptions, fullJitterMs } from "./backoff.ts";
-import { loadBody, type ReplayableBody, sameBody, storeBody, toReplayable } from "./body.ts";
+import { loadBody, type Replayable, type ReplayableBody, sameBody, storeBody, toReplayable } from "./body.ts";
 import { type BreakerPermit, CircuitBreaker, type CircuitBreakerOptions } from "./breaker.ts";
 import { RetryBudget, type RetryBudgetOptions } from "./budget.ts";
-import { CallDeadline, StopCause } from "./deadline.ts";
+import { CallDeadline, Cut } from "./deadline.ts";
 import {
   AttemptsExhaustedError,
   CallAbortedError,
@@ -93,7 +93,11 @@ export interface ClientOptions {
   retry?: RetryOptions;
   /** Time for a whole call: every attempt and every wait. Default 10,000 ms. */
   deadlineMs?: number;
-  /** Time for one attempt (until response headers arrive). Default 2,000 ms. */
+  /**
+   * Time for one attempt, until its response headers arrive. Default 2,000 ms. (Reading a final
+   * response's body is not timed by the client; neither is it cut by the call's signal once the
+   * headers are in.)
+   */
   perTryTimeoutMs?: number;
   /**
    * Retry budget shared by every call of this client (pass one {@link RetryBudget} to several
@@ -130,9 +134,21 @@ export interface CallOptions {
 
 export type RequestOptions = Omit<RequestInit, "signal"> & CallOptions;
 
+type HeaderMap = Record<string, string>;
+
+/** A request made ready to send (and to store): headers lower-cased, body replayable. */
+interface Prepared {
+  method: string;
+  url: string;
+  headers: HeaderMap;
+  body: ReplayableBody | undefined;
+  fetchInit: RequestInit;
+  options: CallOptions;
+}
+
 /** What the loop sends, whatever it came from. */
 interface Call extends CallInfo {
-  headers: Headers;
+  headers: HeaderMap;
   body: ReplayableBody | undefined;
   init: RequestInit;
   options: CallOptions;
@@ -141,6 +157,8 @@ interface Call extends CallInfo {
 
 const NO_BREAKER: BreakerPermit = { success() {}, failure() {}, release() {} };
 const NOT_STORED = new Set(["authorization", "cookie", "proxy-authorization"]);
+/** Fields of a call's init that the client handles itself instead of passing to fetch. */
+const OWN_FIELDS = ["headers", "body", "method", "signal", "deadlineMs", "perTryTimeoutMs", "maxAttempts"];
 
 export class IdemClient {
   readonly store: IntentStore;
@@ -148,7 +166,7 @@ export class IdemClient {
   readonly breaker: CircuitBreaker | undefined;
   readonly #fetch: FetchLike | undefined;
   readonly #baseUrl: string | undefined;
-  readonly #headers: ClientOptions["headers"];
+  readonly #headers: HeaderMap | (() => HeadersInit | Promise<HeadersInit>) | undefined;
   readonly #keyHeader: string;
   readonly #quoteKey: boolean;
   readonly #statuses: ReadonlySet<number>;
@@ -158,13 +176,16 @@ export class IdemClient {
   readonly #perTryMs: number;
   readonly #on: ClientHooks;
   readonly #giveUpWithResponse: boolean;
+  #lastUrl: string | undefined;
+  #lastHref = "";
 
   constructor(options: ClientOptions = {}) {
     this.#fetch = options.fetch;
     this.#baseUrl = options.baseUrl?.toString();
     this.store = options.store ?? new MemoryIntentStore();
-    this.#headers = options.headers;
-    this.#keyHeader = options.keyHeader ?? DEFAULT_KEY_HEADER;
+    const h = options.headers;
+    this.#headers = typeof h === "function" ? h : h === undefined ? undefined : toHeaderMap(h);
+    this.#keyHeader = (options.keyHeader ?? DEFAULT_KEY_HEADER).toLowerCase();
     this.#quoteKey = options.keyFormat === "sf-string";
     this.#retry = options.retry ?? {};
     this.#statuses = new Set(this.#retry.statuses ?? DEFAULT_RETRY_STATUSES);
@@ -215,46 +236,9 @@ export class IdemClient {
    * An intent id that is not stored yet begins a new intent with that id.
    */
   async request(intent: IntentRef, url: string | URL, init: RequestOptions = {}): Promise<Response> {
-    const record = await this.#load(intent);
-    const { headers: initHeaders, body: initBody, method: initMethod, ...rest } = init;
-    const { deadlineMs, perTryTimeoutMs, maxAttempts, signal, ...fetchInit } = rest;
-    const method = (initMethod ?? "GET").toUpperCase();
-    const { body, contentType } = await toReplayable(initBody);
-    const headers = new Headers(initHeaders);
-    if (contentType && !headers.has("content-type")) headers.set("content-type", contentType);
-
-    const request: StoredRequest = {
-      method,
-      url: this.#resolve(url),
-      headers: [...headers].filter(([name]) => !NOT_STORED.has(name) && !this.#isKeyHeader(name)),
-    };
-    const stored = storeBody(body);
-    if (stored) request.body = stored;
-    if (record.request) {
-      const prev = record.request;
-      const differs =
-        prev.method !== request.method ? "method" : prev.url !== request.url ? "URL" : undefined;
-      const what = differs ?? (sameBody(prev.body, request.body) ? undefined : "body");
-      if (what) throw new IntentConflictError(record.id, what);
-    } else {
-      record.request = request;
-      record.updatedAt = new Date().toISOString();
-      await this.store.save(record); // recorded BEFORE the first attempt can have any effect
-    }
-    return this.#send(
-      {
-        intentId: record.id,
-        key: record.key,
-        method,
-        url: request.url,
-        headers: await this.#withClientHeaders(headers),
-        body,
-        init: fetchInit,
-        options: { deadlineMs, perTryTimeoutMs, maxAttempts, signal },
-        record,
-      },
-      true,
-    );
+    const prepared = this.#prepare(url, init);
+    const p = isPromise(prepared) ? await prepared : prepared;
+    return this.#requestWith(await this.#load(intent), p, false);
   }
 
   /**
@@ -267,8 +251,8 @@ export class IdemClient {
     options: RequestOptions & { intent?: IntentRef } = {},
   ): Promise<Response> {
     const { intent, ...init } = options;
-    const headers = new Headers(init.headers);
-    let payload: BodyInit | undefined;
+    let payload: BodyInit | null = null;
+    let headers = init.headers;
     if (
       body === undefined ||
       typeof body === "string" ||
@@ -277,17 +261,18 @@ export class IdemClient {
       body instanceof URLSearchParams ||
       (typeof Blob !== "undefined" && body instanceof Blob)
     ) {
-      payload = body as BodyInit | undefined;
+      payload = (body as BodyInit | undefined) ?? null;
     } else {
       payload = JSON.stringify(body);
-      if (!headers.has("content-type")) headers.set("content-type", "application/json");
+      const map = toHeaderMap(headers);
+      map["content-type"] ??= "application/json";
+      headers = map;
     }
-    return this.request(intent ?? (await this.intent()), url, {
-      ...init,
-      method: "POST",
-      headers,
-      body: payload ?? null,
-    });
+    const postInit: RequestOptions = { ...init, method: "POST", headers, body: payload };
+    if (intent !== undefined) return this.request(intent, url, postInit);
+    // A new intent: recorded together with its request in one write.
+    const prepared = this.#prepare(url, postInit);
+    return this.#requestWith(newIntentRecord(), isPromise(prepared) ? await prepared : prepared, true);
   }
 
   /** Intents without a final answer yet, oldest first: after a restart, resume each of these. */
@@ -302,20 +287,17 @@ export class IdemClient {
     if (!record) throw new IntentNotFoundError(id);
     const request = record.request;
     if (!request) throw new IntentHasNoRequestError(id);
-    return this.#send(
-      {
-        intentId: record.id,
-        key: record.key,
-        method: request.method,
-        url: request.url,
-        headers: await this.#withClientHeaders(new Headers(request.headers)),
-        body: loadBody(request.body),
-        init: {},
-        options,
-        record,
-      },
-      true,
-    );
+    return this.#send({
+      intentId: record.id,
+      key: record.key,
+      method: request.method,
+      url: request.url,
+      headers: await this.#withClientHeaders(toHeaderMap(request.headers)),
+      body: loadBody(request.body),
+      init: {},
+      options,
+      record,
+    });
   }
 
   /** Give up on an intent for good: it leaves `pending()`. Its key is kept, never reused. */
@@ -334,22 +316,84 @@ export class IdemClient {
    * `withIdempotency` for methods that get no key.
    */
   async requestWithoutKey(url: string | URL, init: RequestOptions = {}): Promise<Response> {
-    const { headers: initHeaders, body: initBody, method: initMethod, ...rest } = init;
-    const { deadlineMs, perTryTimeoutMs, maxAttempts, signal, ...fetchInit } = rest;
-    const { body, contentType } = await toReplayable(initBody);
-    const headers = new Headers(initHeaders);
-    if (contentType && !headers.has("content-type")) headers.set("content-type", contentType);
-    return this.#send(
-      {
-        method: (initMethod ?? "GET").toUpperCase(),
-        url: this.#resolve(url),
-        headers: await this.#withClientHeaders(headers),
-        body,
-        init: fetchInit,
-        options: { deadlineMs, perTryTimeoutMs, maxAttempts, signal },
-      },
-      false,
-    );
+    const prepared = this.#prepare(url, init);
+    const p = isPromise(prepared) ? await prepared : prepared;
+    const headers = this.#withClientHeaders(p.headers);
+    return this.#send({
+      method: p.method,
+      url: p.url,
+      headers: isPromise(headers) ? await headers : headers,
+      body: p.body,
+      init: p.fetchInit,
+      options: p.options,
+    });
+  }
+
+  /** Synchronous except for a Blob body (read once, here). */
+  #prepare(url: string | URL, init: RequestOptions): Prepared | Promise<Prepared> {
+    const replayable = toReplayable(init.body);
+    return replayable instanceof Promise
+      ? replayable.then((r) => this.#prepared(url, init, r))
+      : this.#prepared(url, init, replayable);
+  }
+
+  #prepared(url: string | URL, init: RequestOptions, { body, contentType }: Replayable): Prepared {
+    const { headers: h, method: m, deadlineMs, perTryTimeoutMs, maxAttempts, signal } = init;
+    const fetchInit: RequestInit = { ...init };
+    for (const k of OWN_FIELDS) delete (fetchInit as Record<string, unknown>)[k];
+    const headers = toHeaderMap(h);
+    if (contentType) headers["content-type"] ??= contentType;
+    return {
+      method: (m ?? "GET").toUpperCase(),
+      url: this.#resolve(url),
+      headers,
+      body,
+      fetchInit,
+      options: { deadlineMs, perTryTimeoutMs, maxAttempts, signal },
+    };
+  }
+
+  async #requestWith(record: IntentRecord, p: Prepared, isNew: boolean): Promise<Response> {
+    const headerPairs: [string, string][] = [];
+    for (const name in p.headers) {
+      if (!NOT_STORED.has(name) && name !== this.#keyHeader) headerPairs.push([name, p.headers[name]!]);
+    }
+    const request: StoredRequest = { method: p.method, url: p.url, headers: headerPairs };
+    const stored = storeBody(p.body);
+    if (stored) request.body = stored;
+    if (record.request) {
+      const prev = record.request;
+      const what =
+        prev.method !== request.method
+          ? "method"
+          : prev.url !== request.url
+            ? "URL"
+            : sameBody(prev.body, request.body)
+              ? undefined
+              : "body";
+      if (what) throw new IntentConflictError(record.id, what);
+    } else {
+      // Recorded BEFORE the first attempt can have any effect, so a crash cannot lose the key.
+      record.request = request;
+      if (isNew) {
+        record = await this.store.create(record);
+      } else {
+        record.updatedAt = new Date().toISOString();
+        await this.store.save(record);
+      }
+    }
+    const headers = this.#withClientHeaders(p.headers);
+    return this.#send({
+      intentId: record.id,
+      key: record.key,
+      method: p.method,
+      url: p.url,
+      headers: isPromise(headers) ? await headers : headers,
+      body: p.body,
+      init: p.fetchInit,
+      options: p.options,
+      record,
+    });
   }
 
   async #load(intent: IntentRef): Promise<IntentRecord> {
@@ -360,45 +404,45 @@ export class IdemClient {
   }
 
   #resolve(url: string | URL): string {
-    const base = this.#baseUrl ?? (globalThis as { location?: { href?: string } }).location?.href;
     if (url instanceof URL) return url.href;
-    if (!base) return url;
-    return new URL(url, base).href;
+    if (url === this.#lastUrl) return this.#lastHref;
+    const base = this.#baseUrl ?? (globalThis as { location?: { href?: string } }).location?.href;
+    const href = base ? new URL(url, base).href : url;
+    this.#lastUrl = url;
+    this.#lastHref = href;
+    return href;
   }
 
-  #isKeyHeader(name: string): boolean {
-    return name.toLowerCase() === this.#keyHeader.toLowerCase();
-  }
-
-  async #withClientHeaders(headers: Headers): Promise<Headers> {
-    if (!this.#headers) return headers;
-    const extra = typeof this.#headers === "function" ? await this.#headers() : this.#headers;
-    const out = new Headers(extra);
-    for (const [name, value] of headers) out.set(name, value);
-    return out;
+  /** The client's headers under the call's own (the call wins). Synchronous unless `headers` is a function. */
+  #withClientHeaders(headers: HeaderMap): HeaderMap | Promise<HeaderMap> {
+    const extra = this.#headers;
+    if (!extra) return headers;
+    if (typeof extra !== "function") return { ...extra, ...headers };
+    return Promise.resolve(extra()).then((h) => ({ ...toHeaderMap(h), ...headers }));
   }
 
   /*
-   * Timeline of one call (D = deadline, shared by everything below):
-   *   budget earns ratio -> [breaker permit -> attempt (per-try timeout, D) -> classify]
-   *   final answer: mark the intent done, return
-   *   otherwise: attempts left? wait (Retry-After or jitter) fits before D? budget token?
-   *              then drop the failed body, sleep (cut short by D or the caller), loop
-   * Any "no" throws a GiveUpError and leaves the intent pending: the outcome may be unknown.
+   * Timeline of one call (D = the deadline, shared by everything below):
+   *   budget earns its ratio -> [breaker permit -> attempt (timer: per-try or D) -> classify]
+   *   final answer: mark the intent done, return it
+   *   otherwise: attempts left? the wait (Retry-After, else jitter) ends before D? a budget token?
+   *              then drop the failed body, sleep (cut short only by the caller), loop
+   * Any "no" throws a GiveUpError and leaves the intent pending: its outcome may be unknown.
    */
-  async #send(call: Call, withKey: boolean): Promise<Response> {
+  async #send(call: Call): Promise<Response> {
     const startedAt = Date.now();
-    const maxAttempts = call.options.maxAttempts ?? this.#maxAttempts;
-    const perTryMs = call.options.perTryTimeoutMs ?? this.#perTryMs;
-    const deadlineMs = call.options.deadlineMs ?? this.#deadlineMs;
-    if (withKey && call.key !== undefined) {
-      call.headers.set(this.#keyHeader, this.#quoteKey ? `"${call.key}"` : call.key);
-    }
+    const opts = call.options;
+    const maxAttempts = opts.maxAttempts ?? this.#maxAttempts;
+    const perTryMs = opts.perTryTimeoutMs ?? this.#perTryMs;
+    const deadlineMs = opts.deadlineMs ?? this.#deadlineMs;
+    const on = this.#on;
+    const headers = call.headers;
+    if (call.key !== undefined) headers[this.#keyHeader] = this.#quoteKey ? `"${call.key}"` : call.key;
     const info: CallInfo = { method: call.method, url: call.url };
     if (call.intentId !== undefined) info.intentId = call.intentId;
     if (call.key !== undefined) info.key = call.key;
     const fetchFn = this.#fetch ?? globalThis.fetch;
-    const deadline = new CallDeadline(deadlineMs, call.options.signal);
+    const deadline = new CallDeadline(deadlineMs, opts.signal);
     let attempts = 0;
     let lastResponse: Response | undefined;
     let lastError: unknown;
@@ -409,124 +453,127 @@ export class IdemClient {
       if (lastError !== undefined) d.lastError = lastError;
       return d;
     };
-    const stopped = (): GiveUpError =>
-      deadline.stoppedBy === StopCause.caller
-        ? new CallAbortedError({ ...details(), reason: deadline.callerReason })
+    const stopped = (cut: Cut): GiveUpError =>
+      cut === Cut.caller
+        ? new CallAbortedError({ ...details(), reason: opts.signal?.reason })
         : new DeadlineExceededError({ ...details(), reason: DeadlineReason.elapsed, deadlineMs });
 
     this.budget?.recordRequest();
-    try {
-      if (deadline.stoppedBy) return await this.#giveUp(call, info, stopped(), attempts);
-      for (;;) {
-        const permit = this.breaker ? this.breaker.tryAcquire() : NO_BREAKER;
-        if (!permit) {
-          const err = new CircuitOpenError({ ...details(), retryInMs: this.breaker?.retryInMs() ?? 0 });
-          return await this.#giveUp(call, info, err, attempts);
-        }
-        attempts++;
-        const attemptStart = Date.now();
-        const tryer = deadline.attempt(perTryMs);
-        let response: Response | undefined;
-        let error: unknown;
-        try {
-          // Called through a local: a browser's fetch throws "Illegal invocation" when called as a
-          // method of another object.
-          response = await fetchFn(call.url, {
-            ...call.init,
-            method: call.method,
-            headers: call.headers,
-            ...(call.body !== undefined && { body: call.body }),
-            signal: tryer.signal,
-          });
-        } catch (err) {
-          error = err;
-        } finally {
-          tryer.done();
-        }
+    const early = deadline.stopped();
+    if (early) return this.#giveUp(call, info, stopped(early), attempts);
+    for (;;) {
+      const permit = this.breaker ? this.breaker.tryAcquire() : NO_BREAKER;
+      if (!permit) {
+        const err = new CircuitOpenError({ ...details(), retryInMs: this.breaker?.retryInMs() ?? 0 });
+        return this.#giveUp(call, info, err, attempts);
+      }
+      attempts++;
+      const attemptStart = Date.now();
+      const timer = deadline.attempt(perTryMs);
+      let response: Response | undefined;
+      let error: unknown;
+      try {
+        // Called through a local: a browser's fetch throws "Illegal invocation" when called as a
+        // method of another object.
+        response = await fetchFn(call.url, {
+          ...call.init,
+          method: call.method,
+          headers,
+          body: call.body ?? null,
+          signal: timer.signal ?? null,
+        });
+      } catch (err) {
+        error = err;
+      }
+      timer.done();
 
-        if (response && !this.#statuses.has(response.status)) {
-          // A final answer, even if the deadline passed meanwhile: it is what happened.
-          permit.success();
-          emit(this.#on.attempt, {
+      if (response && !this.#statuses.has(response.status)) {
+        // A final answer, even if the deadline passed meanwhile: it is what happened.
+        permit.success();
+        if (on.attempt) {
+          emit(on.attempt, {
             ...info,
             attempt: attempts,
             durationMs: Date.now() - attemptStart,
             status: response.status,
             retryable: false,
           });
-          await this.#finish(call, attempts, response.status);
-          emit(this.#on.done, {
-            ...info,
-            attempts,
-            status: response.status,
-            durationMs: Date.now() - startedAt,
-          });
-          return response;
         }
-        if (deadline.stoppedBy) {
-          permit.release(); // cut short by us: says nothing about the server
-          await response?.body?.cancel().catch(() => {});
-          return await this.#giveUp(call, info, stopped(), attempts);
+        await this.#finish(call, attempts, response.status);
+        if (on.done) {
+          emit(on.done, { ...info, attempts, status: response.status, durationMs: Date.now() - startedAt });
         }
-        if (response) {
-          if (this.breaker?.failureStatuses.has(response.status)) permit.failure();
-          else permit.success();
-        } else {
-          permit.failure();
-        }
-        emit(this.#on.attempt, {
+        return response;
+      }
+      const cut = timer.cut() ?? deadline.stopped();
+      if (cut === Cut.caller || cut === Cut.deadline) {
+        permit.release(); // cut short on our side: says nothing about the server
+        await response?.body?.cancel().catch(() => {});
+        return this.#giveUp(call, info, stopped(cut), attempts);
+      }
+      if (response && !this.breaker?.failureStatuses.has(response.status)) permit.success();
+      else permit.failure(); // network error, per-try timeout, or a 5xx
+      if (on.attempt) {
+        emit(on.attempt, {
           ...info,
           attempt: attempts,
           durationMs: Date.now() - attemptStart,
           ...(response ? { status: response.status } : { error }),
           retryable: true,
         });
-        lastResponse = response;
-        lastError = response ? undefined : error;
+      }
+      lastResponse = response;
+      lastError = response ? undefined : error;
 
-        if (attempts >= maxAttempts) {
-          return await this.#giveUp(call, info, new AttemptsExhaustedError(details()), attempts);
-        }
-        const hint = response ? retryAfterFrom(response) : undefined;
-        const delayMs = hint ?? fullJitterMs(attempts, this.#retry, this.#retry.random ?? Math.random);
-        if (delayMs > deadline.remaining()) {
-          const err = new DeadlineExceededError({
-            ...details(),
-            reason: DeadlineReason.waitTooLong,
-            waitMs: delayMs,
-            deadlineMs,
-          });
-          return await this.#giveUp(call, info, err, attempts);
-        }
-        if (this.budget && !this.budget.tryRetry()) {
-          return await this.#giveUp(call, info, new RetryBudgetExhaustedError(details()), attempts);
-        }
-        // The failed attempt's body is not needed: release its connection now.
-        if (response) {
-          await response.body?.cancel().catch(() => {});
-          lastResponse = withoutBody(response);
-        }
-        emit(this.#on.wait, {
+      if (attempts >= maxAttempts) {
+        return this.#giveUp(call, info, new AttemptsExhaustedError(details()), attempts);
+      }
+      const hint = response ? retryAfterFrom(response) : undefined;
+      const delayMs = hint ?? fullJitterMs(attempts, this.#retry, this.#retry.random ?? Math.random);
+      if (delayMs > deadline.remaining()) {
+        const err = new DeadlineExceededError({
+          ...details(),
+          reason: DeadlineReason.waitTooLong,
+          waitMs: delayMs,
+          deadlineMs,
+        });
+        return this.#giveUp(call, info, err, attempts);
+      }
+      if (this.budget && !this.budget.tryRetry()) {
+        return this.#giveUp(call, info, new RetryBudgetExhaustedError(details()), attempts);
+      }
+      // The failed attempt's body is not needed: release its connection now.
+      if (response) {
+        await response.body?.cancel().catch(() => {});
+        lastResponse = withoutBody(response);
+      }
+      if (on.wait) {
+        emit(on.wait, {
           ...info,
           attempt: attempts,
           delayMs,
           source: hint !== undefined ? "retry-after" : "backoff",
           ...(response ? { status: response.status } : { error }),
         });
-        try {
-          await deadline.sleep(delayMs);
-        } catch {
-          return await this.#giveUp(call, info, stopped(), attempts);
-        }
       }
-    } finally {
-      deadline.dispose();
+      try {
+        await deadline.sleep(delayMs);
+      } catch {
+        return this.#giveUp(call, info, stopped(Cut.caller), attempts);
+      }
     }
   }
 
+  /**
+   * A final answer: a named intent is kept as done (so beginning it again returns its key, and a
+   * repeat is replayed rather than charged again); an intent without a name of its own (its id is
+   * its key, as for `post()` without an intent) is deleted, since nothing can look it up again and
+   * stores must not grow with every call.
+   */
   async #finish(call: Call, attempts: number, status: number): Promise<void> {
     const record = call.record;
     if (!record) return;
+    if (record.id === record.key) return this.store.delete(record.id);
     record.status = IntentStatus.done;
     record.outcome = { status };
     record.attempts += attempts;
@@ -549,14 +596,39 @@ export class IdemClient {
       emit(this.#on.giveUp, { ...info, attempts, error });
       return last;
     }
-    if (last && last.bodyUsed === false && last.body) {
+    if (last?.body && !last.bodyUsed) {
       // Read the body into memory so the error can be inspected later without pinning a connection.
-      const buffered = await buffer(last);
-      Object.defineProperty(error, "lastResponse", { value: buffered, enumerable: true });
+      Object.defineProperty(error, "lastResponse", { value: await buffer(last), enumerable: true });
     }
     emit(this.#on.giveUp, { ...info, attempts, error });
     throw error;
   }
+}
+
+/** Awaiting a plain value still costs a microtask turn; the success path avoids it. */
+function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
+  return value instanceof Promise;
+}
+
+/** Headers as a plain object with lower-cased names (cheaper for fetch than a Headers object). */
+function toHeaderMap(init: HeadersInit | readonly (readonly [string, string])[] | undefined): HeaderMap {
+  const out: HeaderMap = {};
+  if (init === undefined) return out;
+  if (Array.isArray(init)) {
+    for (const [name, value] of init as [string, string][]) {
+      const k = name.toLowerCase();
+      out[k] = k in out ? `${out[k]}, ${value}` : value;
+    }
+  } else if (typeof Headers !== "undefined" && init instanceof Headers) {
+    init.forEach((value, name) => {
+      out[name] = value;
+    });
+  } else {
+    for (const name in init as Record<string, string>) {
+      out[name.toLowerCase()] = String((init as Record<string, string>)[name]);
+    }
+  }
+  return out;
 }
 
 /** Create a client. See {@link ClientOptions} for every option and its default. */

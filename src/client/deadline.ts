@@ -1,41 +1,49 @@
 /**
  * One deadline for a whole call, shared by every attempt and every wait, plus the per-try timeout.
  *
- * Timers are plain `setTimeout`s looked up at call time (not `AbortSignal.timeout`), so fake timers
- * in tests drive them, and they are cleared as soon as the call ends so nothing keeps a process alive.
- * The deadline was hand-written rather than taken from cockatiel: its TimeoutPolicy times one
- * execution, and composing it around a retry policy cannot refuse a wait that would outlast the
- * deadline before it starts; that check needs the time left, which this class exposes.
+ * There is no timer for the call as a whole: each attempt gets one timer, set to whichever comes
+ * first of its per-try timeout and the deadline, and a wait is never started unless it ends before
+ * the deadline, so only the caller's signal can cut a wait short. That keeps the success path to one
+ * AbortController and one timer. Timers are plain `setTimeout`s looked up at call time (not
+ * `AbortSignal.timeout`), so fake timers in tests drive them.
+ *
+ * The deadline is hand-written rather than taken from cockatiel: its TimeoutPolicy times one
+ * execution, and wrapping it around a retry policy cannot refuse a wait that would outlast the
+ * deadline before the wait starts; that check needs the time left, which this class exposes.
  */
 
-/** Who cut a call short. */
-export const StopCause = { caller: "caller", deadline: "deadline" } as const;
-export type StopCause = (typeof StopCause)[keyof typeof StopCause];
+/** Why an attempt was cut short. */
+export const Cut = {
+  /** The caller's AbortSignal fired. */
+  caller: "caller",
+  /** The call's deadline passed. */
+  deadline: "deadline",
+  /** This attempt's per-try timeout passed (the call goes on). */
+  perTry: "per-try",
+} as const;
+export type Cut = (typeof Cut)[keyof typeof Cut];
+
+export interface AttemptTimer {
+  /** The signal to give `fetch` (undefined when nothing can cut the attempt short). */
+  readonly signal: AbortSignal | undefined;
+  /** Why the attempt was cut, if it was. */
+  cut(): Cut | undefined;
+  /** Clear the timer and the listener. Call once the response headers (or an error) arrived. */
+  done(): void;
+}
+
+const NO_TIMER: AttemptTimer = { signal: undefined, cut: () => undefined, done() {} };
 
 export class CallDeadline {
   /** Epoch milliseconds at which the call's time is up. */
   readonly at: number;
   readonly totalMs: number;
-  /** Aborted when the deadline passes or the caller's signal fires. */
-  readonly signal: AbortSignal;
-  #controller = new AbortController();
-  #timer: ReturnType<typeof setTimeout> | undefined;
-  #stoppedBy: StopCause | undefined;
-  #caller: AbortSignal | undefined;
-  #onCallerAbort = () => this.#stop(StopCause.caller, this.#caller?.reason);
+  readonly caller: AbortSignal | undefined;
 
   constructor(totalMs: number, caller?: AbortSignal | null) {
     this.totalMs = totalMs;
     this.at = Date.now() + totalMs;
-    this.signal = this.#controller.signal;
-    if (caller) {
-      this.#caller = caller;
-      if (caller.aborted) this.#stop(StopCause.caller, caller.reason);
-      else caller.addEventListener("abort", this.#onCallerAbort, { once: true });
-    }
-    if (!this.#stoppedBy && Number.isFinite(totalMs)) {
-      this.#timer = setTimeout(() => this.#stop(StopCause.deadline), Math.max(0, totalMs));
-    }
+    this.caller = caller ?? undefined;
   }
 
   /** Milliseconds left (0 once passed). */
@@ -43,76 +51,66 @@ export class CallDeadline {
     return Math.max(0, this.at - Date.now());
   }
 
-  /** Why the call was stopped, if it was. */
-  get stoppedBy(): StopCause | undefined {
-    return this.#stoppedBy;
+  /** Whether the call must stop now, and why. */
+  stopped(): Cut | undefined {
+    if (this.caller?.aborted) return Cut.caller;
+    if (this.at <= Date.now()) return Cut.deadline;
+    return undefined;
   }
 
-  /** The caller's abort reason, when the caller stopped the call. */
-  get callerReason(): unknown {
-    return this.#caller?.reason;
-  }
+  /** A signal for one attempt, aborted by the caller, the deadline or the per-try timeout. */
+  attempt(perTryMs: number): AttemptTimer {
+    const remaining = this.remaining();
+    const byDeadline = !(perTryMs < remaining);
+    const ms = byDeadline ? remaining : perTryMs;
+    const caller = this.caller;
+    if (!Number.isFinite(ms) && !caller) return NO_TIMER;
 
-  /**
-   * A signal for one attempt: aborted by the call (deadline or caller) or after `perTryMs`.
-   * `timedOut()` tells a per-try timeout apart from the call being stopped.
-   */
-  attempt(perTryMs: number): { signal: AbortSignal; timedOut(): boolean; done(): void } {
-    if (!(perTryMs < this.remaining())) {
-      // The deadline comes first anyway: the call's own signal is enough.
-      return { signal: this.signal, timedOut: () => false, done: noop };
-    }
     const controller = new AbortController();
-    let timedOut = false;
-    const forward = () => controller.abort(this.signal.reason);
-    this.signal.addEventListener("abort", forward, { once: true });
-    const timer = setTimeout(() => {
-      timedOut = true;
-      controller.abort(new DOMException(`Attempt timed out after ${perTryMs} ms`, "TimeoutError"));
-    }, perTryMs);
+    let cut: Cut | undefined;
+    const timer = Number.isFinite(ms)
+      ? setTimeout(() => {
+          cut = byDeadline ? Cut.deadline : Cut.perTry;
+          controller.abort(
+            new DOMException(
+              byDeadline ? `Deadline of ${this.totalMs} ms passed` : `Attempt timed out after ${perTryMs} ms`,
+              "TimeoutError",
+            ),
+          );
+        }, ms)
+      : undefined;
+    const onAbort = () => {
+      cut = Cut.caller;
+      controller.abort(caller?.reason);
+    };
+    caller?.addEventListener("abort", onAbort, { once: true });
     return {
       signal: controller.signal,
-      timedOut: () => timedOut && !this.#stoppedBy,
+      cut: () => cut,
       done: () => {
-        clearTimeout(timer);
-        this.signal.removeEventListener("abort", forward);
+        if (timer !== undefined) clearTimeout(timer);
+        caller?.removeEventListener("abort", onAbort);
       },
     };
   }
 
-  /** Wait `ms`, or reject at once (with the stop reason) when the call is stopped. */
+  /**
+   * Wait `ms` (the caller checked that it ends before the deadline), or reject at once with the
+   * caller's abort reason when the caller's signal fires.
+   */
   sleep(ms: number): Promise<void> {
+    const caller = this.caller;
     return new Promise((resolve, reject) => {
-      if (this.signal.aborted) return reject(this.signal.reason);
+      if (caller?.aborted) return reject(caller.reason);
       const onAbort = () => {
         clearTimeout(timer);
-        reject(this.signal.reason);
+        reject(caller?.reason);
       };
       const timer = setTimeout(() => {
-        this.signal.removeEventListener("abort", onAbort);
+        caller?.removeEventListener("abort", onAbort);
         resolve();
       }, ms);
-      this.signal.addEventListener("abort", onAbort, { once: true });
+      caller?.addEventListener("abort", onAbort, { once: true });
     });
   }
-
-  /** Release the timer and the listener on the caller's signal. Call when the call ends. */
-  dispose(): void {
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-    this.#timer = undefined;
-    this.#caller?.removeEventListener("abort", this.#onCallerAbort);
-  }
-
-  #stop(cause: StopCause, reason?: unknown): void {
-    if (this.#stoppedBy) return;
-    this.#stoppedBy = cause;
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-    this.#controller.abort(
-      cause === StopCause.deadline
-        ? new DOMException(`Deadline of ${this.totalMs} ms passed`, "TimeoutError")
-        : (reason ?? new DOMException("Aborted", "AbortError")),
-    );
-  }
 }
-
-function noop(): void {}

@@ -62,8 +62,8 @@ export function withIdempotency(
     if (!keyed.has(method)) return client.requestWithoutKey(url, merged);
     const given = new Headers(merged.headers).get(keyHeader);
     const key = given?.replace(/^"(.*)"$/, "$1");
-    const intent = await client.intent(undefined, key ? { key } : {});
-    return client.request(intent, url, merged);
+    // An unnamed intent (id = key): kept while pending, deleted once a final answer arrives.
+    return client.request(key ? await client.intent(undefined, { key }) : await client.intent(), url, merged);
   };
   return Object.assign(idempotentFetch, { client });
 }

@@ -12,7 +12,10 @@ import { newIdempotencyKey } from "./key.ts";
 export const IntentStatus = {
   /** No final answer yet. It may or may not have taken effect: resending it with its key is safe. */
   pending: "pending",
-  /** A final answer (2xx or a final 4xx such as 402 or 422) arrived; `outcome.status` holds it. */
+  /**
+   * A final answer (2xx or a final 4xx such as 402 or 422) arrived; `outcome.status` holds it.
+   * (Only named intents are kept in this state; unnamed ones are deleted when done.)
+   */
   done: "done",
   /** The caller gave up on it for good (`client.abandon`). Its key is never reused. */
   abandoned: "abandoned",
@@ -35,7 +38,10 @@ export interface StoredRequest {
 
 /** One intent, as kept by a store. Plain JSON-compatible data. */
 export interface IntentRecord {
-  /** The caller's id for the intent (e.g. "checkout-42"), or a random one. Unique in a store. */
+  /**
+   * The caller's id for the intent (e.g. "checkout-42"), unique in a store. An intent begun without
+   * one gets its key as id; such unnamed intents are deleted from the store once they are done.
+   */
   id: string;
   /** The idempotency key sent with every attempt. */
   key: string;
@@ -89,30 +95,33 @@ export function sortOldestFirst(records: IntentRecord[]): IntentRecord[] {
   );
 }
 
-/** Intents in this process's memory only: lost on restart. The default store; good for tests. */
+/**
+ * Intents in this process's memory only: lost on restart. The default store; good for tests.
+ * Records are copied in and out (top-level fields; a stored request is never modified in place).
+ */
 export class MemoryIntentStore implements IntentStore {
   readonly #records = new Map<string, IntentRecord>();
 
   async create(record: IntentRecord): Promise<IntentRecord> {
     const existing = this.#records.get(record.id);
-    if (existing) return structuredClone(existing);
-    this.#records.set(record.id, structuredClone(record));
+    if (existing) return { ...existing };
+    this.#records.set(record.id, { ...record });
     return record;
   }
 
   async get(id: string): Promise<IntentRecord | undefined> {
     const r = this.#records.get(id);
-    return r && structuredClone(r);
+    return r && { ...r };
   }
 
   async save(record: IntentRecord): Promise<void> {
-    this.#records.set(record.id, structuredClone(record));
+    this.#records.set(record.id, { ...record });
   }
 
   async list(filter: { status?: IntentStatus } = {}): Promise<IntentRecord[]> {
     const out: IntentRecord[] = [];
     for (const r of this.#records.values()) {
-      if (!filter.status || r.status === filter.status) out.push(structuredClone(r));
+      if (!filter.status || r.status === filter.status) out.push({ ...r });
     }
     return sortOldestFirst(out);
   }

@@ -143,11 +143,22 @@ describe("a payment through a server that fails on purpose", () => {
   it("a final answer (402, 422...) returns at once with its body", async () => {
     server = await startPaymentServer([{ status: 402 }]);
     const client = createClient({ baseUrl: server.url });
-    const res = await client.post("/payments", { amount_cents: 100 });
+    const res = await client.post("/payments", { amount_cents: 100 }, { intent: "order-402" });
     expect(res.status).toBe(402);
     expect(await res.json()).toEqual({ error: "scripted 402" });
     expect(server.seen).toHaveLength(1);
-    expect((await client.store.list())[0]).toMatchObject({ status: "done", outcome: { status: 402 } });
+    expect(await client.store.get("order-402")).toMatchObject({ status: "done", outcome: { status: 402 } });
+  });
+
+  it("keeps named intents once done, and forgets unnamed ones (the store does not grow per call)", async () => {
+    server = await startPaymentServer();
+    const client = createClient({ baseUrl: server.url });
+    for (let i = 0; i < 20; i++) await client.post("/payments", { i });
+    expect(await client.store.list()).toEqual([]);
+    const named = await client.intent("order-1");
+    await client.post("/payments", { i: 1 }, { intent: named });
+    expect((await client.store.list()).map((r) => [r.id, r.status])).toEqual([["order-1", "done"]]);
+    expect((await client.intent("order-1")).key).toBe(named.key);
   });
 
   it("gives up after maxAttempts with the last response, its body readable", async () => {
