@@ -1,0 +1,149 @@
+/**
+ * Success-path overhead of `idem/client` over plain `fetch`, on loopback, measured in one run.
+ *
+ * Both sides POST the same JSON body with an Idempotency-Key header and read the whole reply; the
+ * client adds what it always does on the success path (an intent recorded in the default memory
+ * store before sending and marked done after, the deadline and per-try timers, the budget and the
+ * breaker). Rounds alternate between the sides so drift (JIT, CPU frequency, other processes on a
+ * shared machine) hits all alike; the headline ratio is the median of the per-round ratios.
+ *
+ * A third side, plain fetch with an AbortController and a timer, shows how much of the overhead is
+ * the per-try timeout alone (undici's handling of a signal is not free).
+ *
+ * Run: npx tsx --conditions=source bench/client.ts  [requests] [concurrency]
+ */
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { pathToFileURL } from "node:url";
+import { createClient } from "../src/client/index.ts";
+
+export interface ClientBenchResult {
+  requests: number;
+  concurrency: number;
+  fetchRps: number;
+  clientRps: number;
+  /** Client time over fetch time for the same work (1.00 = no overhead): median of the rounds. */
+  ratio: number;
+  /** The same ratio from the totals (more sensitive to load spikes on a shared machine). */
+  totalRatio: number;
+  /** Plain fetch given a per-try timeout signal (AbortController + timer), over plain fetch. */
+  timeoutSignalRatio: number;
+  /** Client CPU time over fetch CPU time (this process: client side and server side), median of rounds. */
+  cpuRatio: number;
+}
+
+export async function clientBench(requests = 5_000, concurrency = 8): Promise<void> {
+  const r = await measureClientOverhead(requests, concurrency);
+  console.log(
+    `client vs fetch (loopback POST, ${r.requests} requests each, concurrency ${r.concurrency}): ` +
+      `fetch ${r.fetchRps.toFixed(0)} req/s, client ${r.clientRps.toFixed(0)} req/s, ` +
+      `ratio ${r.ratio.toFixed(3)} (median of rounds; totals ${r.totalRatio.toFixed(3)}; target <= 1.05); ` +
+      `CPU-time ratio ${r.cpuRatio.toFixed(3)}; fetch with a timeout signal alone: ${r.timeoutSignalRatio.toFixed(3)}`,
+  );
+}
+
+export async function measureClientOverhead(requests = 5_000, concurrency = 8): Promise<ClientBenchResult> {
+  const reply = JSON.stringify({ charge_id: 1, status: "succeeded" });
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(201, { "content-type": "application/json" });
+      res.end(reply);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const url = `${base}/payments`;
+  const body = { amount_cents: 5000, currency: "eur" };
+
+  const client = createClient({ baseUrl: base });
+  const plain = async () => {
+    const res = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json", "idempotency-key": crypto.randomUUID() },
+      body: JSON.stringify(body),
+    });
+    await res.arrayBuffer();
+  };
+  // What the client must at least do for a per-try timeout: one AbortController and one timer.
+  const timed = async () => {
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(), 2_000);
+    const res = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json", "idempotency-key": crypto.randomUUID() },
+      body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    clearTimeout(timer);
+    await res.arrayBuffer();
+  };
+  const viaClient = async () => {
+    const res = await client.post("/payments", body);
+    await res.arrayBuffer();
+  };
+
+  let cpuUs = 0;
+  const run = async (fn: () => Promise<void>, n: number): Promise<number> => {
+    let next = 0;
+    const cpu = process.cpuUsage();
+    const started = performance.now();
+    await Promise.all(
+      Array.from({ length: concurrency }, async () => {
+        while (next++ < n) await fn();
+      }),
+    );
+    const used = process.cpuUsage(cpu);
+    cpuUs = used.user + used.system;
+    return performance.now() - started;
+  };
+  const timedRun = async (fn: () => Promise<void>, n: number): Promise<[number, number]> => [
+    await run(fn, n),
+    cpuUs,
+  ];
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+
+  try {
+    for (const fn of [plain, timed, viaClient]) await run(fn, 1_000); // warm-up: connections, JIT
+    const rounds = 20;
+    const per = Math.ceil(requests / rounds);
+    let fetchMs = 0;
+    let clientMs = 0;
+    const ratios: number[] = [];
+    const timedRatios: number[] = [];
+    const cpuRatios: number[] = [];
+    for (let i = 0; i < rounds; i++) {
+      // Alternate the order too, so neither side always runs right after the other.
+      const sides = i % 2 === 0 ? [plain, timed, viaClient] : [viaClient, timed, plain];
+      const results = new Map<() => Promise<void>, [number, number]>();
+      for (const side of sides) results.set(side, await timedRun(side, per));
+      const [f, fCpu] = results.get(plain)!;
+      const [t] = results.get(timed)!;
+      const [c, cCpu] = results.get(viaClient)!;
+      fetchMs += f;
+      clientMs += c;
+      ratios.push(c / f);
+      timedRatios.push(t / f);
+      cpuRatios.push(cCpu / fCpu);
+    }
+    const total = per * rounds;
+    return {
+      requests: total,
+      concurrency,
+      fetchRps: (total / fetchMs) * 1000,
+      clientRps: (total / clientMs) * 1000,
+      ratio: median(ratios),
+      totalRatio: clientMs / fetchMs,
+      timeoutSignalRatio: median(timedRatios),
+      cpuRatio: median(cpuRatios),
+    };
+  } finally {
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  const [requests, concurrency] = process.argv.slice(2).map(Number);
+  await clientBench(requests || undefined, concurrency || undefined);
+}
