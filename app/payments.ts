@@ -124,8 +124,7 @@ export function paymentRoutes(deps: {
   requireKey?: boolean;
 }): Hono<Env> {
   const app = new Hono<Env>();
-  const tooLarge = () =>
-    problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`);
+  const tooLarge = () => problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`);
 
   app.post(
     "/v1/payments",

@@ -8,7 +8,6 @@ export const ProblemCode = {
   KeyInFlight: "idempotency-key-in-flight",
   KeyMismatch: "idempotency-key-mismatch",
   LeaseLost: "idempotency-lease-lost",
-  TransactionTooLong: "idempotency-transaction-too-long",
   Retryable: "retryable-failure",
   InvalidBody: "invalid-body",
   BodyTooLarge: "body-too-large",
@@ -83,18 +82,6 @@ export class LeaseLostError extends IdemError {
       ProblemCode.LeaseLost,
       409,
       "Our lease on this key expired and another worker took over; stopping.",
-    );
-  }
-}
-
-/** An atomic-mode transaction ran past its bound and was rolled back; nothing was saved. Retryable. */
-export class TransactionTooLongError extends IdemError {
-  override name = "TransactionTooLongError";
-  constructor(limitMs: number) {
-    super(
-      ProblemCode.TransactionTooLong,
-      503,
-      `The request's transaction ran longer than ${limitMs} ms and was rolled back; retry with the same key.`,
     );
   }
 }

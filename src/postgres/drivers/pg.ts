@@ -6,7 +6,11 @@ import type { Db, QueryResult, Tx } from "../db.ts";
  * at run time: a `pg.Pool` satisfies it.
  */
 interface PgQueryable {
-  query(config: { text: string; values?: unknown[]; name?: string }): Promise<{ rows: any[]; rowCount: number | null }>;
+  query(config: {
+    text: string;
+    values?: unknown[];
+    name?: string;
+  }): Promise<{ rows: any[]; rowCount: number | null }>;
   query(text: string): Promise<unknown>;
 }
 export interface PgPoolLike extends PgQueryable {
@@ -43,7 +47,11 @@ function statementName(text: string): string {
   return name;
 }
 
-function run<R>(q: PgQueryable, sql: string, params: readonly unknown[] | undefined): Promise<QueryResult<R>> {
+function run<R>(
+  q: PgQueryable,
+  sql: string,
+  params: readonly unknown[] | undefined,
+): Promise<QueryResult<R>> {
   return q.query({ text: sql, values: toParams(params), name: statementName(sql) }).then(result<R>);
 }
 
