@@ -11,8 +11,12 @@ if (existsSync(dist)) {
   process.exitCode = await main(process.argv.slice(2));
 } else {
   const src = fileURLToPath(new URL("../src/cli/main.ts", import.meta.url));
-  const r = spawnSync(process.execPath, ["--conditions=source", "--import", "tsx", src, ...process.argv.slice(2)], {
-    stdio: "inherit",
-  });
+  const r = spawnSync(
+    process.execPath,
+    ["--conditions=source", "--import", "tsx", src, ...process.argv.slice(2)],
+    {
+      stdio: "inherit",
+    },
+  );
   process.exitCode = r.status ?? 1;
 }

@@ -3,15 +3,25 @@
  */
 import { CliError, EXIT } from "./shared.ts";
 
-const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: string[]) => Promise<number>> }> = {
-  migrate: { summary: "apply idem's SQL migrations", run: async () => (await import("./migrate.ts")).migrateCommand },
-  serve: { summary: "run the reference payments service", run: async () => (await import("./serve.ts")).serveCommand },
-  sweep: { summary: "drop expired key partitions (retention)", run: async () => (await import("./sweep.ts")).sweepCommand },
-  accounts: {
-    summary: "create an account and print its API key",
-    run: async () => (await import("./serve.ts")).accountsCommand,
-  },
-};
+const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: string[]) => Promise<number>> }> =
+  {
+    migrate: {
+      summary: "apply idem's SQL migrations",
+      run: async () => (await import("./migrate.ts")).migrateCommand,
+    },
+    serve: {
+      summary: "run the reference payments service",
+      run: async () => (await import("./serve.ts")).serveCommand,
+    },
+    sweep: {
+      summary: "drop expired key partitions (retention)",
+      run: async () => (await import("./sweep.ts")).sweepCommand,
+    },
+    accounts: {
+      summary: "create an account and print its API key",
+      run: async () => (await import("./serve.ts")).accountsCommand,
+    },
+  };
 
 export const USAGE = `usage: idem <command> [options]   (idem <command> --help for its options)
 

@@ -47,7 +47,11 @@ Creates an account and prints its API key once (only its SHA-256 is stored).
 Exit codes: 0 created, 1 failure, 2 bad usage.`;
 
 export async function accountsCommand(argv: string[]): Promise<number> {
-  const { values, positionals } = parse(argv, { name: { type: "string" }, "database-url": { type: "string" } }, ACCOUNTS_USAGE);
+  const { values, positionals } = parse(
+    argv,
+    { name: { type: "string" }, "database-url": { type: "string" } },
+    ACCOUNTS_USAGE,
+  );
   if (values.help) {
     console.log(ACCOUNTS_USAGE);
     return EXIT.ok;

@@ -1,4 +1,4 @@
-import { parseArgs, type ParseArgsConfig } from "node:util";
+import { type ParseArgsConfig, parseArgs } from "node:util";
 import type { Db } from "../postgres/db.ts";
 
 /** Exit codes scripts can rely on. */
@@ -14,9 +14,17 @@ export class CliError extends Error {
   }
 }
 
-export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(argv: string[], options: T, usage: string) {
+export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
+  argv: string[],
+  options: T,
+  usage: string,
+) {
   try {
-    return parseArgs({ args: argv, options: { ...options, help: { type: "boolean", short: "h" } }, allowPositionals: true });
+    return parseArgs({
+      args: argv,
+      options: { ...options, help: { type: "boolean", short: "h" } },
+      allowPositionals: true,
+    });
   } catch (err) {
     throw new CliError(`${(err as Error).message}\n${usage}`, EXIT.usage);
   }
@@ -40,7 +48,9 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
     parsed = new URL(url);
     if (!/^postgres(ql)?:$/.test(parsed.protocol)) throw new Error("protocol");
   } catch {
-    throw new CliError(`DATABASE_URL is not a PostgreSQL URL: write it like postgres://user@127.0.0.1:5432/dbname`);
+    throw new CliError(
+      `DATABASE_URL is not a PostgreSQL URL: write it like postgres://user@127.0.0.1:5432/dbname`,
+    );
   }
   const { default: pg } = await import("pg");
   const { fromPg } = await import("../postgres/drivers/pg.ts");

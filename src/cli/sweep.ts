@@ -24,7 +24,10 @@ export async function sweepCommand(argv: string[]): Promise<number> {
   if (!(hours > 0)) throw new CliError("--retention-hours takes a positive number", EXIT.usage);
   const { db, where } = await openDb(values["database-url"] ?? process.env.DATABASE_URL);
   try {
-    const store = await PostgresStore.open(db, { schema: values.schema, retentionMs: hours * 3_600_000 }).catch((e) => {
+    const store = await PostgresStore.open(db, {
+      schema: values.schema,
+      retentionMs: hours * 3_600_000,
+    }).catch((e) => {
       throw new CliError(`${(e as Error).message}`);
     });
     const { dropped } = await store.sweep();

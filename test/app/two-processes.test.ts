@@ -45,7 +45,14 @@ describe.runIf(DATABASE_URL)("two service processes on one database", () => {
   });
   afterAll(async () => {
     await Promise.all(
-      children.map((c) => new Promise((r) => (c.exitCode !== null ? r(null) : (c.once("exit", r), c.kill("SIGTERM"))))),
+      children.map(
+        (c) =>
+          new Promise((r) => {
+            if (c.exitCode !== null) return r(null);
+            c.once("exit", r);
+            c.kill("SIGTERM");
+          }),
+      ),
     );
     await fresh?.drop();
   });
