@@ -2,6 +2,7 @@ import { Hono } from "hono";
 import type { AtomicStore } from "idem";
 import type { Db, Tx } from "idem/postgres";
 import type { ApiKeys } from "./accounts.ts";
+import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { problem } from "./problems.ts";
 
@@ -21,6 +22,7 @@ export function createApp(deps: AppDeps): Hono {
     return c.json({ status: "ok", retention_seconds: deps.store.retentionMs / 1000 });
   });
   app.route("/", paymentRoutes(deps));
+  app.route("/", patternRoutes(deps));
   app.notFound((c) =>
     problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
   );

@@ -5,6 +5,7 @@
 import { mkdirSync } from "node:fs";
 import { type Db, fromPg, fromPglite, migrate } from "idem/postgres";
 import type { PoolConfig } from "pg";
+import { PATTERN_TABLES } from "./patterns.ts";
 
 export interface OpenedDatabase {
   db: Db;
@@ -79,5 +80,6 @@ export async function prepareSchema(db: Db): Promise<void> {
       );
       CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account_id, created_at DESC);
     `);
+    await tx.exec(PATTERN_TABLES);
   });
 }
