@@ -432,7 +432,7 @@ export class IdemClient {
   async #send(call: Call): Promise<Response> {
     const startedAt = Date.now();
     const opts = call.options;
-    const maxAttempts = opts.maxAttempts ?? this.#maxAttempts;
+    const maxAttempts = Math.max(1, opts.maxAttempts ?? this.#maxAttempts);
     const perTryMs = opts.perTryTimeoutMs ?? this.#perTryMs;
     const deadlineMs = opts.deadlineMs ?? this.#deadlineMs;
     const on = this.#on;
@@ -462,6 +462,10 @@ export class IdemClient {
     const early = deadline.stopped();
     if (early) return this.#giveUp(call, info, stopped(early), attempts);
     for (;;) {
+      // A timer may fire a little late: never send an attempt that has no time left.
+      if (attempts > 0 && deadline.remaining() === 0) {
+        return this.#giveUp(call, info, stopped(Cut.deadline), attempts);
+      }
       const permit = this.breaker ? this.breaker.tryAcquire() : NO_BREAKER;
       if (!permit) {
         const err = new CircuitOpenError({ ...details(), retryInMs: this.breaker?.retryInMs() ?? 0 });
@@ -508,7 +512,10 @@ export class IdemClient {
       const cut = timer.cut() ?? deadline.stopped();
       if (cut === Cut.caller || cut === Cut.deadline) {
         permit.release(); // cut short on our side: says nothing about the server
-        await response?.body?.cancel().catch(() => {});
+        if (response) {
+          lastResponse = response; // a retryable answer that came in just as time ran out
+          lastError = undefined;
+        }
         return this.#giveUp(call, info, stopped(cut), attempts);
       }
       if (response && !this.breaker?.failureStatuses.has(response.status)) permit.success();
