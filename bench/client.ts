@@ -28,6 +28,8 @@ export interface ClientBenchResult {
   totalRatio: number;
   /** Plain fetch given a per-try timeout signal (AbortController + timer), over plain fetch. */
   timeoutSignalRatio: number;
+  /** The client with no deadline and no per-try timeout (so no signal for fetch), over plain fetch. */
+  noTimersRatio: number;
   /** Client CPU time over fetch CPU time (this process: client side and server side), median of rounds. */
   cpuRatio: number;
 }
@@ -38,7 +40,8 @@ export async function clientBench(requests = 5_000, concurrency = 8): Promise<vo
     `client vs fetch (loopback POST, ${r.requests} requests each, concurrency ${r.concurrency}): ` +
       `fetch ${r.fetchRps.toFixed(0)} req/s, client ${r.clientRps.toFixed(0)} req/s, ` +
       `ratio ${r.ratio.toFixed(3)} (median of rounds; totals ${r.totalRatio.toFixed(3)}; target <= 1.05); ` +
-      `CPU-time ratio ${r.cpuRatio.toFixed(3)}; fetch with a timeout signal alone: ${r.timeoutSignalRatio.toFixed(3)}`,
+      `CPU-time ratio ${r.cpuRatio.toFixed(3)}. Where it goes: plain fetch with a timeout signal alone ` +
+      `${r.timeoutSignalRatio.toFixed(3)}; the client without deadline/per-try timers ${r.noTimersRatio.toFixed(3)}`,
   );
 }
 
@@ -82,6 +85,11 @@ export async function measureClientOverhead(requests = 5_000, concurrency = 8): 
     const res = await client.post("/payments", body);
     await res.arrayBuffer();
   };
+  const untimedClient = createClient({ baseUrl: base, deadlineMs: Infinity, perTryTimeoutMs: Infinity });
+  const viaUntimed = async () => {
+    const res = await untimedClient.post("/payments", body);
+    await res.arrayBuffer();
+  };
 
   let cpuUs = 0;
   const run = async (fn: () => Promise<void>, n: number): Promise<number> => {
@@ -104,7 +112,7 @@ export async function measureClientOverhead(requests = 5_000, concurrency = 8): 
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 
   try {
-    for (const fn of [plain, timed, viaClient]) await run(fn, 1_000); // warm-up: connections, JIT
+    for (const fn of [plain, timed, viaClient, viaUntimed]) await run(fn, 1_000); // warm-up: connections, JIT
     const rounds = 20;
     const per = Math.ceil(requests / rounds);
     let fetchMs = 0;
@@ -112,14 +120,18 @@ export async function measureClientOverhead(requests = 5_000, concurrency = 8): 
     const ratios: number[] = [];
     const timedRatios: number[] = [];
     const cpuRatios: number[] = [];
+    const untimedRatios: number[] = [];
     for (let i = 0; i < rounds; i++) {
       // Alternate the order too, so neither side always runs right after the other.
-      const sides = i % 2 === 0 ? [plain, timed, viaClient] : [viaClient, timed, plain];
+      const sides =
+        i % 2 === 0 ? [plain, timed, viaClient, viaUntimed] : [viaUntimed, viaClient, timed, plain];
       const results = new Map<() => Promise<void>, [number, number]>();
       for (const side of sides) results.set(side, await timedRun(side, per));
       const [f, fCpu] = results.get(plain)!;
       const [t] = results.get(timed)!;
       const [c, cCpu] = results.get(viaClient)!;
+      const [u] = results.get(viaUntimed)!;
+      untimedRatios.push(u / f);
       fetchMs += f;
       clientMs += c;
       ratios.push(c / f);
@@ -136,6 +148,7 @@ export async function measureClientOverhead(requests = 5_000, concurrency = 8): 
       totalRatio: clientMs / fetchMs,
       timeoutSignalRatio: median(timedRatios),
       cpuRatio: median(cpuRatios),
+      noTimersRatio: median(untimedRatios),
     };
   } finally {
     server.closeAllConnections();
