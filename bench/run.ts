@@ -3,6 +3,7 @@
  * timings compared across runs). Needs the real PostgreSQL: DATABASE_URL, default
  * postgres://postgres@127.0.0.1:5432/test (each benchmark works in a database of its own and drops it).
  */
+import { clientBench } from "./client.ts";
 import { httpBench, printRows } from "./http.ts";
 
 const rows = await httpBench();
@@ -10,3 +11,6 @@ printRows("Payment endpoint over HTTP (real PostgreSQL, autocannon, 32 connectio
 const [unkeyed, keyed, replay] = rows;
 console.log(`keyed first-time / unkeyed = ${(keyed!.rps / unkeyed!.rps).toFixed(2)}  (goal >= 0.80)`);
 console.log(`keyed replay / unkeyed     = ${(replay!.rps / unkeyed!.rps).toFixed(2)}  (goal >= 1.00)`);
+
+console.log("\nClient overhead on the success path");
+await clientBench();
