@@ -1,0 +1,212 @@
+/**
+ * The inbox: an idempotent consumer's memory of the messages it has finished.
+ *
+ * Timeline of one delivery:
+ *
+ *   BEGIN
+ *     INSERT (consumer, message_id) INTO inbox ON CONFLICT DO NOTHING
+ *       -> no row inserted: a copy was already applied (or parked). ROLLBACK; answer "duplicate".
+ *          (A copy being applied right now holds the row's index entry: this insert waits for it,
+ *          then sees its outcome.)
+ *     the handler's effect, in the same transaction
+ *   COMMIT  -> answer "applied"; only now may the broker be told (ack)
+ *
+ *   the handler threw: ROLLBACK, count the attempt in its own transaction, answer "retry" (the broker
+ *   redelivers) or, at `maxAttempts`, park the message with its error and answer "parked" (the broker
+ *   is told it is done with it, and later copies are skipped as duplicates).
+ *
+ * A crash anywhere before COMMIT leaves no trace: the redelivered copy is handled as the first. A crash
+ * after COMMIT but before the ack leaves the mark: the redelivered copy is a duplicate.
+ */
+import type { Db, Tx } from "../postgres/db.ts";
+import { checkSchemaName } from "../postgres/migrate.ts";
+import { type Delivery, errorOf } from "./types.ts";
+
+/** What happened to a delivery, and so what the consumer tells the broker. */
+export const InboxResult = {
+  /** The effect committed now: ack. */
+  applied: "applied",
+  /** Already applied (or parked) before: ack and skip. */
+  duplicate: "duplicate",
+  /** The handler failed; attempts are left: do not ack (nack / let it be redelivered). */
+  retry: "retry",
+  /** The handler failed for the last time: the message is parked with its error. Ack (or terminate). */
+  parked: "parked",
+} as const;
+export type InboxResult = (typeof InboxResult)[keyof typeof InboxResult];
+
+/** The effect of one message, run inside the inbox's transaction. Throw to roll it back. */
+export type InboxHandler<M extends Delivery = Delivery> = (tx: Tx, message: M) => Promise<void>;
+
+/** Options of {@link Inbox}. */
+export interface InboxOptions {
+  /** The consumer's name: the same message is applied once per consumer. */
+  consumer: string;
+  /** The schema idem's tables live in. Default `"idem"`. */
+  schema?: string;
+  /** Failed attempts after which a message is parked. Default 5. */
+  maxAttempts?: number;
+  /** Called for each failed attempt (with its number) and each parked message. Default: none. */
+  onError?: (err: Error, message: Delivery, attempt: number) => void;
+}
+
+/** Handles deliveries for one consumer: dedup, effect and mark in one transaction; retries; parking. */
+export class Inbox {
+  readonly consumer: string;
+  readonly maxAttempts: number;
+  readonly #db: Db;
+  readonly #schema: string;
+  readonly #onError: InboxOptions["onError"];
+  readonly #sql: { mark: string; clearAttempts: string; attempt: string; park: string; parkMark: string };
+
+  constructor(db: Db, options: InboxOptions) {
+    if (!options.consumer) throw new TypeError("Inbox needs a consumer name");
+    this.#db = db;
+    this.consumer = options.consumer;
+    this.#schema = checkSchemaName(options.schema ?? "idem");
+    this.maxAttempts = Math.max(1, options.maxAttempts ?? 5);
+    this.#onError = options.onError;
+    const s = this.#schema;
+    this.#sql = {
+      mark: `INSERT INTO ${s}.inbox (consumer, message_id) VALUES ($1::text, $2::text) ON CONFLICT DO NOTHING`,
+      clearAttempts: `DELETE FROM ${s}.inbox_attempts WHERE consumer = $1::text AND message_id = $2::text`,
+      attempt: `
+        INSERT INTO ${s}.inbox_attempts (consumer, message_id, attempts, last_error)
+        VALUES ($1::text, $2::text, 1, $3::text)
+        ON CONFLICT (consumer, message_id) DO UPDATE
+          SET attempts = ${s}.inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
+        RETURNING attempts`,
+      park: `
+        INSERT INTO ${s}.inbox_parked (consumer, message_id, topic, type, body, headers, attempts, last_error)
+        VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text::jsonb, $7::int, $8::text)
+        ON CONFLICT (consumer, message_id) DO NOTHING`,
+      parkMark: `
+        INSERT INTO ${s}.inbox (consumer, message_id, status) VALUES ($1::text, $2::text, 'parked')
+        ON CONFLICT DO NOTHING`,
+    };
+  }
+
+  /**
+   * Apply `handler` to `message` unless this consumer already did. Never throws for a handler failure
+   * (that is `"retry"` or `"parked"`); throws only when the database cannot be reached at all, in which
+   * case the message must not be acked either.
+   */
+  async process<M extends Delivery>(message: M, handler: InboxHandler<M>): Promise<InboxResult> {
+    let duplicate = false;
+    try {
+      await this.#db.transaction(async (tx) => {
+        const { rowCount } = await tx.query(this.#sql.mark, [this.consumer, message.id]);
+        if (rowCount === 0) {
+          duplicate = true;
+          return;
+        }
+        await handler(tx, message);
+        // Only a redelivered message can have failed attempts on record (a failure is never acked).
+        if (message.redelivered) await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
+      });
+      return duplicate ? InboxResult.duplicate : InboxResult.applied;
+    } catch (err) {
+      return this.#failed(message, errorOf(err));
+    }
+  }
+
+  async #failed(message: Delivery, error: Error): Promise<InboxResult> {
+    const text = (error.message || error.name).slice(0, 2_000);
+    const { rows } = await this.#db.query<{ attempts: number }>(this.#sql.attempt, [
+      this.consumer,
+      message.id,
+      text,
+    ]);
+    const attempt = Number(rows[0]?.attempts ?? 1);
+    this.#onError?.(error, message, attempt);
+    if (attempt < this.maxAttempts) return InboxResult.retry;
+    await this.#db.transaction(async (tx) => {
+      await tx.query(this.#sql.park, [
+        this.consumer,
+        message.id,
+        message.topic,
+        message.type,
+        message.body,
+        JSON.stringify(message.headers),
+        attempt,
+        text,
+      ]);
+      await tx.query(this.#sql.parkMark, [this.consumer, message.id]);
+      await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
+    });
+    return InboxResult.parked;
+  }
+
+  /** This consumer's parked messages, oldest first. */
+  async parked(): Promise<ParkedMessage[]> {
+    const { rows } = await this.#db.query<Record<string, unknown>>(
+      `SELECT message_id, topic, type, body, headers::text AS headers, attempts, last_error, parked_at
+       FROM ${this.#schema}.inbox_parked WHERE consumer = $1::text ORDER BY parked_at, message_id`,
+      [this.consumer],
+    );
+    return rows.map((r) => ({
+      messageId: String(r.message_id),
+      topic: r.topic === null ? null : String(r.topic),
+      type: r.type === null ? null : String(r.type),
+      body: String(r.body),
+      headers: JSON.parse(String(r.headers)) as Record<string, string>,
+      attempts: Number(r.attempts),
+      lastError: r.last_error === null ? null : String(r.last_error),
+      parkedAt: new Date(r.parked_at as string),
+    }));
+  }
+
+  /**
+   * Forget a parked message so that its next delivery is processed again (republish it, e.g. with
+   * `requeueParked` on the producer's side, or from `parked()`'s body). Resolves true if it was parked.
+   */
+  async unpark(messageId: string): Promise<boolean> {
+    return this.#db.transaction(async (tx) => {
+      const { rowCount } = await tx.query(
+        `DELETE FROM ${this.#schema}.inbox_parked WHERE consumer = $1::text AND message_id = $2::text`,
+        [this.consumer, messageId],
+      );
+      await tx.query(
+        `DELETE FROM ${this.#schema}.inbox WHERE consumer = $1::text AND message_id = $2::text AND status = 'parked'`,
+        [this.consumer, messageId],
+      );
+      return rowCount > 0;
+    });
+  }
+}
+
+export interface ParkedMessage {
+  messageId: string;
+  topic: string | null;
+  type: string | null;
+  body: string;
+  headers: Record<string, string>;
+  attempts: number;
+  lastError: string | null;
+  parkedAt: Date;
+}
+
+/**
+ * Retention of dedup marks: delete those older than `olderThanMs` (a chunk at a time). Keep them longer
+ * than a message can take to be redelivered (broker retention, relay lease and backoff), or a late copy
+ * would be applied again. Parked messages are kept until unparked.
+ */
+export async function cleanInbox(
+  db: Db,
+  options: { olderThanMs: number; schema?: string; consumer?: string },
+): Promise<number> {
+  const schema = checkSchemaName(options.schema ?? "idem");
+  let total = 0;
+  for (;;) {
+    const { rowCount } = await db.query(
+      `DELETE FROM ${schema}.inbox WHERE (consumer, message_id) IN (
+         SELECT consumer, message_id FROM ${schema}.inbox
+         WHERE processed_at < now() - $1::float8 * interval '1 millisecond' AND status = 'done'
+           AND ($2::text IS NULL OR consumer = $2::text)
+         LIMIT 5000)`,
+      [options.olderThanMs, options.consumer ?? null],
+    );
+    total += rowCount;
+    if (rowCount < 5_000) return total;
+  }
+}

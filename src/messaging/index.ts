@@ -1,0 +1,48 @@
+/**
+ * `idem/messaging`: the outbox relay, the inbox, versioned upserts, webhooks and an in-process broker.
+ * RabbitMQ and NATS JetStream live in `idem/messaging/amqp` and `idem/messaging/nats`, so that their
+ * client libraries (optional peer dependencies) are only needed by those who use them.
+ */
+export type {
+  ConsumerCrashPoint,
+  ConsumerOptions,
+  ConsumerStats,
+  RunningConsumer,
+} from "./consumer.ts";
+export {
+  cleanInbox,
+  Inbox,
+  type InboxHandler,
+  type InboxOptions,
+  InboxResult,
+  type ParkedMessage,
+} from "./inbox.ts";
+export { type Listen, listenWithPg, listenWithPglite, listenWithPostgresJs } from "./listen.ts";
+export { MemoryBroker } from "./memory.ts";
+export {
+  outboxCounts,
+  Relay,
+  type RelayCrashPoint,
+  type RelayOptions,
+  type RelayStats,
+  requeueParked,
+} from "./relay.ts";
+export {
+  BrokerUnavailableError,
+  type Delivery,
+  HEADERS,
+  isBrokerUnavailable,
+  MissingMessageIdError,
+  type OutboxMessage,
+  type Publisher,
+  type PublishOutcome,
+} from "./types.ts";
+export { type VersionedUpsert, versionedUpsert } from "./versioned-upsert.ts";
+export {
+  signWebhook,
+  verifyWebhook,
+  WEBHOOK_HEADERS,
+  WebhookPublisher,
+  type WebhookPublisherOptions,
+  WebhookVerificationError,
+} from "./webhook.ts";

@@ -1,0 +1,174 @@
+/**
+ * Webhooks: each outbox event is POSTed to a URL, signed so the receiver can tell it came from us and
+ * was not altered or replayed later.
+ *
+ * The signature follows the Standard Webhooks scheme (standardwebhooks.com), so receivers can verify it
+ * with that project's libraries in many languages, or with {@link verifyWebhook}:
+ *
+ *   webhook-id:        the event id (the same on every retry and every republish: deduplicate on it)
+ *   webhook-timestamp: Unix seconds when signed
+ *   webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")>
+ *
+ * It is a few lines of `node:crypto`, so it is written here rather than adding a dependency. The body
+ * is `{"type", "timestamp", "data"}` with the event's payload as `data`. Requests go through idem's own
+ * client (`idem/client`) with the event id as the Idempotency-Key: retries on network errors, 408, 429
+ * and 5xx with backoff and Retry-After, within a deadline. What it gives up on fails the row, which the
+ * relay retries later and finally parks.
+ */
+import { createHmac, timingSafeEqual } from "node:crypto";
+import { createClient, type IdemClient } from "../client/index.ts";
+import { errorOf, type OutboxMessage, type Publisher, type PublishOutcome } from "./types.ts";
+
+export const WEBHOOK_HEADERS = {
+  id: "webhook-id",
+  timestamp: "webhook-timestamp",
+  signature: "webhook-signature",
+} as const;
+
+/** The secret's bytes: a `whsec_<base64>` secret (the Standard Webhooks format) is decoded, any other string is UTF-8. */
+function secretBytes(secret: string | Uint8Array): Buffer {
+  if (typeof secret !== "string") return Buffer.from(secret);
+  return secret.startsWith("whsec_") ? Buffer.from(secret.slice(6), "base64") : Buffer.from(secret, "utf8");
+}
+
+function sign(key: Buffer, id: string, timestamp: number, body: string): string {
+  return createHmac("sha256", key).update(`${id}.${timestamp}.${body}`).digest("base64");
+}
+
+/** The three headers for one delivery of `body` under event id `id`. */
+export function signWebhook(
+  secret: string | Uint8Array,
+  id: string,
+  body: string,
+  timestamp: number = Math.floor(Date.now() / 1000),
+): Record<string, string> {
+  return {
+    [WEBHOOK_HEADERS.id]: id,
+    [WEBHOOK_HEADERS.timestamp]: String(timestamp),
+    [WEBHOOK_HEADERS.signature]: `v1,${sign(secretBytes(secret), id, timestamp, body)}`,
+  };
+}
+
+export class WebhookVerificationError extends Error {
+  override readonly name = "WebhookVerificationError";
+  readonly code = "IDEM_WEBHOOK_INVALID";
+}
+
+/**
+ * For receivers: check a delivery's signature and age against the raw body (as received, before any
+ * JSON parsing). Returns the event id and the parsed body; throws {@link WebhookVerificationError}.
+ * `toleranceS` bounds how old (or how far in the future) the timestamp may be. Default 300 s.
+ */
+export function verifyWebhook(
+  secret: string | Uint8Array,
+  headers: Headers | Record<string, string | string[] | undefined>,
+  rawBody: string,
+  options: { toleranceS?: number; nowS?: number } = {},
+): { id: string; timestamp: number; body: { type: string; timestamp: string; data: unknown } } {
+  const get = (name: string): string | undefined => {
+    if (headers instanceof Headers) return headers.get(name) ?? undefined;
+    const v = headers[name] ?? headers[name.toLowerCase()];
+    return Array.isArray(v) ? v[0] : v;
+  };
+  const id = get(WEBHOOK_HEADERS.id);
+  const ts = get(WEBHOOK_HEADERS.timestamp);
+  const sigs = get(WEBHOOK_HEADERS.signature);
+  if (!id || !ts || !sigs)
+    throw new WebhookVerificationError("missing webhook-id, -timestamp or -signature header");
+  const timestamp = Number(ts);
+  const now = options.nowS ?? Math.floor(Date.now() / 1000);
+  if (!Number.isInteger(timestamp) || Math.abs(now - timestamp) > (options.toleranceS ?? 300)) {
+    throw new WebhookVerificationError("webhook timestamp outside the tolerated window");
+  }
+  const expected = Buffer.from(sign(secretBytes(secret), id, timestamp, rawBody), "base64");
+  // Several space-separated signatures may be sent (e.g. during a secret rotation): one must match.
+  const ok = sigs.split(" ").some((s) => {
+    const [version, value] = s.split(",", 2);
+    if (version !== "v1" || !value) return false;
+    const given = Buffer.from(value, "base64");
+    return given.length === expected.length && timingSafeEqual(given, expected);
+  });
+  if (!ok) throw new WebhookVerificationError("webhook signature does not match");
+  return { id, timestamp, body: JSON.parse(rawBody) };
+}
+
+/** Options of {@link WebhookPublisher}. `url` and `secret` are required. */
+export interface WebhookPublisherOptions {
+  /** Where to POST: one URL, or one per message (e.g. per subscriber, from the topic). */
+  url: string | ((m: OutboxMessage) => string);
+  /** The signing secret shared with the receiver: `whsec_<base64>` or any string. */
+  secret: string | Uint8Array;
+  /**
+   * The retrying client. Default: `createClient({ deadlineMs: 15_000, perTryTimeoutMs: 5_000 })`
+   * (5 attempts, retry budget and circuit breaker as `idem/client` defaults).
+   */
+  client?: IdemClient;
+  /** Requests in flight at once within a batch. Default 16. */
+  concurrency?: number;
+  /** Extra headers on every request (e.g. a user agent). Default: none. */
+  headers?: Record<string, string>;
+}
+
+/** Publishes each outbox event as a signed HTTP POST. */
+export class WebhookPublisher implements Publisher {
+  readonly name = "webhook";
+  readonly #options: WebhookPublisherOptions;
+  readonly #client: IdemClient;
+  readonly #key: Buffer;
+
+  constructor(options: WebhookPublisherOptions) {
+    this.#options = options;
+    this.#key = secretBytes(options.secret);
+    if (this.#key.length === 0) throw new TypeError("WebhookPublisher needs a non-empty secret");
+    this.#client = options.client ?? createClient({ deadlineMs: 15_000, perTryTimeoutMs: 5_000 });
+  }
+
+  async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
+    const outcomes: PublishOutcome[] = new Array(messages.length);
+    let next = 0;
+    const worker = async () => {
+      while (next < messages.length) {
+        const i = next++;
+        outcomes[i] = await this.#send(messages[i]!);
+      }
+    };
+    await Promise.all(
+      Array.from({ length: Math.min(this.#options.concurrency ?? 16, messages.length) }, worker),
+    );
+    return outcomes;
+  }
+
+  async #send(m: OutboxMessage): Promise<PublishOutcome> {
+    const url = typeof this.#options.url === "function" ? this.#options.url(m) : this.#options.url;
+    const body = `{"type":${JSON.stringify(m.type)},"timestamp":${JSON.stringify(m.createdAt.toISOString())},"data":${m.body}}`;
+    const timestamp = Math.floor(Date.now() / 1000);
+    const headers: Record<string, string> = {
+      ...this.#options.headers,
+      ...m.headers,
+      "content-type": "application/json",
+      [WEBHOOK_HEADERS.id]: m.id,
+      [WEBHOOK_HEADERS.timestamp]: String(timestamp),
+      [WEBHOOK_HEADERS.signature]: `v1,${sign(this.#key, m.id, timestamp, body)}`,
+    };
+    try {
+      // The event id is the intent's key (sent as Idempotency-Key); an intent named by its key is
+      // forgotten by the client once answered, so nothing accumulates.
+      const intent = await this.#client.intent(undefined, { key: m.id });
+      const res = await this.#client.request(intent, url, { method: "POST", headers, body });
+      await res.body?.cancel().catch(() => {});
+      if (res.ok) return { ok: true };
+      return { ok: false, error: new Error(`webhook ${url} answered ${res.status}`) };
+    } catch (err) {
+      // Given up for now (the row will be retried): the client need not keep the intent meanwhile.
+      await this.#client.store.delete(m.id).catch(() => {});
+      const e = errorOf(err);
+      const status = (err as { lastResponse?: Response }).lastResponse?.status;
+      return {
+        ok: false,
+        error: new Error(`webhook ${url}: ${e.message}${status ? ` (last status ${status})` : ""}`),
+      };
+    }
+  }
+
+  async close(): Promise<void> {}
+}
