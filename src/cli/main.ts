@@ -13,6 +13,14 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "run the reference payments service",
       run: async () => (await import("./serve.ts")).serveCommand,
     },
+    provider: {
+      summary: "run the payment-provider simulator",
+      run: async () => (await import("./provider.ts")).providerCommand,
+    },
+    complete: {
+      summary: "finish phases-mode keys abandoned mid-way",
+      run: async () => (await import("./complete.ts")).completeCommand,
+    },
     sweep: {
       summary: "drop expired key partitions (retention)",
       run: async () => (await import("./sweep.ts")).sweepCommand,
