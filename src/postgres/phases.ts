@@ -163,6 +163,15 @@ export interface PhasesOptions<I, D> extends SavePolicy {
   leaseMs?: number;
   /** How often an external phase renews its lease, in ms; 0 turns the heartbeat off. Default: `leaseMs / 3`. */
   heartbeatMs?: number;
+  /**
+   * Commit the recovery point that follows an external phase without waiting for the WAL flush
+   * (`synchronous_commit = off`, for that one statement). Safe because an external phase is idempotent
+   * by our key: if a database crash loses that commit, the key is back at the external phase and the
+   * retry (or the completer) repeats the call, which the provider answers with the same result. It
+   * saves one disk flush per external phase; the claim and every local phase commit durably as usual.
+   * Default: true.
+   */
+  asyncRecoveryPoints?: boolean;
   /** Response headers saved with a final answer. Default: `DEFAULT_REPLAYED_HEADERS` (never Set-Cookie). */
   replayHeaders?: readonly string[];
   /** Fault hooks for tests (crash points, stalls). Default: none, and no cost on the hot path. */
@@ -214,6 +223,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   private readonly policy: SavePolicy;
   private readonly replayHeaders: readonly string[];
   private readonly faults: PhaseFaults | undefined;
+  private readonly asyncRecoveryPoints: boolean;
   private readonly sql: ReturnType<typeof statements>;
 
   constructor(options: PhasesOptions<I, D>) {
@@ -235,6 +245,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     this.policy = { saveStatuses: options.saveStatuses, saveServerErrors: options.saveServerErrors };
     this.replayHeaders = options.replayHeaders ?? DEFAULT_REPLAYED_HEADERS;
     this.faults = options.faults;
+    this.asyncRecoveryPoints = options.asyncRecoveryPoints ?? true;
     this.sql = statements(this.store.schema);
   }
 
@@ -262,7 +273,22 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     signal: AbortSignal | undefined,
   ): Promise<AtomicOutcome | Lease<I, D>> {
     const store = this.store;
-    let row = await store.lookup(store.db, claim.scope, claim.key, store.clock(), { phases: true });
+    let row: KeyRow | undefined;
+    const now = store.clock();
+    const { bucket, marker } = store.placement(now, true);
+    if (!marker && !signal?.aborted) {
+      // The common case in one round trip: look the key up and, if it is new, claim it with our lease.
+      const token = randomUUID();
+      const at = { bucket, createdAt: new Date(now).toISOString(), nowMs: now };
+      const got = await store.withPartitions(() =>
+        store.lookupOrClaimPhases(claim, at, this.claimColumns(token, now, input)),
+      );
+      if (got.claimed) return this.newLease(claim, bucket, token, now, input);
+      row =
+        got.row ?? (await store.lookup(store.db, claim.scope, claim.key, store.clock(), { phases: true }));
+    } else {
+      row = await store.lookup(store.db, claim.scope, claim.key, now, { phases: true });
+    }
     let withMarker = true;
     for (let attempt = 0; ; attempt++) {
       if (row) {
@@ -285,23 +311,34 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     }
   }
 
-  /** Insert the key row with our lease, committed at once. Undefined when someone else's row is there. */
-  private async claimNew(claim: Claim, input: I, withMarker: boolean): Promise<Lease<I, D> | undefined> {
-    const store = this.store;
-    const now = store.clock();
-    const { bucket, marker } = store.placement(now, withMarker);
-    const token = randomUUID();
-    const at = { bucket, marker, createdAt: new Date(now).toISOString() };
-    const columns = {
+  private claimColumns(token: string, now: number, input: I) {
+    return {
       recoveryPoint: this.first,
       leaseToken: token,
       leaseUntil: new Date(now + this.leaseMs),
       runner: this.name,
       request: JSON.stringify(input ?? null),
     };
+  }
+
+  private newLease(claim: Claim, bucket: number, token: string, now: number, input: I): Lease<I, D> {
+    return { claim, bucket, token, point: this.first, data: {}, createdAt: new Date(now), input };
+  }
+
+  /**
+   * Insert the key row with our lease, committed at once (the claim of `store.insertClaim`, shared with
+   * the boundary-marker logic). Undefined when someone else's row is there.
+   */
+  private async claimNew(claim: Claim, input: I, withMarker: boolean): Promise<Lease<I, D> | undefined> {
+    const store = this.store;
+    const now = store.clock();
+    const { bucket, marker } = store.placement(now, withMarker);
+    const token = randomUUID();
+    const at = { bucket, marker, createdAt: new Date(now).toISOString() };
+    const columns = this.claimColumns(token, now, input);
     const claimed = await store.withPartitions(async () => {
-      // The same claim as atomic mode's (store.insertClaim), committed on its own. Without a marker it is
-      // one statement; with one, the two rows must go in together or not at all, hence the transaction.
+      // Without a marker it is one statement; with one, the two rows must go in together or not at
+      // all, hence the transaction.
       if (!marker) return store.insertClaim(store.db, claim, at, columns);
       return store.db
         .transaction(async (tx) => {
@@ -314,7 +351,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         });
     });
     if (!claimed) return undefined;
-    return { claim, bucket, token, point: this.first, data: {}, createdAt: new Date(now), input };
+    return this.newLease(claim, bucket, token, now, input);
   }
 
   /** Take over an unfinished key whose lease is free or expired. */
@@ -421,7 +458,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       return this.executed(lease, step.response, true);
     }
     const next = this.nextOf(lease.point, phase, step);
-    const r = await this.store.db.query(this.sql.advance, this.advanceParams(lease, next, step?.data));
+    const advance = this.asyncRecoveryPoints ? this.sql.advanceAsync : this.sql.advance;
+    const r = await this.store.db.query(advance, this.advanceParams(lease, next, step?.data));
     if (r.rowCount !== 1) throw new LeaseLostError();
     lease.point = next;
     Object.assign(lease.data, step?.data);
@@ -589,16 +627,21 @@ export function definePhases<I = unknown, D extends Record<string, unknown> = Re
 function statements(s: string) {
   // $1 scope, $2 key, $3 bucket, $4 our lease token: every write below is fenced by the token.
   const row = "scope = $1 AND key = $2 AND bucket = $3 AND NOT marker";
+  const advance = `UPDATE ${s}.keys
+                      SET recovery_point = $5, phase_data = coalesce(phase_data, '{}'::jsonb) || $6::text::jsonb,
+                          lease_until = $7::timestamptz, updated_at = $8::timestamptz
+                    WHERE ${row} AND lease_token = $4::uuid`;
   return {
     // Free, or the holder's lease ran out (by the store's clock). Never a finished row.
     takeLease: `UPDATE ${s}.keys SET lease_token = $4::uuid, lease_until = $5::timestamptz, updated_at = $6::timestamptz
                  WHERE ${row} AND recovery_point <> 'done'
                    AND (lease_until IS NULL OR lease_until <= $6::timestamptz)
              RETURNING recovery_point, phase_data`,
-    advance: `UPDATE ${s}.keys
-                 SET recovery_point = $5, phase_data = coalesce(phase_data, '{}'::jsonb) || $6::text::jsonb,
-                     lease_until = $7::timestamptz, updated_at = $8::timestamptz
-               WHERE ${row} AND lease_token = $4::uuid`,
+    advance,
+    // The same, committed asynchronously (see `asyncRecoveryPoints`): set_config(..., true) is local to
+    // this statement's own transaction and is read at its commit, so this costs no extra round trip and
+    // leaves the session's setting alone. It runs only for the row that passes the fence.
+    advanceAsync: `${advance} AND set_config('synchronous_commit', 'off', true) IS NOT NULL`,
     finish: `UPDATE ${s}.keys
                 SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
                     phase_data = coalesce(phase_data, '{}'::jsonb) || $8::text::jsonb,

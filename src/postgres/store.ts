@@ -234,6 +234,39 @@ export class PostgresStore implements AtomicStore<Tx> {
     return r.rows.length === (at.marker ? 2 : 1);
   }
 
+  /**
+   * Phases mode's first statement: look the key up and, only when no live row exists, claim it with our
+   * lease, in one round trip (no boundary marker: callers use `insertClaim` in a transaction for claims
+   * that need one). Returns the existing row, or `claimed: true`, or neither when a concurrent claim won
+   * the insert (look it up again).
+   */
+  async lookupOrClaimPhases(
+    claim: Claim,
+    at: { bucket: number; createdAt: string; nowMs: number },
+    phase: PhaseClaimColumns,
+  ): Promise<{ row: KeyRow | undefined; claimed: boolean }> {
+    const oldest = at.nowMs - this.retentionMs;
+    const { rows } = await this.db.query<KeyRow & { claimed: number; found: boolean }>(
+      this.sql.lookupOrClaimPhases,
+      [
+        at.bucket,
+        claim.scope,
+        claim.key,
+        claim.fingerprint,
+        at.createdAt,
+        phase.recoveryPoint,
+        phase.leaseToken,
+        phase.leaseUntil.toISOString(),
+        phase.runner,
+        phase.request,
+        this.partitions.bucketOf(oldest),
+        new Date(oldest).toISOString(),
+      ],
+    );
+    const r = rows[0]!;
+    return { row: r.found ? r : undefined, claimed: Number(r.claimed) === 1 };
+  }
+
   /** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
   async withPartitions<T>(fn: () => Promise<T>): Promise<T> {
     try {
@@ -382,6 +415,22 @@ function statements(s: string) {
                                          lease_until, runner, request, updated_at)
             VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
             ON CONFLICT DO NOTHING RETURNING marker`,
+    // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row.
+    lookupOrClaimPhases: `WITH found AS (
+              SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
+                     lease_token::text AS lease_token, lease_until, phase_data
+                FROM ${s}.keys
+               WHERE scope = $2 AND key = $3 AND NOT marker AND bucket >= $11 AND created_at > $12::timestamptz
+               ORDER BY bucket DESC LIMIT 1
+            ), claimed AS (
+              INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
+                                     lease_until, runner, request, updated_at)
+              SELECT $1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz
+               WHERE NOT EXISTS (SELECT 1 FROM found)
+              ON CONFLICT DO NOTHING RETURNING 1
+            )
+            SELECT f.*, f.bucket IS NOT NULL AS found, (SELECT count(*) FROM claimed)::int AS claimed
+              FROM (VALUES (1)) AS one (x) LEFT JOIN found f ON true`,
     claimPhasesWithMarker: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
                                                    lease_until, runner, request, updated_at, marker)
             VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz, false),

@@ -6,12 +6,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { complete } from "../../src/postgres/complete.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases.ts";
 import { crashAt } from "../../src/testing/faults.ts";
-import { backends } from "../helpers/db.ts";
-import { claimOf, LEASE_MS, openWorld, type World } from "./helpers.ts";
+import { claimOf, LEASE_MS, openWorld, serverOrEmbedded, type World } from "./helpers.ts";
 
 const DAY = 86_400_000;
 
-describe.each(backends)("completer and reaper on $name", (backend) => {
+describe.each(serverOrEmbedded)("completer and reaper on $name", (backend) => {
   let w: World;
   beforeAll(async () => {
     w = await openWorld(backend, {}, { retentionMs: DAY });

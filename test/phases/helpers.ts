@@ -16,9 +16,15 @@ import {
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
 import { chargeProvider } from "../../src/testing/provider-client.ts";
-import type { OpenDb, TestBackend } from "../helpers/db.ts";
+import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 
 export const LEASE_MS = 30_000;
+
+/**
+ * The real server's drivers when DATABASE_URL is set, else PGlite: for files whose behaviour does not
+ * depend on the driver, so that the suite does not pay for one more embedded database start-up.
+ */
+export const serverOrEmbedded: TestBackend[] = serverBackends.length > 0 ? serverBackends : backends;
 const enc = new TextEncoder();
 
 export interface PayInput {

@@ -4,12 +4,11 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError, isLeaseLostError } from "../../src/core/index.ts";
-import { backends } from "../helpers/db.ts";
-import { claimOf, deferred, LEASE_MS, openWorld, sleep, type World } from "./helpers.ts";
+import { claimOf, deferred, LEASE_MS, openWorld, serverOrEmbedded, sleep, type World } from "./helpers.ts";
 
 const PAY = { amount_cents: 700, currency: "eur" };
 
-describe.each(backends)("leases on $name", (backend) => {
+describe.each(serverOrEmbedded)("leases on $name", (backend) => {
   let w: World;
   beforeAll(async () => {
     w = await openWorld(backend);
