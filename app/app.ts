@@ -1,7 +1,9 @@
 import { Hono } from "hono";
 import type { AtomicStore } from "idem";
 import type { Db, Tx } from "idem/postgres";
+import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
+import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { problem } from "./problems.ts";
@@ -11,23 +13,40 @@ export interface AppDeps {
   store: AtomicStore<Tx>;
   apiKeys: ApiKeys;
   requireKey?: boolean;
-  log?: (line: Record<string, unknown>) => void;
+  /** Default: a pino logger on stdout at LOG_LEVEL (info). */
+  logger?: Logger;
+  /** Default: fresh metrics (with the outbox lag read from the database). */
+  metrics?: Metrics;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
 export function createApp(deps: AppDeps): Hono {
+  const logger = deps.logger ?? createLogger();
+  const metrics = deps.metrics ?? createMetrics(() => outboxLagSeconds(deps.db));
   const app = new Hono();
+  app.use("*", observe(logger, metrics));
+
   app.get("/health", async (c) => {
-    await deps.db.query("SELECT 1");
-    return c.json({ status: "ok", retention_seconds: deps.store.retentionMs / 1000 });
+    try {
+      await deps.db.query("SELECT 1");
+    } catch (err) {
+      c.var.log.error({ err }, "health check: database unreachable");
+      return problem(503, "database-unavailable", "The database does not answer.");
+    }
+    return c.json({ status: "ok", database: "ok", retention_seconds: deps.store.retentionMs / 1000 });
   });
+  app.get("/metrics", async (c) => {
+    c.header("content-type", metrics.registry.contentType);
+    return c.body(await metrics.registry.metrics());
+  });
+
   app.route("/", paymentRoutes(deps));
   app.route("/", patternRoutes(deps));
   app.notFound((c) =>
     problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
   );
-  app.onError((err, _c) => {
-    deps.log?.({ level: "error", msg: "unhandled error", err: String(err?.stack ?? err) });
+  app.onError((err, c) => {
+    (c.var.log ?? logger).error({ err }, "unhandled error");
     return problem(
       500,
       "internal-error",
@@ -35,4 +54,12 @@ export function createApp(deps: AppDeps): Hono {
     );
   });
   return app;
+}
+
+/** Age in seconds of the oldest unpublished outbox event, 0 when there is none. */
+async function outboxLagSeconds(db: Db): Promise<number> {
+  const { rows } = await db.query<{ lag: number | null }>(
+    "SELECT extract(epoch FROM now() - min(created_at))::float8 AS lag FROM idem.outbox WHERE published_at IS NULL",
+  );
+  return Number(rows[0]?.lag ?? 0);
 }

@@ -30,7 +30,6 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     apiKeys: new ApiKeys(db),
     // IDEM_OPTIONAL_KEY=1 lets POSTs without a key through (the benchmark's baseline); never in production.
     requireKey: env.IDEM_OPTIONAL_KEY !== "1",
-    log: (l) => console.error(JSON.stringify(l)),
   });
   const server = serve({ fetch: app.fetch, port, hostname: env.HOST ?? "127.0.0.1" });
   await new Promise<void>((resolve) => server.once("listening", () => resolve()));

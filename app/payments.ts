@@ -8,6 +8,7 @@ import { bodyLimit } from "hono/body-limit";
 import { type AtomicStore, bodyKind } from "idem";
 import { idempotency } from "idem/hono";
 import type { Db, Tx } from "idem/postgres";
+import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { problem } from "./problems.ts";
 
@@ -50,6 +51,7 @@ export function authenticate(apiKeys: ApiKeys): MiddlewareHandler<Env> {
       ]);
     }
     c.set("accountId", account);
+    if (c.var.log) c.set("log", c.var.log.child({ scope: account }) as Logger);
     await next();
   };
 }

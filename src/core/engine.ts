@@ -32,6 +32,8 @@ export interface EngineOptions<Tx> extends SavePolicy {
   fingerprint?: { fields: readonly string[] } | ((req: IdemRequest) => Uint8Array);
   /** Response headers replayed with a saved response. Default: `DEFAULT_REPLAYED_HEADERS`. Never Set-Cookie. */
   replayHeaders?: readonly string[];
+  /** Called once per request with how it ended (for metrics and logs). Default: none. */
+  onOutcome?: (event: OutcomeEvent) => void;
 }
 
 /** The result of reading a request: either a claim to run, an answer to send at once, or no key at all. */
@@ -39,6 +41,42 @@ export type Prepared =
   | { kind: "claim"; claim: Claim }
   | { kind: "answer"; response: StoredResponse }
   | { kind: "unkeyed" };
+
+/** How a keyed request ended, for logs and metrics. */
+export const Outcome = {
+  /** The work ran and its answer was saved. */
+  Executed: "executed",
+  /** The work ran but its answer was not final (a 5xx, a late validation failure): nothing saved. */
+  NotSaved: "not_saved",
+  /** A saved answer was replayed. */
+  Replayed: "replayed",
+  /** 409: another request holds the key. */
+  InFlight: "in_flight",
+  /** 422: the key was used for a different request. */
+  Mismatch: "mismatch",
+  /** 400/401: no key, an invalid key, or no scope. */
+  Invalid: "invalid",
+  /** A transient failure (503) or a lost lease: nothing final saved, retry with the same key. */
+  Retryable: "retryable",
+  /** No key on a route where it is optional. */
+  Unkeyed: "unkeyed",
+} as const;
+export type Outcome = (typeof Outcome)[keyof typeof Outcome];
+
+export interface OutcomeEvent {
+  outcome: Outcome;
+  status: number;
+  scope?: string;
+  key?: string;
+}
+
+/** What `execute`/`settle` return: the response to send and how the request ended. */
+export interface Settled {
+  response: StoredResponse;
+  outcome: Outcome;
+  replayed: boolean;
+  executed: boolean;
+}
 
 export const REPLAYED_HEADER = "idempotent-replayed";
 export const EXPIRES_HEADER = "idempotency-expires";
@@ -65,10 +103,14 @@ export class IdempotencyEngine<Tx> {
         throw new KeyMissingError();
       }
     } catch (err) {
-      if (isIdemError(err)) return { kind: "answer", response: errorResponse(err) };
+      if (isIdemError(err)) {
+        this.options.onOutcome?.({ outcome: Outcome.Invalid, status: err.status, scope });
+        return { kind: "answer", response: errorResponse(err) };
+      }
       throw err;
     }
     if (scope === undefined) {
+      this.options.onOutcome?.({ outcome: Outcome.Invalid, status: 401, key });
       return {
         kind: "answer",
         response: problemResponse(401, "unauthorized", "Authenticate before sending an idempotent request."),
@@ -104,8 +146,8 @@ export class IdempotencyEngine<Tx> {
     claim: Claim,
     work: (tx: Tx) => Promise<StoredResponse>,
     options: { signal?: AbortSignal } = {},
-  ): Promise<{ response: StoredResponse; replayed: boolean; executed: boolean }> {
-    return this.settle(() =>
+  ): Promise<Settled> {
+    return this.settle(claim, () =>
       this.options.store.atomic(
         claim,
         async (tx) => {
@@ -125,9 +167,18 @@ export class IdempotencyEngine<Tx> {
    * replays get `Idempotent-Replayed: true`, saved answers the key's expiry, and idem's errors (422,
    * 409 with `Retry-After`, a retryable 503) become problem responses. Other errors are rethrown.
    */
-  async settle(
-    run: () => Promise<AtomicOutcome>,
-  ): Promise<{ response: StoredResponse; replayed: boolean; executed: boolean }> {
+  async settle(claim: Claim, run: () => Promise<AtomicOutcome>): Promise<Settled> {
+    const settled = await this.settleOutcome(run);
+    this.options.onOutcome?.({
+      outcome: settled.outcome,
+      status: settled.response.status,
+      scope: claim.scope,
+      key: claim.key,
+    });
+    return settled;
+  }
+
+  private async settleOutcome(run: () => Promise<AtomicOutcome>): Promise<Settled> {
     try {
       const outcome = await run();
       if (outcome.kind === "replayed") {
@@ -142,6 +193,7 @@ export class IdempotencyEngine<Tx> {
             ],
             body: r.body,
           },
+          outcome: Outcome.Replayed,
           replayed: true,
           executed: false,
         };
@@ -150,9 +202,22 @@ export class IdempotencyEngine<Tx> {
       const headers = outcome.saved
         ? [...r.headers, [EXPIRES_HEADER, outcome.expiresAt.toUTCString()] as [string, string]]
         : r.headers;
-      return { response: { status: r.status, headers, body: r.body }, replayed: false, executed: true };
+      return {
+        response: { status: r.status, headers, body: r.body },
+        outcome: outcome.saved ? Outcome.Executed : Outcome.NotSaved,
+        replayed: false,
+        executed: true,
+      };
     } catch (err) {
-      if (err instanceof IdemError) return { response: errorResponse(err), replayed: false, executed: false };
+      if (err instanceof IdemError) {
+        const outcome =
+          err.status === 409 && err.code !== "idempotency-lease-lost"
+            ? Outcome.InFlight
+            : err.status === 422
+              ? Outcome.Mismatch
+              : Outcome.Retryable;
+        return { response: errorResponse(err), outcome, replayed: false, executed: false };
+      }
       throw err;
     }
   }

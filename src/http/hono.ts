@@ -8,7 +8,7 @@
  */
 import type { Context, MiddlewareHandler } from "hono";
 import type { AtomicOutcome, Claim, EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
-import { errorResponse, IdempotencyEngine, KeyMissingError } from "../core/index.ts";
+import { errorResponse, IdempotencyEngine, KeyMissingError, Outcome } from "../core/index.ts";
 import type { Tx } from "../postgres/db.ts";
 
 export interface IdempotencyVariables {
@@ -22,6 +22,8 @@ export interface IdempotencyVariables {
 declare module "hono" {
   interface ContextVariableMap {
     idempotency: IdempotencyVariables;
+    /** How the keyed request ended (set by the middleware, for logs and metrics). */
+    idempotencyOutcome: Outcome;
   }
 }
 
@@ -60,10 +62,12 @@ export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler 
     };
     const prepared = engine.prepare(req, scope);
     if (prepared.kind === "answer") {
+      c.set("idempotencyOutcome", Outcome.Invalid);
       setResponse(c, prepared.response);
       return;
     }
     if (prepared.kind === "unkeyed") {
+      c.set("idempotencyOutcome", Outcome.Unkeyed);
       await options.store.transaction(async (tx) => {
         c.set("idempotency", { tx, key: undefined, scope });
         await next();
@@ -88,6 +92,7 @@ export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler 
         },
         { signal: c.req.raw.signal },
       );
+      c.set("idempotencyOutcome", out.outcome);
       setResponse(c, out.response);
     } catch (err) {
       if (err !== c.error) throw err;
@@ -132,14 +137,16 @@ export function idempotentPhases<I>(options: HonoPhasesOptions<I>): MiddlewareHa
     };
     const prepared = engine.prepare(req, scope);
     if (prepared.kind !== "claim") {
+      c.set("idempotencyOutcome", Outcome.Invalid);
       // A key is required here, so "unkeyed" cannot happen; "answer" is a 400/401.
       setResponse(c, prepared.kind === "answer" ? prepared.response : errorResponse(new KeyMissingError()));
       return c.res;
     }
     const input = await options.input(c);
-    const out = await engine.settle(() =>
+    const out = await engine.settle(prepared.claim, () =>
       options.runner.run(prepared.claim, input, { signal: c.req.raw.signal }),
     );
+    c.set("idempotencyOutcome", out.outcome);
     setResponse(c, out.response);
     return c.res;
   };

@@ -1,9 +1,11 @@
 /** Start the reference service in this process on a fresh database, on a random loopback port. */
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
+import type { Logger } from "pino";
 import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { prepareSchema } from "../../app/database.ts";
+import { createLogger } from "../../app/observability.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import type { OpenDb, TestBackend } from "../helpers/db.ts";
 
@@ -31,6 +33,7 @@ export async function startService(
     store,
     apiKeys: new ApiKeys(open.db),
     requireKey: options.requireKey,
+    logger: options.logger ?? createLogger({ level: "silent" }),
   });
   const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" });
   await new Promise<void>((r) => server.once("listening", () => r()));
