@@ -15,3 +15,4 @@ export {
   startProvider,
 } from "./provider.ts";
 export { type ChargeRequest, type ChargeResult, chargeProvider, listCharges } from "./provider-client.ts";
+export * from "./verify/index.ts";

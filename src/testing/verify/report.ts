@@ -1,0 +1,82 @@
+/**
+ * The report of a run: a plain object (what `--json` prints) and its text form, a summary table.
+ */
+import type { CheckResult, Violation, ViolationKind } from "./invariants.ts";
+import type { Delivery, Probe } from "./plan.ts";
+import type { ReplyFate } from "./proxy.ts";
+import type { Outcome } from "./run.ts";
+
+export interface VerifyReport {
+  /** True when every invariant held. */
+  ok: boolean;
+  /** The API's base URL and the request verified. */
+  target: { url: string; method: string; path: string };
+  seed: number;
+  intents: number;
+  durationMs: number;
+  /** Intents per delivery fault, and probes sent. */
+  faults: Partial<Record<Delivery | "once" | Probe, number>>;
+  outcomes: Record<Outcome, number>;
+  /** What became of the server's replies in the fault proxy. */
+  replies: Record<ReplyFate, number>;
+  /** How effects were counted (null: not counted) and how many the run caused in all. */
+  effects: { counter: string | null; counted: number };
+  checks: CheckResult[];
+  violationsByKind: Partial<Record<ViolationKind, number>>;
+  violations: Violation[];
+}
+
+function table(rows: string[][], align: ("l" | "r")[]): string {
+  const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
+  return rows
+    .map((r) =>
+      r
+        .map((cell, c) => (align[c] === "r" ? cell.padStart(widths[c]!) : cell.padEnd(widths[c]!)))
+        .join("  ")
+        .trimEnd(),
+    )
+    .join("\n");
+}
+
+/** The human summary: what ran, a table of the checks, then the first violations. */
+export function formatReport(report: VerifyReport, options: { maxViolations?: number } = {}): string {
+  const max = options.maxViolations ?? 10;
+  const faults = Object.entries(report.faults)
+    .filter(([, v]) => v)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(", ");
+  const o = report.outcomes;
+  const r = report.replies;
+  const lines = [
+    `idem verify: ${report.intents} intents, ${report.target.method} ${report.target.url}${report.target.path}, seed ${report.seed}, ${(report.durationMs / 1000).toFixed(1)} s`,
+    `  faults: ${faults || "none"}`,
+    `  outcomes: ${o.succeeded} succeeded, ${o.rejected} rejected, ${o.unresolved} unresolved; replies: ${r.relayed} relayed, ${r.dropped} dropped, ${r["timed-out"]} timed out`,
+    `  effects: ${report.effects.counter ? `${report.effects.counted} counted by ${report.effects.counter}` : "not counted (no counter given)"}`,
+    "",
+    table(
+      [
+        ["invariant", "checked", "violations"],
+        ...report.checks.map((c) => [c.name, c.checked ? String(c.checked) : "-", String(c.violations)]),
+      ],
+      ["l", "r", "r"],
+    ),
+    "",
+  ];
+  if (report.violations.length === 0) {
+    lines.push("OK: every invariant held.");
+  } else {
+    const kinds = Object.entries(report.violationsByKind)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(", ");
+    lines.push(`FAILED: ${report.violations.length} violation(s): ${kinds}`);
+    for (const v of report.violations.slice(0, max)) {
+      lines.push(
+        `  ${v.kind.padEnd(21)} ${v.intent >= 0 ? `intent ${v.intent} (key ${v.key})` : "run"}: ${v.message}`,
+      );
+    }
+    if (report.violations.length > max) {
+      lines.push(`  … and ${report.violations.length - max} more (--json lists them all)`);
+    }
+  }
+  return lines.join("\n");
+}

@@ -1,0 +1,218 @@
+/**
+ * `verify(options)`: point idem's fault machinery at an API and check that it makes each intent's
+ * effect happen once. It starts a loopback fault proxy in front of the API, counts effects (a
+ * baseline), runs the planned intents, waits for the proxy to drain, counts again and checks the
+ * invariants. The API is any HTTP server: it need not use idem.
+ */
+import { randomInt } from "node:crypto";
+import type { EffectCounter } from "./effects.ts";
+import { checkInvariants, type EffectCounts, type ViolationKind } from "./invariants.ts";
+import { DELIVERIES, FAULTS, type Fault, PROBES, planIntents } from "./plan.ts";
+import { startFaultProxy } from "./proxy.ts";
+import type { VerifyReport } from "./report.ts";
+import { drawValues, type IntentRun, runIntents } from "./run.ts";
+import {
+  type RequestTemplate,
+  type TemplateVars,
+  unknownPlaceholders,
+  usesPlaceholders,
+} from "./template.ts";
+
+export interface VerifyOptions {
+  /** The API's base URL, e.g. `http://127.0.0.1:3000`. Required. */
+  url: string;
+  /** The request each intent makes; placeholders as in `template.ts`. Required. */
+  request: RequestTemplate;
+  /** Credential headers of the account the intents run as, e.g. `{ authorization: "Bearer sk_1" }`. */
+  auth?: Record<string, string>;
+  /** Credential headers of a second account: enables the `scope` probe. Default: none. */
+  secondAuth?: Record<string, string>;
+  /** How effects are counted (`sqlEffects`, `listEffects`). Default: none (effect checks skipped). */
+  effects?: EffectCounter;
+  /** Number of intents. Default 40. */
+  intents?: number;
+  /** Intents in progress at once. Default 8. */
+  concurrency?: number;
+  /** Seed of the fault plan. Default 1. */
+  seed?: number;
+  /** Faults to use. Default: all of them (`scope` only with `secondAuth`). */
+  faults?: readonly Fault[];
+  /** Sends of a `concurrent` intent. Default 3. */
+  copies?: number;
+  /** The client's per-try timeout in the `timeout` fault. Default 1,000 ms. */
+  timeoutMs?: number;
+  /** Per-try timeout of every other request. Default 10,000 ms. */
+  requestTimeoutMs?: number;
+  /** How long a key may answer 409 before it counts as stuck. Default 10 s. */
+  leaseSeconds?: number;
+  /** The idempotency key header. Default `Idempotency-Key`. */
+  keyHeader?: string;
+  /**
+   * `{{amount}}` of intent n is `amountBase + n` (its changed-body probe `+ intents`, its second
+   * account's request `+ 2 * intents`). Default: a random number from 1,000,000 to 8,999,999, so that
+   * two runs do not share amounts.
+   */
+  amountBase?: number;
+  /** Called after each intent. */
+  onProgress?: (done: number, total: number, violationsSoFar: number) => void;
+  signal?: AbortSignal;
+}
+
+export class VerifyUsageError extends Error {
+  override readonly name = "VerifyUsageError";
+}
+
+/** The effect counter failed (a wrong query, URL or path); `cause` is its error. */
+export class EffectCountError extends Error {
+  override readonly name = "EffectCountError";
+}
+
+async function countOrThrow(counter: EffectCounter, markers: TemplateVars[]): Promise<number[]> {
+  try {
+    return await counter.count(markers);
+  } catch (err) {
+    throw new EffectCountError(`cannot count effects (${counter.describe}): ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
+}
+
+/** Check options that a run cannot succeed without; throws {@link VerifyUsageError}. */
+export function checkOptions(options: VerifyOptions): Required<Pick<VerifyOptions, "faults">> {
+  let url: URL;
+  try {
+    url = new URL(options.url);
+  } catch {
+    throw new VerifyUsageError(
+      `the API URL ${JSON.stringify(options.url)} is not a URL: write it like http://127.0.0.1:3000`,
+    );
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new VerifyUsageError(`the API URL must be http:// or https://, not ${url.protocol}`);
+  }
+  const t = options.request;
+  const texts = [t.path, t.body ?? "", ...Object.values(t.headers ?? {})];
+  const unknown = texts.flatMap(unknownPlaceholders);
+  if (unknown.length) {
+    throw new VerifyUsageError(
+      `unknown placeholder {{${unknown[0]}}}: use {{amount}}, {{uuid}}, {{n}} or {{key}}`,
+    );
+  }
+  const faults = options.faults ?? FAULTS.filter((f) => f !== "scope" || options.secondAuth);
+  for (const f of faults) {
+    if (!(FAULTS as readonly string[]).includes(f)) {
+      throw new VerifyUsageError(`unknown fault "${f}": use ${FAULTS.join(", ")}`);
+    }
+  }
+  const variable = usesPlaceholders(t.path) || usesPlaceholders(t.body);
+  if ((faults.includes("mismatch") || faults.includes("scope")) && !variable) {
+    throw new VerifyUsageError(
+      "the mismatch and scope probes change the request through its placeholders: put {{amount}} or {{uuid}} in the body",
+    );
+  }
+  if (faults.includes("scope") && !options.secondAuth) {
+    throw new VerifyUsageError("the scope probe needs a second account's credentials (secondAuth)");
+  }
+  const intents = options.intents ?? 40;
+  if (!Number.isInteger(intents) || intents < 1)
+    throw new VerifyUsageError("intents must be a whole number >= 1");
+  return { faults };
+}
+
+export async function verify(options: VerifyOptions): Promise<VerifyReport> {
+  const { faults } = checkOptions(options);
+  const started = Date.now();
+  const intents = options.intents ?? 40;
+  const seed = options.seed ?? 1;
+  const keyHeader = options.keyHeader ?? "Idempotency-Key";
+  const amountBase = options.amountBase ?? randomInt(1_000_000, 9_000_000);
+  const leaseMs = (options.leaseSeconds ?? 10) * 1000;
+  const timeoutMs = options.timeoutMs ?? 1_000;
+  const plans = planIntents({ intents, faults, seed });
+
+  const values = drawValues(plans, amountBase);
+  // Every value is drawn before anything is sent, so effects are counted once before (a baseline,
+  // for data already there) and once after; the difference is the run's.
+  const markers: TemplateVars[] = values.flatMap((v) =>
+    v.mismatchVars ? [v.vars, v.mismatchVars] : [v.vars],
+  );
+  const counter = options.effects;
+  const baseline = counter ? await countOrThrow(counter, markers) : undefined;
+
+  const proxy = await startFaultProxy({ target: options.url, keyHeader, holdMs: timeoutMs + 30_000 });
+  let runs: IntentRun[];
+  let violationsSoFar = 0;
+  try {
+    let done = 0;
+    runs = await runIntents({
+      url: options.url,
+      proxy,
+      template: options.request,
+      plans,
+      auth: options.auth ?? {},
+      secondAuth: options.secondAuth,
+      values,
+      keyHeader,
+      concurrency: options.concurrency ?? 8,
+      copies: options.copies ?? 3,
+      timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs ?? 10_000,
+      leaseMs,
+      signal: options.signal,
+      onIntentDone(run) {
+        done++;
+        // A cheap early signal for the progress line: answers that already disagree.
+        if (run.outcome === "unresolved" || (run.mismatch && run.mismatch.status !== 422)) violationsSoFar++;
+        options.onProgress?.(done, intents, violationsSoFar);
+      },
+    });
+    await proxy.idle();
+  } finally {
+    await proxy.close();
+  }
+
+  let effects: EffectCounts[] | undefined;
+  if (counter && baseline) {
+    const after = await countOrThrow(counter, markers);
+    const diff = (vars: TemplateVars) => {
+      const i = markers.indexOf(vars);
+      return after[i]! - baseline[i]!;
+    };
+    effects = runs.map((r) => {
+      const v = values[r.plan.n]!;
+      const e: EffectCounts = { original: diff(v.vars) };
+      if (v.mismatchVars) e.mismatch = diff(v.mismatchVars);
+      return e;
+    });
+  }
+
+  const { checks, violations } = checkInvariants(runs, (key) => proxy.exchanges(key), effects);
+  const byKind: Partial<Record<ViolationKind, number>> = {};
+  for (const v of violations) byKind[v.kind] = (byKind[v.kind] ?? 0) + 1;
+  const faultCounts: VerifyReport["faults"] = {};
+  for (const p of plans) {
+    faultCounts[p.delivery] = (faultCounts[p.delivery] ?? 0) + 1;
+    for (const probe of PROBES) if (p[probe]) faultCounts[probe] = (faultCounts[probe] ?? 0) + 1;
+  }
+  for (const d of [...DELIVERIES, ...PROBES]) if (faults.includes(d)) faultCounts[d] ??= 0;
+  const outcomes = { succeeded: 0, rejected: 0, unresolved: 0 };
+  for (const r of runs) outcomes[r.outcome]++;
+  const method = (options.request.method ?? "POST").toUpperCase();
+  return {
+    ok: violations.length === 0,
+    target: { url: options.url.replace(/\/$/, ""), method, path: options.request.path },
+    seed,
+    intents: runs.length,
+    durationMs: Date.now() - started,
+    faults: faultCounts,
+    outcomes,
+    replies: proxy.stats(),
+    effects: {
+      counter: counter?.describe ?? null,
+      counted: effects ? effects.reduce((s, e) => s + e.original + (e.mismatch ?? 0), 0) : 0,
+    },
+    checks,
+    violationsByKind: byKind,
+    violations,
+  };
+}
