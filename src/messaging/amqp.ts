@@ -9,7 +9,7 @@
  * replacement. Both are a few lines once the connection is ours.
  */
 import type { Channel, ChannelModel, ConfirmChannel, ConsumeMessage, Options, SocketOptions } from "amqplib";
-import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, settle } from "./consumer.ts";
+import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, Settler } from "./consumer.ts";
 import {
   BrokerUnavailableError,
   type Delivery,
@@ -245,8 +245,9 @@ function headersOf(msg: ConsumeMessage): Record<string, string> {
  */
 export async function consumeAmqp(options: AmqpConsumerOptions): Promise<RunningConsumer> {
   const stats = newStats();
+  const settler = new Settler(options, stats);
   const inFlight = new InFlight();
-  const prefetch = Math.max(1, options.prefetch ?? 64);
+  const prefetch = Math.max(1, options.prefetch ?? 256);
   const retryDelayMs = options.retryDelayMs ?? 1_000;
   const onError = options.onError ?? (() => {});
   let stopping = false;
@@ -277,7 +278,8 @@ export async function consumeAmqp(options: AmqpConsumerOptions): Promise<Running
       redelivered: msg.fields.redelivered,
     };
     inFlight.enter();
-    settle(options, stats, delivery)
+    settler
+      .settle(delivery)
       .then(async (verdict) => {
         switch (verdict) {
           case "ack":

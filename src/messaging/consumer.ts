@@ -2,7 +2,7 @@
  * What every broker's consumer shares: options, statistics, and the step from "a delivery arrived" to
  * "tell the broker ack, retry or done" through the inbox.
  */
-import { type Inbox, type InboxHandler, InboxResult } from "./inbox.ts";
+import { type Inbox, type InboxBatchHandler, type InboxHandler, InboxResult } from "./inbox.ts";
 import { type Delivery, errorOf } from "./types.ts";
 
 /** Points where a test can make a consumer die as a killed process would (no ack, nothing closed cleanly). */
@@ -12,10 +12,20 @@ export type ConsumerCrashPoint = "after-commit";
 export interface ConsumerOptions {
   /** The inbox that deduplicates, applies and parks. Its `consumer` name is this consumer's identity. */
   inbox: Inbox;
-  /** The message's effect, run in the inbox's transaction. */
-  handler: InboxHandler;
-  /** Deliveries handled at once (AMQP prefetch, NATS max ack pending per pull). Default 64. */
+  /** The message's effect, run in the inbox's transaction. Give this or `batchHandler`. */
+  handler?: InboxHandler;
+  /** The effect of a batch of new messages at once (set-based SQL), instead of `handler`. */
+  batchHandler?: InboxBatchHandler;
+  /** Deliveries in hand at once, unacked (AMQP prefetch, NATS pull size). Default 256. */
   prefetch?: number;
+  /**
+   * Most deliveries applied in one transaction. Deliveries that arrive while the transactions are busy
+   * are gathered into the next one, so a quiet consumer handles each message at once and a busy one
+   * commits many per round trip. 1 gives a transaction per message. Default 64.
+   */
+  batchSize?: number;
+  /** Transactions in flight at once. Default 4. */
+  concurrency?: number;
   /** After a failed attempt, wait this long before the broker redelivers (where it can wait). Default 1,000 ms. */
   retryDelayMs?: number;
   /** Failures the consumer survived (connection lost, database down, refused messages). Default: none. */
@@ -49,20 +59,12 @@ export function newStats(): ConsumerStats {
   return { applied: 0, duplicates: 0, retried: 0, parked: 0, refused: 0 };
 }
 
-/**
- * Run one delivery through the inbox and decide the broker's answer. "crash" means a test asked the
- * consumer to die right after the commit: the caller must drop the connection without acking.
- * A database that cannot be reached gives "retry".
- */
-export async function settle(options: ConsumerOptions, stats: ConsumerStats, d: Delivery): Promise<Verdict> {
-  let result: InboxResult;
-  try {
-    result = await options.inbox.process(d, options.handler);
-  } catch (err) {
-    options.onError?.(errorOf(err));
-    stats.retried++;
-    return "retry";
-  }
+function verdictOf(
+  options: ConsumerOptions,
+  stats: ConsumerStats,
+  d: Delivery,
+  result: InboxResult,
+): Verdict {
   switch (result) {
     case InboxResult.applied:
       stats.applied++;
@@ -77,6 +79,86 @@ export async function settle(options: ConsumerOptions, stats: ConsumerStats, d: 
     case InboxResult.parked:
       stats.parked++;
       return "done-failed";
+  }
+}
+
+/**
+ * Runs deliveries through the inbox, gathering those that arrive while earlier transactions are busy
+ * into batches, and resolves each with what the broker is to be told. "crash" means a test asked the
+ * consumer to die right after the commit: the caller must drop the connection without acking. A
+ * database that cannot be reached gives "retry".
+ */
+export class Settler {
+  readonly #options: ConsumerOptions;
+  readonly #stats: ConsumerStats;
+  readonly #batchSize: number;
+  readonly #concurrency: number;
+  #queue: { d: Delivery; resolve: (v: Verdict) => void }[] = [];
+  #running = 0;
+  #scheduled = false;
+
+  constructor(options: ConsumerOptions, stats: ConsumerStats) {
+    this.#options = options;
+    this.#stats = stats;
+    this.#batchSize = Math.max(1, options.batchSize ?? 64);
+    this.#concurrency = Math.max(1, options.concurrency ?? 4);
+    if (options.handler) this.#handler = options.handler;
+    else if (options.batchHandler) this.#handler = { batch: options.batchHandler };
+    else throw new TypeError("a consumer needs a handler or a batchHandler");
+  }
+
+  readonly #handler: InboxHandler | { batch: InboxBatchHandler };
+
+  settle(d: Delivery): Promise<Verdict> {
+    return new Promise((resolve) => {
+      this.#queue.push({ d, resolve });
+      if (!this.#scheduled) {
+        this.#scheduled = true;
+        // Deliveries read from one socket chunk arrive in one turn: let them gather first.
+        setImmediate(() => {
+          this.#scheduled = false;
+          this.#pump();
+        });
+      }
+    });
+  }
+
+  /*
+   * A transaction starts at once when none is running (a quiet consumer adds no delay). While one is,
+   * another starts only for a full batch; smaller ones wait for the next commit and grow meanwhile, so
+   * a busy consumer pays one commit for many messages instead of one each.
+   */
+  #pump(): void {
+    while (
+      this.#running < this.#concurrency &&
+      this.#queue.length > 0 &&
+      (this.#running === 0 || this.#queue.length >= this.#batchSize)
+    ) {
+      const batch = this.#queue.splice(0, this.#batchSize);
+      this.#running++;
+      this.#run(batch).finally(() => {
+        this.#running--;
+        this.#pump();
+      });
+    }
+  }
+
+  async #run(batch: { d: Delivery; resolve: (v: Verdict) => void }[]): Promise<void> {
+    let results: InboxResult[];
+    try {
+      results = await this.#options.inbox.processBatch(
+        batch.map((b) => b.d),
+        this.#handler,
+      );
+    } catch (err) {
+      this.#options.onError?.(errorOf(err));
+      this.#stats.retried += batch.length;
+      for (const b of batch) b.resolve("retry");
+      return;
+    }
+    batch.forEach((b, i) => {
+      b.resolve(verdictOf(this.#options, this.#stats, b.d, results[i]!));
+    });
   }
 }
 

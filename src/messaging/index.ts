@@ -12,6 +12,7 @@ export type {
 export {
   cleanInbox,
   Inbox,
+  type InboxBatchHandler,
   type InboxHandler,
   type InboxOptions,
   InboxResult,

@@ -8,7 +8,7 @@
  * outbox is the durable part; a restarted relay republishes whatever it had not marked published, but
  * anything already marked and still queued here is gone. Use a real broker for anything that matters.
  */
-import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, settle } from "./consumer.ts";
+import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, Settler } from "./consumer.ts";
 import type { Delivery, OutboxMessage, Publisher, PublishOutcome } from "./types.ts";
 import { wireHeaders } from "./types.ts";
 
@@ -87,6 +87,7 @@ export class MemoryBroker {
   consume(topic: string, options: ConsumerOptions): RunningConsumer {
     const queue = this.#queue(topic);
     const stats = newStats();
+    const settler = new Settler(options, stats);
     const inFlight = new InFlight();
     const retryDelayMs = options.retryDelayMs ?? 1_000;
     const timers = new Map<NodeJS.Timeout, Queued>(); // failed attempts waiting to be redelivered
@@ -97,10 +98,11 @@ export class MemoryBroker {
     });
     const requeue = (q: Queued) => queue.push({ delivery: { ...q.delivery, redelivered: true } });
     const sub: Subscriber = {
-      capacity: Math.max(1, options.prefetch ?? 64),
+      capacity: Math.max(1, options.prefetch ?? 256),
       deliver(q) {
         inFlight.enter();
-        settle(options, stats, q.delivery)
+        settler
+          .settle(q.delivery)
           .then((verdict) => {
             if (verdict === "crash") {
               requeue(q); // never acked: the broker redelivers it

@@ -9,7 +9,7 @@
  */
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { ConnectionOptions, NatsConnection } from "@nats-io/transport-node";
-import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, settle } from "./consumer.ts";
+import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, Settler } from "./consumer.ts";
 import {
   BrokerUnavailableError,
   type Delivery,
@@ -188,10 +188,11 @@ export async function consumeNats(options: NatsConsumerOptions): Promise<Running
   const { js: jsLib } = await libs();
   const owned = !options.connection;
   const nc = options.connection ?? (await connectNats(options.servers ?? [], options.connectOptions));
-  const prefetch = Math.max(1, options.prefetch ?? 64);
+  const prefetch = Math.max(1, options.prefetch ?? 256);
   const retryDelayMs = options.retryDelayMs ?? 1_000;
   const onError = options.onError ?? (() => {});
   const stats = newStats();
+  const settler = new Settler(options, stats);
   const inFlight = new InFlight();
   const decoder = new TextDecoder();
   let stopping = false;
@@ -230,7 +231,7 @@ export async function consumeNats(options: NatsConsumerOptions): Promise<Running
     if (!id) {
       stats.refused++;
       onError(new MissingMessageIdError(`message on ${msg.subject} has no ${NATS_MSG_ID}: terminated`));
-      msg.term("no Nats-Msg-Id: cannot be deduplicated");
+      msg.term(); // (no reason text: servers before 2.10.4 ignore a TERM that carries one)
       return;
     }
     const headers: Record<string, string> = {};
@@ -243,7 +244,7 @@ export async function consumeNats(options: NatsConsumerOptions): Promise<Running
       headers,
       redelivered: msg.redelivered,
     };
-    const verdict = await settle(options, stats, delivery);
+    const verdict = await settler.settle(delivery);
     if (stopping && verdict !== "crash") {
       // Stopping or crashed meanwhile: acks are still worth sending on a live connection.
       if (nc.isClosed()) return;
@@ -256,7 +257,7 @@ export async function consumeNats(options: NatsConsumerOptions): Promise<Running
         msg.nak(retryDelayMs);
         break;
       case "done-failed":
-        msg.term("parked by the inbox after its last attempt");
+        msg.term(); // parked by the inbox
         break;
       case "crash":
         crash();

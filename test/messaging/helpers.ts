@@ -32,6 +32,14 @@ export async function credit(tx: Tx, message: { id: string; body: string }): Pro
   await tx.query("INSERT INTO effects (message_id) VALUES ($1)", [message.id]);
 }
 
+/**
+ * The effect of a message in the throughput tests: one row of its own in `effects`. (Crediting one
+ * wallet serialises every transaction on that row's lock, which measures the test, not the inbox.)
+ */
+export async function record(tx: Tx, message: { id: string }): Promise<void> {
+  await tx.query("INSERT INTO effects (message_id) VALUES ($1)", [message.id]);
+}
+
 /** Write `n` credit events of 1 cent each into the outbox, `perTx` per transaction. Returns their ids. */
 export async function writeCredits(db: Db, n: number, topic: string, perTx = 500): Promise<string[]> {
   const ids: string[] = [];

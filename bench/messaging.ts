@@ -1,0 +1,277 @@
+/**
+ * Issue 5's benchmark, for RabbitMQ and NATS JetStream on the real PostgreSQL, in one run:
+ *
+ *   outbox -> broker     a backlog of events published by one relay (2 loops), with broker confirms
+ *   broker -> inbox      the queued events consumed and applied through the inbox (effect committed)
+ *   end to end           a backlog drained by relay and consumer running together
+ *   latency              events written at a steady rate; from the outbox row's commit to its effect's
+ *                        commit, p50 and p99
+ *
+ * Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; a database of its own is
+ * created and dropped), AMQP_URL, NATS_URL (loopback defaults), BENCH_EVENTS (default 20,000),
+ * BENCH_RATE (events/s for the latency run, default 1,000). Run: `npx tsx --conditions=source bench/messaging.ts`.
+ */
+import { jetstreamManager, StorageType } from "@nats-io/jetstream";
+import { connect as natsConnect } from "@nats-io/transport-node";
+import amqp from "amqplib";
+import pg from "pg";
+import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
+import type { RunningConsumer } from "../src/messaging/consumer.ts";
+import { Inbox } from "../src/messaging/inbox.ts";
+import { listenWithPg } from "../src/messaging/listen.ts";
+import { consumeNats, NatsPublisher } from "../src/messaging/nats.ts";
+import { Relay } from "../src/messaging/relay.ts";
+import type { Publisher } from "../src/messaging/types.ts";
+import type { Db, Tx } from "../src/postgres/db.ts";
+import { fromPg } from "../src/postgres/drivers/pg.ts";
+import { migrate } from "../src/postgres/migrate.ts";
+import { writeOutbox } from "../src/postgres/outbox.ts";
+import { freshBenchDatabase } from "./http.ts";
+
+const AMQP_URL = process.env.AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672";
+const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
+const EVENTS = Number(process.env.BENCH_EVENTS ?? 20_000);
+const RATE = Number(process.env.BENCH_RATE ?? 1_000);
+
+export interface MessagingRow {
+  broker: string;
+  publishRate: number;
+  consumeRate: number;
+  endToEndRate: number;
+  p50Ms: number;
+  p99Ms: number;
+}
+
+interface Broker {
+  name: string;
+  topic: string;
+  publisher(): Publisher;
+  consume(db: Db, consumer: string): Promise<RunningConsumer>;
+  /** Drop whatever is left on the broker (between runs). */
+  reset(): Promise<void>;
+  cleanup(): Promise<void>;
+}
+
+async function rabbit(): Promise<Broker> {
+  const queue = `idem_bench_${Date.now()}`;
+  const admin = await amqp.connect(AMQP_URL);
+  const ch = await admin.createChannel();
+  await ch.assertQueue(queue, { durable: true });
+  return {
+    name: "RabbitMQ",
+    topic: queue,
+    publisher: () => new AmqpPublisher({ url: AMQP_URL }),
+    consume: (db, consumer) =>
+      consumeAmqp({
+        url: AMQP_URL,
+        queue,
+        inbox: new Inbox(db, { consumer }),
+        ...handlers,
+        prefetch: 1_024,
+      }),
+    async reset() {
+      await ch.purgeQueue(queue);
+    },
+    async cleanup() {
+      await ch.deleteQueue(queue).catch(() => {});
+      await admin.close();
+    },
+  };
+}
+
+async function nats(): Promise<Broker> {
+  const stream = `IDEM_BENCH_${Date.now()}`;
+  const nc = await natsConnect({ servers: NATS_URL });
+  const jsm = await jetstreamManager(nc);
+  await jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File });
+  const topic = `${stream}.events`;
+  let n = 0;
+  return {
+    name: "NATS JetStream",
+    topic,
+    publisher: () => new NatsPublisher({ connection: nc }),
+    consume: (db, consumer) =>
+      consumeNats({
+        connection: nc,
+        stream,
+        durable: `c${n++}`,
+        create: { filterSubject: topic, maxAckPending: 4_096 },
+        inbox: new Inbox(db, { consumer }),
+        ...handlers,
+        prefetch: 1_024,
+      }),
+    async reset() {
+      await jsm.streams.purge(stream);
+    },
+    async cleanup() {
+      await jsm.streams.delete(stream).catch(() => {});
+      await nc.close();
+    },
+  };
+}
+
+/** The effect: one row per message, stamped with the commit-side clock. */
+async function effect(tx: Tx, m: { id: string }): Promise<void> {
+  await tx.query("INSERT INTO bench_effects (message_id) VALUES ($1)", [m.id]);
+}
+
+/** The same effect, set-based: one statement for a whole batch. */
+async function effects(tx: Tx, ms: { id: string }[]): Promise<void> {
+  await tx.query("INSERT INTO bench_effects (message_id) SELECT jsonb_array_elements_text($1::text::jsonb)", [
+    JSON.stringify(ms.map((m) => m.id)),
+  ]);
+}
+
+/** BENCH_HANDLER=message: a statement per message (the default); =batch: one per batch. */
+const SET_BASED = process.env.BENCH_HANDLER === "batch";
+const handlers = SET_BASED ? { batchHandler: effects } : { handler: effect };
+
+async function writeEvents(db: Db, topic: string, n: number, perTx = 500, writers = 4): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: writers }, async () => {
+      while (next < n) {
+        const start = next;
+        next += perTx;
+        await db.transaction(async (tx) => {
+          for (let i = start; i < Math.min(n, start + perTx); i++) {
+            await writeOutbox(tx, { topic, type: "bench", payload: { i } });
+          }
+        });
+      }
+    }),
+  );
+}
+
+async function count(db: Db, sql: string, params: unknown[] = []): Promise<number> {
+  const { rows } = await db.query<{ n: string }>(sql, params);
+  return Number(rows[0]!.n);
+}
+
+async function waitFor(check: () => Promise<boolean>, what: string, ms = 120_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`benchmark stuck waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
+  const fresh = await freshBenchDatabase();
+  const pool = new pg.Pool({ connectionString: fresh.url, max: 24, pipeline: true } as pg.PoolConfig);
+  const db = fromPg(pool);
+  const broker = await make();
+  try {
+    await migrate(db);
+    await db.exec(`CREATE TABLE bench_effects (
+      message_id text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())`);
+    const unpublished = () =>
+      count(db, "SELECT count(*) AS n FROM idem.outbox WHERE published_at IS NULL AND topic = $1", [
+        broker.topic,
+      ]);
+
+    // 1. outbox -> broker
+    await writeEvents(db, broker.topic, EVENTS);
+    const publisher = broker.publisher();
+    const relayOptions = { db, publisher, topics: [broker.topic], batchSize: 500, concurrency: 2 };
+    let relay = new Relay({ ...relayOptions, pollMs: 5 });
+    let t0 = performance.now();
+    await relay.start();
+    await waitFor(async () => (await unpublished()) === 0, "the relay");
+    const publishRate = EVENTS / ((performance.now() - t0) / 1000);
+    await relay.stop();
+
+    // 2. broker -> committed effect
+    t0 = performance.now();
+    let consumer = await broker.consume(db, "bench-1");
+    await waitFor(async () => consumer.stats.applied >= EVENTS, "the consumer");
+    const consumeRate = EVENTS / ((performance.now() - t0) / 1000);
+    await consumer.stop();
+
+    // 3. end to end: a backlog drained by relay and consumer together
+    await db.exec("TRUNCATE bench_effects");
+    await broker.reset();
+    await writeEvents(db, broker.topic, EVENTS);
+    consumer = await broker.consume(db, "bench-2");
+    relay = new Relay({ ...relayOptions, pollMs: 5 });
+    t0 = performance.now();
+    await relay.start();
+    await waitFor(async () => consumer.stats.applied >= EVENTS, "end to end");
+    const endToEndRate = EVENTS / ((performance.now() - t0) / 1000);
+    await relay.stop();
+
+    // 4. latency at a steady rate, the relay woken by NOTIFY
+    await db.exec("TRUNCATE bench_effects");
+    const applied = consumer.stats.applied;
+    const listenPool = new pg.Pool({ connectionString: fresh.url, max: 1 });
+    relay = new Relay({ ...relayOptions, listen: listenWithPg(() => listenPool.connect()) });
+    await relay.start();
+    const seconds = 5;
+    const perTick = Math.max(1, Math.round(RATE / 100)); // one transaction of `perTick` events every 10 ms
+    const total = perTick * 100 * seconds;
+    for (let written = 0; written < total; written += perTick) {
+      const tick = new Promise((r) => setTimeout(r, 10));
+      await db.transaction(async (tx) => {
+        for (let i = 0; i < perTick; i++)
+          await writeOutbox(tx, { topic: broker.topic, type: "bench", payload: { i } });
+      });
+      await tick;
+    }
+    await waitFor(async () => consumer.stats.applied - applied >= total, "the latency run");
+    await relay.stop();
+    await consumer.stop();
+    await listenPool.end();
+    await publisher.close();
+    const { rows } = await db.query<{ p50: number; p99: number }>(
+      `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
+              percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99
+       FROM (SELECT extract(epoch FROM e.applied_at - o.created_at) * 1000 AS ms
+             FROM bench_effects e JOIN idem.outbox o ON o.id::text = e.message_id) l`,
+    );
+    return {
+      broker: broker.name,
+      publishRate,
+      consumeRate,
+      endToEndRate,
+      p50Ms: Number(rows[0]!.p50),
+      p99Ms: Number(rows[0]!.p99),
+    };
+  } finally {
+    await broker.cleanup();
+    await db.close();
+    await fresh.drop();
+  }
+}
+
+export function printMessagingRows(rows: MessagingRow[]): void {
+  console.log(
+    `\nOutbox -> broker -> inbox (${EVENTS.toLocaleString("en")} events, effect ${SET_BASED ? "set-based per batch" : "one statement per message"}; latency at ${RATE}/s)`,
+  );
+  console.log(
+    `${"broker".padEnd(16)}${"outbox->broker/s".padStart(18)}${"broker->inbox/s".padStart(17)}${"end-to-end/s".padStart(14)}${"p50 ms".padStart(9)}${"p99 ms".padStart(9)}`,
+  );
+  for (const r of rows) {
+    console.log(
+      `${r.broker.padEnd(16)}${Math.round(r.publishRate).toString().padStart(18)}${Math.round(r.consumeRate)
+        .toString()
+        .padStart(
+          17,
+        )}${Math.round(r.endToEndRate).toString().padStart(14)}${r.p50Ms.toFixed(1).padStart(9)}${r.p99Ms.toFixed(1).padStart(9)}`,
+    );
+  }
+  console.log("goal: end-to-end >= 5,000 events/s on this machine");
+}
+
+export async function messagingBench(): Promise<void> {
+  const rows: MessagingRow[] = [];
+  rows.push(await runBroker(rabbit));
+  rows.push(await runBroker(nats));
+  printMessagingRows(rows);
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  messagingBench().catch((err) => {
+    console.error(err);
+    process.exit(1);
+  });
+}
