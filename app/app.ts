@@ -1,17 +1,25 @@
 import { Hono } from "hono";
-import type { AtomicStore } from "idem";
-import type { Db, Tx } from "idem/postgres";
+import type { Db, PostgresStore } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
+import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { problem } from "./problems.ts";
 
 export interface AppDeps {
   db: Db;
-  store: AtomicStore<Tx>;
+  store: PostgresStore;
   apiKeys: ApiKeys;
+  /**
+   * `phases` (default): payments charge the provider at `providerUrl` through recovery points.
+   * `atomic`: payments are local rows only, in atomic mode (the first cut; the benchmark's baseline).
+   */
+  paymentsMode?: "phases" | "atomic";
+  /** The payment provider (simulator) base URL. Required in phases mode. */
+  providerUrl?: string;
+  /** Atomic mode only: let POSTs without a key through (the benchmark's unkeyed baseline). */
   requireKey?: boolean;
   /** Default: a pino logger on stdout at LOG_LEVEL (info). */
   logger?: Logger;
@@ -40,7 +48,12 @@ export function createApp(deps: AppDeps): Hono {
     return c.body(await metrics.registry.metrics());
   });
 
-  app.route("/", paymentRoutes(deps));
+  if ((deps.paymentsMode ?? "phases") === "phases") {
+    if (!deps.providerUrl) throw new Error("phases mode needs providerUrl (PROVIDER_URL)");
+    app.route("/", paymentPhasesRoutes({ ...deps, providerUrl: deps.providerUrl }));
+  } else {
+    app.route("/", paymentRoutes(deps));
+  }
   app.route("/", patternRoutes(deps));
   app.notFound((c) =>
     problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),

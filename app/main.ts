@@ -1,19 +1,36 @@
 /**
  * The reference payments service: `npm start` (or `idem serve`).
  *
- * Environment: PORT (default 3000), DATABASE_URL (default: embedded PGlite under .idem/), IDEM_DEMO=1
- * (create the demo accounts on a real server too), IDEM_RETENTION_HOURS (default 24).
+ * Environment (all optional):
+ *   PORT                  HTTP port (default 3000; 0 picks a free one)
+ *   HOST                  interface (default 127.0.0.1)
+ *   DATABASE_URL          PostgreSQL (default: the embedded PGlite under .idem/)
+ *   PROVIDER_URL          the payment provider (default: the simulator, started in this process)
+ *   PROVIDER_PORT         port of that in-process simulator (default 4100; 0 picks a free one)
+ *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
+ *   IDEM_DEMO=1           create the demo accounts on a real server too
+ *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
+ *   LOG_LEVEL             pino level (default info)
  */
 import { serve } from "@hono/node-server";
-import { PostgresStore } from "idem/postgres";
+import { complete, PostgresStore } from "idem/postgres";
+import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
+import { createLogger, createMetrics } from "./observability.ts";
+import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 
 export async function start(env: NodeJS.ProcessEnv = process.env) {
   const port = Number(env.PORT ?? 3000);
-  if (!Number.isInteger(port) || port < 0 || port > 65535)
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
     throw new Error(`PORT must be a port number, got ${env.PORT}`);
+  }
+  const mode = env.IDEM_PAYMENTS_MODE ?? "phases";
+  if (mode !== "phases" && mode !== "atomic") {
+    throw new Error(`IDEM_PAYMENTS_MODE must be phases or atomic, got ${mode}`);
+  }
+  const logger = createLogger({ level: env.LOG_LEVEL });
   const { db, embedded, where } = await openDatabase({
     url: env.DATABASE_URL || undefined,
     dataDir: env.IDEM_DATA_DIR,
@@ -24,31 +41,80 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   if (demo) await ensureDemoAccounts(db);
   const retentionHours = Number(env.IDEM_RETENTION_HOURS ?? 24);
   const store = await PostgresStore.open(db, { retentionMs: retentionHours * 3_600_000 });
+
+  let providerUrl = env.PROVIDER_URL || undefined;
+  let provider: Awaited<ReturnType<typeof startProvider>> | undefined;
+  if (mode === "phases" && !providerUrl) {
+    provider = await startProvider({
+      port: Number(env.PROVIDER_PORT ?? 4100),
+      host: "127.0.0.1",
+      declineCards: [DECLINED_TEST_CARD],
+    });
+    providerUrl = provider.url;
+  }
+
+  const metrics = createMetrics();
   const app = createApp({
     db,
     store,
     apiKeys: new ApiKeys(db),
+    paymentsMode: mode,
+    providerUrl,
     // IDEM_OPTIONAL_KEY=1 lets POSTs without a key through (the benchmark's baseline); never in production.
     requireKey: env.IDEM_OPTIONAL_KEY !== "1",
+    logger,
+    metrics,
   });
   const server = serve({ fetch: app.fetch, port, hostname: env.HOST ?? "127.0.0.1" });
-  await new Promise<void>((resolve) => server.once("listening", () => resolve()));
+  await new Promise<void>((resolve, reject) => {
+    server.once("listening", () => resolve());
+    server.once("error", reject);
+  });
   const address = server.address();
   const actualPort = typeof address === "object" && address ? address.port : port;
   console.log(
     `idem payments service on http://${env.HOST ?? "127.0.0.1"}:${actualPort} (database: ${where})`,
   );
+  if (mode === "phases")
+    console.log(`  payment provider: ${providerUrl}${provider ? " (simulator, in process)" : ""}`);
+  else console.log("  payments in atomic mode (no provider)");
   if (demo) {
     for (const a of DEMO_ACCOUNTS) console.log(`  demo account ${a.id}: Authorization: Bearer ${a.apiKey}`);
   }
-  const sweep = setInterval(() => store.sweep().catch((e) => console.error("sweep failed:", e)), 3_600_000);
+
+  // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
+  // clients never came back). Each instance may run them; both are safe to run concurrently.
+  const sweep = setInterval(
+    () => store.sweep().catch((err) => logger.error({ err }, "sweep failed")),
+    3_600_000,
+  );
+  const runners = mode === "phases" && providerUrl ? [paymentPhasesRunner({ store, providerUrl })] : [];
+  const completer = setInterval(() => {
+    if (!runners.length) return;
+    complete({ store, runners, olderThanMs: 60_000 }).then(
+      (r) => {
+        for (const [result, n] of Object.entries(r.counts)) if (n) metrics.completerRuns.inc({ result }, n);
+        if (r.found) logger.info({ counts: r.counts }, "completer finished abandoned keys");
+      },
+      (err) => logger.error({ err }, "completer failed"),
+    );
+  }, 30_000);
   sweep.unref();
-  const stop = async () => {
-    clearInterval(sweep);
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await db.close();
+  completer.unref();
+
+  let stopping: Promise<void> | undefined;
+  const stop = () => {
+    stopping ??= (async () => {
+      clearInterval(sweep);
+      clearInterval(completer);
+      // Stop accepting; requests in flight finish (their phases complete or free their leases).
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await provider?.close();
+      await db.close();
+    })();
+    return stopping;
   };
-  return { port: actualPort, stop, server };
+  return { port: actualPort, stop, server, providerUrl };
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

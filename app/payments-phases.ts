@@ -49,6 +49,9 @@ export interface PaymentPhasesOptions {
 
 export const PAYMENTS_RUNNER = "payments";
 
+/** The card number the service's simulator declines (as Stripe's test card of that number does). */
+export const DECLINED_TEST_CARD = "4000000000000002";
+
 /** The payments state machine. Its name is stored with each key; the completer finds it by that name. */
 export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<PaymentJob, PaymentData> {
   return definePhases<PaymentJob, PaymentData>({

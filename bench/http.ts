@@ -46,7 +46,7 @@ export async function freshBenchDatabase(): Promise<{ url: string; drop(): Promi
 
 export function startService(env: Record<string, string>): Promise<{ url: string; child: ChildProcess }> {
   const child = spawn("node_modules/.bin/tsx", ["--conditions=source", "app/main.ts"], {
-    env: { ...process.env, PORT: "0", IDEM_DEMO: "1", ...env },
+    env: { ...process.env, PORT: "0", IDEM_DEMO: "1", LOG_LEVEL: "warn", ...env },
     stdio: ["ignore", "pipe", "inherit"],
   });
   return new Promise((resolve, reject) => {
@@ -93,7 +93,12 @@ function row(scenario: string, r: autocannon.Result, note?: string): Row {
 
 export async function httpBench(): Promise<Row[]> {
   const db = await freshBenchDatabase();
-  const svc = await startService({ DATABASE_URL: db.url, IDEM_OPTIONAL_KEY: "1", IDEM_POOL_SIZE: "16" });
+  const svc = await startService({
+    DATABASE_URL: db.url,
+    IDEM_OPTIONAL_KEY: "1",
+    IDEM_POOL_SIZE: "16",
+    IDEM_PAYMENTS_MODE: "atomic",
+  });
   const rows: Row[] = [];
   try {
     const count = () =>

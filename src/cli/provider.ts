@@ -9,7 +9,7 @@ Runs the payment-provider simulator: POST /v1/charges with an Idempotency-Key (a
 existing charge), GET /v1/charges lists every charge with the key it received.
   --port N              default: 4100 (0: any free port)
   --host ADDR           default: 127.0.0.1
-  --seed N              seed for random faults and charge ids (default: 1)
+  --seed N              seed for random faults and charge ids (default: random; set it to repeat a run)
   --latency-ms N        added latency per charge, or MIN-MAX drawn per request (default: 0)
   --decline-amounts     amounts (minor units) that are always declined, comma-separated
   --decline-cards       card numbers or tokens that are always declined, comma-separated
@@ -60,8 +60,9 @@ export async function providerCommand(argv: string[]): Promise<number> {
   const port = Number(values.port ?? 4100);
   if (!Number.isInteger(port) || port < 0 || port > 65535)
     throw new CliError("--port takes a port number", EXIT.usage);
-  const seed = Number(values.seed ?? 1);
-  if (!Number.isInteger(seed)) throw new CliError("--seed takes a whole number", EXIT.usage);
+  const seed = values.seed === undefined ? undefined : Number(values.seed);
+  if (seed !== undefined && !Number.isInteger(seed))
+    throw new CliError("--seed takes a whole number", EXIT.usage);
   let latencyMs: ProviderOptions["latencyMs"];
   const lat = values["latency-ms"];
   if (lat !== undefined) {

@@ -18,6 +18,7 @@
  *   drop     the charge IS made, then the connection is cut before the reply (a lost reply)
  *   decline  the card is declined (final: 402)
  */
+import { randomInt } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createRng, type Rng } from "./prng.ts";
@@ -39,7 +40,10 @@ export interface ProviderOptions {
   port?: number;
   /** Address to listen on. Default: `"127.0.0.1"`. */
   host?: string;
-  /** Seed of the generator behind random faults, latencies and charge ids. Default: 1. */
+  /**
+   * Seed of the generator behind random faults, latencies and charge ids: the same seed gives the same
+   * run. Default: a random seed (a restarted simulator must not hand out charge ids it gave before).
+   */
   seed?: number;
   /** Amounts (in minor units) that are always declined. Default: none. */
   declineAmounts?: readonly number[];
@@ -126,7 +130,7 @@ function errorBody(type: string, code: string, message: string, extra: Record<st
 
 /** Start the simulator. Close it with `close()`. */
 export async function startProvider(options: ProviderOptions = {}): Promise<Provider> {
-  const rng: Rng = createRng(options.seed ?? 1);
+  const rng: Rng = createRng(options.seed ?? randomInt(1, 2 ** 31));
   const declineAmounts = new Set(options.declineAmounts ?? []);
   const declineCards = new Set(options.declineCards ?? []);
   const hangMs = options.hangMs ?? 60_000;

@@ -6,7 +6,9 @@ import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
+import { DECLINED_TEST_CARD } from "../../app/payments-phases.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
+import { startProvider } from "../../src/testing/provider.ts";
 import type { OpenDb, TestBackend } from "../helpers/db.ts";
 
 export const KEY_1 = "sk_test_demo_1";
@@ -22,13 +24,25 @@ export interface RunningService {
 
 export async function startService(
   backend: TestBackend,
-  options: { requireKey?: boolean } = {},
+  options: {
+    requireKey?: boolean;
+    logger?: Logger;
+    /** `atomic` (default here: local payments, issue 2's first cut) or `phases` (charges a simulator). */
+    paymentsMode?: "atomic" | "phases";
+  } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
   await prepareSchema(open.db);
   await ensureDemoAccounts(open.db);
   const store = await PostgresStore.open(open.db);
+  const mode = options.paymentsMode ?? "atomic";
+  const provider =
+    mode === "phases"
+      ? await startProvider({ port: 0, host: "127.0.0.1", declineCards: [DECLINED_TEST_CARD] })
+      : undefined;
   const app = createApp({
+    paymentsMode: mode,
+    providerUrl: provider?.url,
     db: open.db,
     store,
     apiKeys: new ApiKeys(open.db),
@@ -44,6 +58,7 @@ export async function startService(
     store,
     async stop() {
       await new Promise<void>((r) => server.close(() => r()));
+      await provider?.close();
       await open.close();
     },
     async count(sql, params) {

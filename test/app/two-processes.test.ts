@@ -10,7 +10,14 @@ import { pay } from "./service.ts";
 
 function startProcess(databaseUrl: string): Promise<{ url: string; child: ChildProcess }> {
   const child = spawn("node_modules/.bin/tsx", ["--conditions=source", "app/main.ts"], {
-    env: { ...process.env, PORT: "0", DATABASE_URL: databaseUrl, IDEM_DEMO: "1" },
+    env: {
+      ...process.env,
+      PORT: "0",
+      DATABASE_URL: databaseUrl,
+      IDEM_DEMO: "1",
+      IDEM_PAYMENTS_MODE: "atomic",
+      LOG_LEVEL: "warn",
+    },
     stdio: ["ignore", "pipe", "pipe"],
   });
   return new Promise((resolve, reject) => {
