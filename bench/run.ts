@@ -5,6 +5,7 @@
  */
 import { clientBench } from "./client.ts";
 import { httpBench, printRows } from "./http.ts";
+import { phasesBench } from "./phases.ts";
 
 const rows = await httpBench();
 printRows("Payment endpoint over HTTP (real PostgreSQL, autocannon, 32 connections)", rows);
@@ -14,3 +15,6 @@ console.log(`keyed replay / unkeyed     = ${(replay!.rps / unkeyed!.rps).toFixed
 
 console.log("\nClient overhead on the success path");
 await clientBench();
+
+console.log("\nPhases mode (provider over HTTP) against atomic mode, same run");
+await phasesBench();
