@@ -206,31 +206,21 @@ export class PostgresStore implements AtomicStore<Tx> {
   }
 
   /**
-   * Insert a claim's key row (and its boundary marker). Returns true when every row went in; false on a
-   * conflict, after which the caller must roll back (with a marker, one of the two rows may have gone
-   * in) and look the key up again. Shared by both modes: atomic runs it inside the work's transaction;
-   * phases mode commits it at once, carrying the lease in `phase`.
+   * Insert a phases-mode claim's key row, with its lease (and its boundary marker). Returns true when
+   * every row went in; false on a conflict, after which the caller must roll back (with a marker, one of
+   * the two rows may have gone in) and look the key up again.
    */
   async insertClaim(
     q: { query: Db["query"] },
     claim: Claim,
     at: { bucket: number; marker: boolean; createdAt: string },
-    phase?: PhaseClaimColumns,
+    phase: PhaseClaimColumns,
   ): Promise<boolean> {
     const params: unknown[] = [at.bucket, claim.scope, claim.key, claim.fingerprint, at.createdAt];
-    if (phase) {
-      params.push(phase.recoveryPoint, phase.leaseToken, phase.leaseUntil.toISOString());
-      params.push(phase.runner, phase.request);
-    }
+    params.push(phase.recoveryPoint, phase.leaseToken, phase.leaseUntil.toISOString());
+    params.push(phase.runner, phase.request);
     if (at.marker) params.push(at.bucket - 1);
-    const sql = phase
-      ? at.marker
-        ? this.sql.claimPhasesWithMarker
-        : this.sql.claimPhases
-      : at.marker
-        ? this.sql.claimWithMarker
-        : this.sql.claim;
-    const r = await q.query(sql, params);
+    const r = await q.query(at.marker ? this.sql.claimPhasesWithMarker : this.sql.claimPhases, params);
     return r.rows.length === (at.marker ? 2 : 1);
   }
 
@@ -405,12 +395,6 @@ function statements(s: string) {
                           lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
     insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body)
                  VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8)`,
-    claim: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
-            VALUES ($1, $2, $3, $4, $5::timestamptz)
-            ON CONFLICT DO NOTHING RETURNING marker`,
-    claimWithMarker: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, marker)
-            VALUES ($1, $2, $3, $4, $5::timestamptz, false), ($6, $2, $3, $4, $5::timestamptz, true)
-            ON CONFLICT DO NOTHING RETURNING marker`,
     claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
                                          lease_until, runner, request, updated_at)
             VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
