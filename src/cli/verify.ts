@@ -229,7 +229,7 @@ export async function verifyCommand(argv: string[]): Promise<number> {
         ...options,
         effects,
         onProgress: (done, _total, suspect) =>
-          bar?.update(done, suspect ? `(${suspect} suspect)` : undefined),
+          bar?.update(done, suspect ? `(${suspect} suspicious)` : undefined),
       });
     } catch (err) {
       if (err instanceof EffectCountError) {

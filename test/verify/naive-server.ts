@@ -11,6 +11,8 @@
  *
  * Same API as the reference service: POST /v1/payments (Bearer sk_test_demo_1 or _2, Idempotency-Key
  * required, {"amount_cents", "currency"}) -> 201 with the payment; GET /v1/payments lists them.
+ *
+ * Run it on its own (PORT, default 3999): npx tsx --conditions=source test/verify/naive-server.ts
  */
 import { randomBytes } from "node:crypto";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
@@ -33,7 +35,7 @@ export interface NaiveServer {
  * `backend`: a fresh database from test/helpers/db.ts (default: PGlite in memory).
  */
 export async function startNaiveServer(
-  options: { workMs?: number; db?: Db; backend?: TestBackend } = {},
+  options: { workMs?: number; db?: Db; backend?: TestBackend; port?: number } = {},
 ): Promise<NaiveServer> {
   const workMs = options.workMs ?? 25;
   const open = options.db
@@ -101,7 +103,7 @@ export async function startNaiveServer(
   const server = http.createServer((req, res) => {
     handle(req, res).catch((err) => send(res, 500, { error: String(err) }));
   });
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+  await new Promise<void>((r) => server.listen(options.port ?? 0, "127.0.0.1", () => r()));
   const { port } = server.address() as AddressInfo;
   return {
     url: `http://127.0.0.1:${port}`,
@@ -116,4 +118,11 @@ export async function startNaiveServer(
       await open.close();
     },
   };
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const naive = await startNaiveServer({ port: Number(process.env.PORT ?? 3999) });
+  console.log(`naive payments server on ${naive.url} (in-memory PGlite); Ctrl-C stops it`);
+  process.once("SIGINT", () => naive.stop());
+  process.once("SIGTERM", () => naive.stop());
 }

@@ -39,8 +39,8 @@ function table(rows: string[][], align: ("l" | "r")[]): string {
 }
 
 /** The human summary: what ran, a table of the checks, then the first violations. */
-export function formatReport(report: VerifyReport, options: { maxViolations?: number } = {}): string {
-  const max = options.maxViolations ?? 10;
+export function formatReport(report: VerifyReport, options: { examplesPerKind?: number } = {}): string {
+  const perKind = options.examplesPerKind ?? 3;
   const faults = Object.entries(report.faults)
     .filter(([, v]) => v)
     .map(([k, v]) => `${k} ${v}`)
@@ -65,18 +65,27 @@ export function formatReport(report: VerifyReport, options: { maxViolations?: nu
   if (report.violations.length === 0) {
     lines.push("OK: every invariant held.");
   } else {
+    const order = report.checks.flatMap((c) => c.kinds);
     const kinds = Object.entries(report.violationsByKind)
+      .sort(([a], [b]) => order.indexOf(a as ViolationKind) - order.indexOf(b as ViolationKind))
       .map(([k, v]) => `${k} ${v}`)
       .join(", ");
     lines.push(`FAILED: ${report.violations.length} violation(s): ${kinds}`);
-    for (const v of report.violations.slice(0, max)) {
-      lines.push(
-        `  ${v.kind.padEnd(21)} ${v.intent >= 0 ? `intent ${v.intent} (key ${v.key})` : "run"}: ${v.message}`,
-      );
+    // A few examples of each kind, in the order of the table.
+    const kindsSeen = [...new Set(report.violations.map((v) => v.kind))].sort(
+      (a, b) => order.indexOf(a) - order.indexOf(b),
+    );
+    let left = 0;
+    for (const kind of kindsSeen) {
+      const all = report.violations.filter((v) => v.kind === kind);
+      for (const v of all.slice(0, perKind)) {
+        lines.push(
+          `  ${v.kind.padEnd(21)} ${v.intent >= 0 ? `intent ${v.intent} (key ${v.key})` : "run"}: ${v.message}`,
+        );
+      }
+      left += Math.max(0, all.length - perKind);
     }
-    if (report.violations.length > max) {
-      lines.push(`  … and ${report.violations.length - max} more (--json lists them all)`);
-    }
+    if (left > 0) lines.push(`  … and ${left} more (--json lists them all)`);
   }
   return lines.join("\n");
 }

@@ -53,8 +53,11 @@ export interface VerifyOptions {
    * two runs do not share amounts.
    */
   amountBase?: number;
-  /** Called after each intent. */
-  onProgress?: (done: number, total: number, violationsSoFar: number) => void;
+  /**
+   * Called after each intent with the intents done so far and how many of them already look wrong
+   * (no final answer, or a changed body not answered 422); the full checks run at the end.
+   */
+  onProgress?: (done: number, total: number, suspicious: number) => void;
   signal?: AbortSignal;
 }
 
@@ -141,7 +144,7 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
 
   const proxy = await startFaultProxy({ target: options.url, keyHeader, holdMs: timeoutMs + 30_000 });
   let runs: IntentRun[];
-  let violationsSoFar = 0;
+  let suspicious = 0;
   try {
     let done = 0;
     runs = await runIntents({
@@ -162,8 +165,8 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
       onIntentDone(run) {
         done++;
         // A cheap early signal for the progress line: answers that already disagree.
-        if (run.outcome === "unresolved" || (run.mismatch && run.mismatch.status !== 422)) violationsSoFar++;
-        options.onProgress?.(done, intents, violationsSoFar);
+        if (run.outcome === "unresolved" || (run.mismatch && run.mismatch.status !== 422)) suspicious++;
+        options.onProgress?.(done, intents, suspicious);
       },
     });
     await proxy.idle();
@@ -190,11 +193,13 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
   const byKind: Partial<Record<ViolationKind, number>> = {};
   for (const v of violations) byKind[v.kind] = (byKind[v.kind] ?? 0) + 1;
   const faultCounts: VerifyReport["faults"] = {};
-  for (const p of plans) {
-    faultCounts[p.delivery] = (faultCounts[p.delivery] ?? 0) + 1;
-    for (const probe of PROBES) if (p[probe]) faultCounts[probe] = (faultCounts[probe] ?? 0) + 1;
+  for (const d of ["once", ...DELIVERIES] as const) {
+    const count = plans.filter((p) => p.delivery === d).length;
+    if (count || faults.includes(d as Fault)) faultCounts[d] = count;
   }
-  for (const d of [...DELIVERIES, ...PROBES]) if (faults.includes(d)) faultCounts[d] ??= 0;
+  for (const probe of PROBES) {
+    if (faults.includes(probe)) faultCounts[probe] = plans.filter((p) => p[probe]).length;
+  }
   const outcomes = { succeeded: 0, rejected: 0, unresolved: 0 };
   for (const r of runs) outcomes[r.outcome]++;
   const method = (options.request.method ?? "POST").toUpperCase();
