@@ -1,0 +1,223 @@
+import type { Listen } from "../messaging/listen.ts";
+import type { Publisher } from "../messaging/types.ts";
+import { pendingMigrations } from "../postgres/migrate.ts";
+import { CliError, EXIT, openDb, parse } from "./shared.ts";
+
+const USAGE = `usage: idem relay [--amqp URL | --nats URL | --webhook URL] [options]
+
+Publishes the outbox's events, at least once, with the event id as the message id; runs until SIGINT
+or SIGTERM (or, with --once, until nothing is left to publish now). Several relays may run at once.
+  --amqp URL           RabbitMQ (default: $AMQP_URL); the topic is the routing key
+  --exchange NAME      the AMQP exchange (default: "", so the topic names the queue)
+  --nats URL           NATS JetStream (default: $NATS_URL); the topic is the subject
+  --webhook URL        POST each event, signed with $WEBHOOK_SECRET (default: $WEBHOOK_URL)
+  --database-url URL   default: $DATABASE_URL, else the embedded PGlite in .idem/pgdata
+  --schema NAME        default: idem
+  --topic T            only this topic (repeat for several); default: every topic
+  --batch-size N       rows claimed per batch (default 500)
+  --concurrency N      batches in flight (default 1)
+  --ordered            publish each aggregate's events in the order written
+  --max-attempts N     failures before a row is parked (default 10)
+  --retention-hours H  delete published rows after H hours, 0 keeps them (default 24)
+  --once               publish what is pending now, then exit
+  --requeue-parked     put parked rows back in the queue (with --topic: only those), then exit
+When only one of AMQP_URL, NATS_URL and WEBHOOK_URL is set, that is the broker.
+Exit codes: 0 done or stopped cleanly, 1 failure (e.g. broker unreachable with --once), 2 bad usage.`;
+
+function int(value: string | undefined, name: string, fallback: number, min: number): number {
+  if (value === undefined) return fallback;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min)
+    throw new CliError(`${name} takes a whole number >= ${min}`, EXIT.usage);
+  return n;
+}
+
+function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = "***";
+    return u.toString();
+  } catch {
+    return url;
+  }
+}
+
+type Kind = "amqp" | "nats" | "webhook";
+
+/** Which broker: the flag given, else the only one of AMQP_URL, NATS_URL, WEBHOOK_URL that is set. */
+function brokerKind(values: { amqp?: string; nats?: string; webhook?: string }): Kind {
+  const flags = [values.amqp && "amqp", values.nats && "nats", values.webhook && "webhook"].filter(Boolean);
+  if (flags.length > 1) throw new CliError("give one of --amqp, --nats and --webhook", EXIT.usage);
+  let kind = flags[0] as "amqp" | "nats" | "webhook" | undefined;
+  if (!kind) {
+    const set = (
+      [
+        ["amqp", process.env.AMQP_URL],
+        ["nats", process.env.NATS_URL],
+        ["webhook", process.env.WEBHOOK_URL],
+      ] as const
+    ).filter(([, v]) => v);
+    if (set.length === 0) {
+      throw new CliError(
+        "no broker: set AMQP_URL, NATS_URL or WEBHOOK_URL, or pass --amqp, --nats or --webhook",
+        EXIT.usage,
+      );
+    }
+    if (set.length > 1) {
+      throw new CliError(
+        `${set.map(([k]) => `${k.toUpperCase()}_URL`).join(" and ")} are all set: choose with --${set[0]![0]} (or another)`,
+        EXIT.usage,
+      );
+    }
+    kind = set[0]![0];
+  }
+  if (kind === "webhook" && !process.env.WEBHOOK_SECRET) {
+    throw new CliError(
+      "webhooks are signed: set WEBHOOK_SECRET (e.g. whsec_ followed by base64)",
+      EXIT.usage,
+    );
+  }
+  return kind;
+}
+
+async function makePublisher(
+  kind: Kind,
+  values: { amqp?: string; nats?: string; webhook?: string; exchange?: string },
+): Promise<{ publisher: Publisher; where: string }> {
+  if (kind === "amqp") {
+    const url = values.amqp ?? process.env.AMQP_URL!;
+    const { AmqpPublisher } = await import("../messaging/amqp.ts");
+    return {
+      publisher: new AmqpPublisher({ url, exchange: values.exchange ?? "" }),
+      where: `RabbitMQ ${redact(url)}`,
+    };
+  }
+  if (kind === "nats") {
+    const url = values.nats ?? process.env.NATS_URL!;
+    const { NatsPublisher } = await import("../messaging/nats.ts");
+    return { publisher: new NatsPublisher({ servers: url.split(",") }), where: `NATS ${url}` };
+  }
+  const url = values.webhook ?? process.env.WEBHOOK_URL!;
+  const secret = process.env.WEBHOOK_SECRET;
+  if (!secret)
+    throw new CliError(
+      "webhooks are signed: set WEBHOOK_SECRET (e.g. whsec_ followed by base64)",
+      EXIT.usage,
+    );
+  const { WebhookPublisher } = await import("../messaging/webhook.ts");
+  return { publisher: new WebhookPublisher({ url, secret }), where: `webhooks to ${url}` };
+}
+
+/** LISTEN on a dedicated node-postgres connection (server databases only). */
+async function listener(url: string | undefined): Promise<Listen | undefined> {
+  if (!url) return undefined;
+  const [{ default: pg }, { listenWithPg }] = await Promise.all([
+    import("pg"),
+    import("../messaging/listen.ts"),
+  ]);
+  return listenWithPg(
+    async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      return client;
+    },
+    { onError: (e) => console.error(`idem relay: LISTEN connection: ${e.message} (polling meanwhile)`) },
+  );
+}
+
+export async function relayCommand(argv: string[]): Promise<number> {
+  const { values } = parse(
+    argv,
+    {
+      amqp: { type: "string" },
+      exchange: { type: "string" },
+      nats: { type: "string" },
+      webhook: { type: "string" },
+      "database-url": { type: "string" },
+      schema: { type: "string" },
+      topic: { type: "string", multiple: true },
+      "batch-size": { type: "string" },
+      concurrency: { type: "string" },
+      ordered: { type: "boolean" },
+      "max-attempts": { type: "string" },
+      "retention-hours": { type: "string" },
+      once: { type: "boolean" },
+      "requeue-parked": { type: "boolean" },
+    },
+    USAGE,
+  );
+  if (values.help) {
+    console.log(USAGE);
+    return EXIT.ok;
+  }
+  const batchSize = int(values["batch-size"], "--batch-size", 500, 1);
+  const concurrency = int(values.concurrency, "--concurrency", 1, 1);
+  const maxAttempts = int(values["max-attempts"], "--max-attempts", 10, 1);
+  const retentionHours = Number(values["retention-hours"] ?? 24);
+  if (!(retentionHours >= 0)) throw new CliError("--retention-hours takes a number >= 0", EXIT.usage);
+  const schema = values.schema ?? "idem";
+  const dbUrl = values["database-url"] ?? process.env.DATABASE_URL;
+  const kind = values["requeue-parked"] ? undefined : brokerKind(values);
+  const { Relay, requeueParked, outboxCounts } = await import("../messaging/relay.ts");
+
+  const { db, where } = await openDb(dbUrl);
+  try {
+    const pending = await pendingMigrations(db, { schema });
+    if (pending.some((m) => Number.parseInt(m, 10) <= 3)) {
+      throw new CliError(
+        `the outbox on ${where} is not migrated (${pending.join(", ")} pending): run idem migrate`,
+      );
+    }
+    if (values["requeue-parked"]) {
+      const n = await requeueParked(db, {
+        schema,
+        ...(values.topic?.length === 1 ? { topic: values.topic[0] } : {}),
+      });
+      console.log(`requeued ${n} parked event(s) on ${where}`);
+      return EXIT.ok;
+    }
+    const { publisher, where: to } = await makePublisher(kind!, values);
+    const relay = new Relay({
+      db,
+      publisher,
+      schema,
+      batchSize,
+      concurrency,
+      maxAttempts,
+      orderByAggregate: values.ordered ?? false,
+      retentionMs: retentionHours * 3_600_000,
+      ...(values.topic ? { topics: values.topic } : {}),
+      listen: values.once ? undefined : await listener(dbUrl),
+      onError: (e) => console.error(`idem relay: ${e.message}`),
+    });
+    try {
+      if (values.once) {
+        // Until a batch comes back short: what is left is in backoff, parked or locked by another relay.
+        for (;;) {
+          const claimed = await relay.runOnce();
+          if (relay.stats.unavailable > 0) {
+            throw new CliError(`cannot reach ${to}: start the broker or fix its URL`);
+          }
+          if (claimed < batchSize) break;
+        }
+        const counts = await outboxCounts(db, { schema });
+        console.log(
+          `published ${relay.stats.published} event(s) to ${to}; ${relay.stats.failed} failed, ${counts.pending} pending, ${counts.parked} parked`,
+        );
+        return relay.stats.failed > 0 ? EXIT.failure : EXIT.ok;
+      }
+      await relay.start();
+      console.log(`idem relay: publishing the outbox of ${where} to ${to} (stop with Ctrl-C)`);
+      await new Promise<void>((resolve) => {
+        for (const sig of ["SIGINT", "SIGTERM"] as const) process.once(sig, () => resolve());
+      });
+      await relay.stop();
+      console.log(`idem relay: stopped after publishing ${relay.stats.published} event(s)`);
+      return EXIT.ok;
+    } finally {
+      await publisher.close();
+    }
+  } finally {
+    await db.close();
+  }
+}
