@@ -3,9 +3,11 @@ import type { Db, PostgresStore } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
+import { openApiDocument } from "./openapi.ts";
 import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
+import { playgroundRoutes } from "./playground.ts";
 import { problem } from "./problems.ts";
 
 export interface AppDeps {
@@ -25,6 +27,11 @@ export interface AppDeps {
   logger?: Logger;
   /** Default: fresh metrics (with the outbox lag read from the database). */
   metrics?: Metrics;
+  /**
+   * Serve the playground page at `/` and its endpoints under `/playground/api/*` (phases mode only). They
+   * pay as the demo account without an API key: only with the demo accounts, never otherwise. Default: false.
+   */
+  playground?: boolean;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
@@ -55,6 +62,19 @@ export function createApp(deps: AppDeps): Hono {
     app.route("/", paymentRoutes(deps));
   }
   app.route("/", patternRoutes(deps));
+  const phases = (deps.paymentsMode ?? "phases") === "phases";
+  const openapi = openApiDocument({
+    ...deps,
+    retentionMs: deps.store.retentionMs,
+    playground: deps.playground && phases,
+  });
+  app.get("/openapi.json", (c) => c.json(openapi));
+  if (deps.playground && phases && deps.providerUrl) {
+    app.route(
+      "/",
+      playgroundRoutes({ ...deps, providerUrl: deps.providerUrl, service: (r) => app.fetch(r) }),
+    );
+  }
   app.notFound((c) =>
     problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
   );

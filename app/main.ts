@@ -64,6 +64,8 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     requireKey: env.IDEM_OPTIONAL_KEY !== "1",
     logger,
     metrics,
+    // The playground pays as the demo account without an API key: only where the demo accounts exist.
+    playground: demo,
   });
   const server = serve({ fetch: app.fetch, port, hostname: env.HOST ?? "127.0.0.1" });
   await new Promise<void>((resolve, reject) => {
@@ -80,6 +82,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   else console.log("  payments in atomic mode (no provider)");
   if (demo) {
     for (const a of DEMO_ACCOUNTS) console.log(`  demo account ${a.id}: Authorization: Bearer ${a.apiKey}`);
+    if (mode === "phases") console.log(`  playground: http://${env.HOST ?? "127.0.0.1"}:${actualPort}/`);
   }
 
   // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose

@@ -1,0 +1,291 @@
+/**
+ * The playground: a page at `/` that lets a person feel the problem (app/playground/), and the few JSON
+ * endpoints it needs under `/playground/api/*`. Served ONLY with the demo accounts (embedded database or
+ * IDEM_DEMO=1): these endpoints pay as the demo account without an API key.
+ *
+ *   POST /playground/api/pay    send one payment attempt as the demo account, with a chosen fault, and
+ *                               report what the client saw (or that it saw nothing)
+ *   GET  /playground/api/state  the key's row (recovery point, lease), its payment, the provider's
+ *                               charges, the outbox and the emails sent
+ *
+ * Attempts without a server-side fault go to the service itself, in process, through every middleware,
+ * exactly as a client's request would. The crash and slow-worker faults need crash points, which the
+ * public route never has: such attempts run on a second instance of the payments route, built for that
+ * one attempt with `faults` and a short lease, and called at the same path (`/v1/payments`), so that the
+ * request's fingerprint is the same and a retry on the public route resumes it.
+ */
+import { readFile } from "node:fs/promises";
+import { Hono } from "hono";
+import type { Db, PhaseFaults, PostgresStore } from "idem/postgres";
+import { crashAt, listCharges, pauseAt } from "idem/testing";
+import type { ApiKeys } from "./accounts.ts";
+import { DEMO_ACCOUNTS } from "./accounts.ts";
+import { paymentPhasesRoutes } from "./payments-phases.ts";
+import { problem } from "./problems.ts";
+
+export interface PlaygroundOptions {
+  db: Db;
+  store: PostgresStore;
+  apiKeys: ApiKeys;
+  /** The payment provider's base URL (its charges are shown). Required. */
+  providerUrl: string;
+  /** The service itself (its `fetch`), for attempts without a server-side fault. Required. */
+  service: (request: Request) => Response | Promise<Response>;
+  /** Lease of the faulty worker's attempts, so that a crashed one frees its key soon. Default: 3,000 ms. */
+  leaseMs?: number;
+  /** How long the slow worker stalls (past its lease) before it carries on. Default: 2 × leaseMs + 1,000. */
+  slowMs?: number;
+}
+
+export const PLAYGROUND_FAULTS = ["none", "lose-reply", "crash-after-charge", "slow-worker"] as const;
+export type PlaygroundFault = (typeof PLAYGROUND_FAULTS)[number];
+
+const ACCOUNT = DEMO_ACCOUNTS[0];
+const STATIC: Record<string, string> = {
+  "index.html": "text/html; charset=utf-8",
+  "playground.js": "text/javascript; charset=utf-8",
+  "playground.css": "text/css; charset=utf-8",
+};
+
+/** What the playground tells the page about one attempt. */
+export interface AttemptReport {
+  key: string;
+  amount_cents: number;
+  card: string | null;
+  fault: PlaygroundFault;
+  /** `public route` (the service itself) or `faulty worker` (the second route instance with crash points). */
+  via: "public route" | "faulty worker";
+  /** False when the client got nothing: the reply was lost, or the server crashed. */
+  answered: boolean;
+  /** Why there was no answer. */
+  silence?: "reply lost" | "server crashed";
+  status?: number;
+  replayed?: boolean;
+  expires?: string | null;
+  retryAfter?: string | null;
+  location?: string | null;
+  body?: unknown;
+  ms: number;
+}
+
+export function playgroundRoutes(o: PlaygroundOptions): Hono {
+  const app = new Hono();
+  const leaseMs = o.leaseMs ?? 3_000;
+  const slowMs = o.slowMs ?? 2 * leaseMs + 1_000;
+  const dir = new URL("./playground/", import.meta.url);
+  const schema = o.store.schema;
+
+  const file = (name: string) => async () => {
+    const body = await readFile(new URL(name, dir));
+    return new Response(body, { headers: { "content-type": STATIC[name]!, "cache-control": "no-store" } });
+  };
+  app.get("/", file("index.html"));
+  app.get("/playground/playground.js", file("playground.js"));
+  app.get("/playground/playground.css", file("playground.css"));
+
+  app.post("/playground/api/pay", async (c) => {
+    let input: Record<string, unknown>;
+    try {
+      input = await c.req.json();
+    } catch {
+      return problem(400, "invalid-body", "Send a JSON object.");
+    }
+    const key = input.key;
+    const amount = input.amount_cents;
+    const fault = (input.fault ?? "none") as PlaygroundFault;
+    const card = typeof input.card === "string" && input.card !== "" ? input.card : null;
+    if (typeof key !== "string" || !/^[\x21-\x7e]{1,200}$/.test(key) || /["\\]/.test(key)) {
+      return problem(400, "invalid-body", "key must be 1 to 200 visible ASCII characters, no quotes.");
+    }
+    if (typeof amount !== "number" || !Number.isInteger(amount) || amount < 1 || amount > 100_000_000) {
+      return problem(400, "invalid-body", "amount_cents must be a whole number from 1 to 100000000.");
+    }
+    if (!PLAYGROUND_FAULTS.includes(fault)) {
+      return problem(400, "invalid-body", `fault must be one of ${PLAYGROUND_FAULTS.join(", ")}.`);
+    }
+    const init: RequestInit = {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${ACCOUNT.apiKey}`,
+        "content-type": "application/json",
+        "idempotency-key": `"${key}"`,
+      },
+      body: JSON.stringify({ amount_cents: amount, currency: "eur", ...(card ? { card } : {}) }),
+    };
+    const started = performance.now();
+    const report: AttemptReport = {
+      key,
+      amount_cents: amount,
+      card,
+      fault,
+      via: "public route",
+      answered: true,
+      ms: 0,
+    };
+    let res: Response | undefined;
+    if (fault === "crash-after-charge" || fault === "slow-worker") {
+      report.via = "faulty worker";
+      res = await faultyAttempt(fault, key, init);
+    } else {
+      res = await o.service(new Request("http://playground.internal/v1/payments", init));
+    }
+    const text = res ? await res.text() : "";
+    report.ms = Math.round(performance.now() - started);
+    if (!res) {
+      report.answered = false;
+      report.silence = "server crashed";
+    } else if (fault === "lose-reply") {
+      // The service did the work and answered; the answer never reaches the client.
+      report.answered = false;
+      report.silence = "reply lost";
+    } else {
+      report.status = res.status;
+      report.replayed = res.headers.get("idempotent-replayed") === "true";
+      report.expires = res.headers.get("idempotency-expires");
+      report.retryAfter = res.headers.get("retry-after");
+      report.location = res.headers.get("location");
+      try {
+        report.body = JSON.parse(text);
+      } catch {
+        report.body = text;
+      }
+    }
+    return c.json(report);
+  });
+
+  /** One attempt on a route instance of its own with a crash point; undefined when it "crashed". */
+  async function faultyAttempt(
+    fault: "crash-after-charge" | "slow-worker",
+    key: string,
+    init: RequestInit,
+  ): Promise<Response | undefined> {
+    let faults: PhaseFaults;
+    if (fault === "crash-after-charge") {
+      // The provider charged the card; the process dies before the recovery point says so.
+      faults = crashAt("after-external", { phase: "started", key });
+    } else {
+      // The charge is recorded; then the worker stalls before the local phase, without a heartbeat,
+      // past its lease. A retry may take the key over; when this worker wakes, its fenced write fails.
+      const stall = pauseAt("before-phase", { phase: "charged", key });
+      stall.reached.then(() => setTimeout(stall.release, slowMs).unref?.());
+      faults = stall;
+    }
+    const worker = new Hono();
+    worker.route("/", paymentPhasesRoutes({ ...o, leaseMs, faults }));
+    let crashed = false;
+    worker.onError((err) => {
+      if (err.name !== "SimulatedCrashError") {
+        return problem(500, "internal-error", `The faulty worker failed: ${err.message}`);
+      }
+      crashed = true; // like a dead process: no answer at all
+      return new Response(null, { status: 500 });
+    });
+    const res = await worker.request("/v1/payments", init);
+    return crashed ? undefined : res;
+  }
+
+  app.get("/playground/api/state", async (c) => {
+    const key = c.req.query("key") || null;
+    const now = Date.now();
+    const state: Record<string, unknown> = { now: new Date(now).toISOString(), account: ACCOUNT.id, key };
+
+    // The key's row (the newest, if the key was reused across a retention boundary).
+    let chargeId: string | null = null;
+    if (key) {
+      const { rows } = await o.db.query<Record<string, unknown>>(
+        `SELECT recovery_point, status, lease_token, lease_until, runner, phase_data, created_at, updated_at
+           FROM ${schema}.keys WHERE scope = $1 AND key = $2 AND NOT marker ORDER BY bucket DESC LIMIT 1`,
+        [ACCOUNT.id, key],
+      );
+      const r = rows[0];
+      if (r) {
+        const until = r.lease_until ? new Date(r.lease_until as string).getTime() : null;
+        const data = (typeof r.phase_data === "string" ? JSON.parse(r.phase_data) : r.phase_data) as {
+          chargeId?: string;
+        } | null;
+        chargeId = data?.chargeId ?? null;
+        state.row = {
+          recovery_point: r.recovery_point,
+          status: r.status === null ? null : Number(r.status),
+          lease_token: r.lease_token ?? null,
+          lease_until: until === null ? null : new Date(until).toISOString(),
+          lease_left_ms: until === null ? null : until - now,
+          runner: r.runner ?? null,
+          phase_data: data,
+          created_at: iso(r.created_at),
+          updated_at: iso(r.updated_at),
+        };
+      } else state.row = null;
+    }
+
+    // The provider's charges: this key's, and the demo account's latest.
+    try {
+      const all = (await listCharges(o.providerUrl)).filter((ch) =>
+        ch.idempotency_key?.startsWith(`${ACCOUNT.id}:`),
+      );
+      const mine = key ? all.filter((ch) => ch.idempotency_key === `${ACCOUNT.id}:${key}`) : [];
+      state.charges = { total: all.length, forKey: mine, recent: all.slice(-8).reverse() };
+      chargeId ??= mine.find((ch) => ch.status === "succeeded")?.id ?? null;
+    } catch (err) {
+      state.charges = { error: `the provider at ${o.providerUrl} did not answer: ${(err as Error).message}` };
+    }
+
+    // The payment made from this key's charge (its id is derived from the charge id).
+    const paymentId = chargeId ? `pay_${chargeId.replace(/^ch_/, "")}` : null;
+    const payments = paymentId
+      ? (
+          await o.db.query<Record<string, unknown>>(
+            "SELECT id, amount_cents, currency, status, created_at FROM payments WHERE id = $1 AND account_id = $2",
+            [paymentId, ACCOUNT.id],
+          )
+        ).rows.map((p) => ({ ...p, amount_cents: Number(p.amount_cents), created_at: iso(p.created_at) }))
+      : [];
+    state.payments = payments;
+
+    // The outbox: receipt emails waiting for (or published by) the relay.
+    const { rows: outbox } = await o.db.query<Record<string, unknown>>(
+      `SELECT id, topic, type, payload, attempts, published_at, created_at FROM ${schema}.outbox
+        WHERE topic = 'receipt-email' AND payload->>'account' = $1 ORDER BY id DESC LIMIT 8`,
+      [ACCOUNT.id],
+    );
+    const forKey = paymentId
+      ? (
+          await o.db.query<Record<string, unknown>>(
+            `SELECT id, topic, type, payload, attempts, published_at, created_at FROM ${schema}.outbox
+              WHERE topic = 'receipt-email' AND payload->>'payment' = $1 ORDER BY id`,
+            [paymentId],
+          )
+        ).rows
+      : [];
+    const shape = (r: Record<string, unknown>) => ({
+      id: String(r.id),
+      type: r.type,
+      payment: (r.payload as { payment?: string } | null)?.payment ?? null,
+      attempts: Number(r.attempts),
+      published_at: iso(r.published_at),
+      created_at: iso(r.created_at),
+    });
+    state.outbox = { forKey: forKey.map(shape), recent: outbox.map(shape) };
+
+    // The emails sent, if a receipt worker keeps them (app/receipts.ts); otherwise say there is none.
+    const { rows: t } = await o.db.query<{ t: string | null }>(
+      "SELECT to_regclass('sent_emails')::text AS t",
+    );
+    if (t[0]?.t) {
+      const { rows } = await o.db.query<Record<string, unknown>>("SELECT * FROM sent_emails LIMIT 200");
+      const recent = rows.slice(-8).reverse();
+      const ofKey = paymentId ? rows.filter((r) => JSON.stringify(r).includes(paymentId)) : [];
+      state.emails = { worker: true, total: rows.length, forKey: ofKey, recent };
+    } else {
+      state.emails = { worker: false, total: 0, forKey: [], recent: [] };
+    }
+    return c.json(state);
+  });
+
+  return app;
+}
+
+function iso(v: unknown): string | null {
+  if (v === null || v === undefined) return null;
+  return new Date(v as string).toISOString();
+}
