@@ -18,6 +18,8 @@ export interface RunningService {
   url: string;
   open: OpenDb;
   store: PostgresStore;
+  /** The provider simulator's URL (phases mode). */
+  providerUrl?: string;
   stop(): Promise<void>;
   count(sql: string, params?: unknown[]): Promise<number>;
 }
@@ -29,6 +31,8 @@ export async function startService(
     logger?: Logger;
     /** `atomic` (default here: local payments, issue 2's first cut) or `phases` (charges a simulator). */
     paymentsMode?: "atomic" | "phases";
+    /** Serve the playground (phases mode). */
+    playground?: boolean;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
@@ -48,6 +52,7 @@ export async function startService(
     apiKeys: new ApiKeys(open.db),
     requireKey: options.requireKey,
     logger: options.logger ?? createLogger({ level: "silent" }),
+    playground: options.playground,
   });
   const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" });
   await new Promise<void>((r) => server.once("listening", () => r()));
@@ -56,6 +61,7 @@ export async function startService(
     url: `http://127.0.0.1:${port}`,
     open,
     store,
+    providerUrl: provider?.url,
     async stop() {
       await new Promise<void>((r) => server.close(() => r()));
       await provider?.close();
