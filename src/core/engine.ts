@@ -9,7 +9,7 @@ import {
   type SavePolicy,
   type StoredResponse,
 } from "./response.ts";
-import type { AtomicOutcome, AtomicStore, Claim } from "./store.ts";
+import type { AtomicOutcome, AtomicStore, Claim, CompactSaved } from "./store.ts";
 
 /** A request as the engine sees it; each HTTP adapter builds one from its framework's request. */
 export interface IdemRequest {
@@ -34,6 +34,28 @@ export interface EngineOptions<Tx> extends SavePolicy {
   replayHeaders?: readonly string[];
   /** Called once per request with how it ended (for metrics and logs). Default: none. */
   onOutcome?: (event: OutcomeEvent) => void;
+  /**
+   * Compact storage for this route (atomic mode): save the status and the created resource's id instead
+   * of the whole reply, and rebuild the reply from them on replay. Replays are then no longer byte for
+   * byte: they are whatever `rebuild` makes of the resource now. Default: none (replies saved in full).
+   */
+  compact?: CompactOptions<Tx>;
+}
+
+/** How a route saves its replies in compact form and rebuilds them (see `EngineOptions.compact`). */
+export interface CompactOptions<Tx> {
+  /**
+   * The id of the resource a saved reply created (e.g. the payment id), or undefined to save this
+   * reply in full (e.g. a 402 decline that created nothing). Runs inside the work's transaction: if it
+   * throws, the work rolls back.
+   */
+  id: (response: StoredResponse) => string | undefined;
+  /**
+   * The reply to replay for a key saved in compact form, from its status and resource id. Runs in the
+   * replay's transaction (`tx`), so it may read the resource. The replay keeps the saved status and
+   * only allow-listed headers, plus `Idempotent-Replayed: true`.
+   */
+  rebuild: (saved: CompactSaved, tx: Tx) => StoredResponse | Promise<StoredResponse>;
 }
 
 /** The result of reading a request: either a claim to run, an answer to send at once, or no key at all. */
@@ -147,19 +169,32 @@ export class IdempotencyEngine<Tx> {
     work: (tx: Tx) => Promise<StoredResponse>,
     options: { signal?: AbortSignal } = {},
   ): Promise<Settled> {
+    const compact = this.options.compact;
     return this.settle(claim, () =>
       this.options.store.atomic(
         claim,
         async (tx) => {
           const produced = await work(tx);
-          const save = isSaved(produced.status, this.options)
-            ? { status: produced.status, headers: this.savedHeaders(produced.headers), body: produced.body }
-            : undefined;
-          return { response: produced, save };
+          if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
+          const save = {
+            status: produced.status,
+            headers: this.savedHeaders(produced.headers),
+            body: produced.body,
+          };
+          const compactId = compact?.id(produced);
+          return compactId === undefined
+            ? { response: produced, save }
+            : { response: produced, save, compactId };
         },
-        options,
+        compact ? { ...options, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) } : options,
       ),
     );
+  }
+
+  /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
+  private async rebuild(compact: CompactOptions<Tx>, saved: CompactSaved, tx: Tx): Promise<StoredResponse> {
+    const r = await compact.rebuild(saved, tx);
+    return { status: saved.status, headers: this.savedHeaders(r.headers), body: r.body };
   }
 
   /**

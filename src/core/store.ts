@@ -17,6 +17,28 @@ export interface WorkResult {
    * back because the answer is not final (a 5xx, a validation failure found late).
    */
   save: StoredResponse | undefined;
+  /**
+   * Compact storage: keep only `save.status` and this id of the created resource (no headers, no body);
+   * replays are rebuilt from them by `AtomicRunOptions.rebuild`. Undefined: save `save` in full.
+   */
+  compactId?: string;
+}
+
+/** What a key saved in compact form keeps: the reply's status and the id of the resource it created. */
+export interface CompactSaved {
+  status: number;
+  id: string;
+}
+
+/** Options of one atomic run. */
+export interface AtomicRunOptions<Tx> {
+  /** The client's request signal: when it aborted before the commit, nothing is saved. */
+  signal?: AbortSignal;
+  /**
+   * Rebuilds the reply of a key saved in compact form, inside the replay's transaction (it may read the
+   * resource again). Required to replay such a key; the engine passes it for routes with `compact`.
+   */
+  rebuild?: (saved: CompactSaved, tx: Tx) => Promise<StoredResponse>;
 }
 
 export type AtomicOutcome =
@@ -38,8 +60,11 @@ export interface AtomicStore<Tx> {
   atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
-    options?: { signal?: AbortSignal },
+    options?: AtomicRunOptions<Tx>,
   ): Promise<AtomicOutcome>;
-  /** Run work in a plain transaction, for requests without a key on routes where the key is optional. */
-  transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T>;
+  /**
+   * Run work in a plain transaction, for requests without a key on routes where the key is optional.
+   * `scope`, when known, lets a store spread over several databases pick the caller's one.
+   */
+  transaction<T>(work: (tx: Tx) => Promise<T>, options?: { scope?: string }): Promise<T>;
 }

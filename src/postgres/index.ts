@@ -21,5 +21,10 @@ export {
   PhasesRunner,
   SimulatedCrashError,
 } from "./phases.ts";
-export { type KeyRow, PostgresStore, type PostgresStoreOptions } from "./store.ts";
+export {
+  CompactWithoutRebuildError,
+  type KeyRow,
+  PostgresStore,
+  type PostgresStoreOptions,
+} from "./store.ts";
 export { uuidv7 } from "./uuid7.ts";

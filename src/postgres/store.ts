@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import {
   type AtomicOutcome,
+  type AtomicRunOptions,
   type AtomicStore,
   type Claim,
   KeyInFlightError,
@@ -45,6 +46,8 @@ export interface KeyRow {
   status: number | null;
   headers: Array<[string, string]> | null;
   body: Uint8Array | null;
+  /** Compact storage (atomic-mode lookups only): the created resource's id; `headers` and `body` are NULL. */
+  resource_id?: string | null;
   /** Phases mode only (read with `lookup(..., { phases: true })`): the lease and what earlier phases saved. */
   lease_token?: string | null;
   lease_until?: Date | null;
@@ -182,6 +185,7 @@ export class PostgresStore implements AtomicStore<Tx> {
   replayOf(claim: Claim, row: KeyRow): AtomicOutcome | undefined {
     if (!sameBytes(row.fingerprint, claim.fingerprint)) throw new KeyMismatchError();
     if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
+    if (row.resource_id != null) throw new CompactWithoutRebuildError();
     return {
       kind: "replayed",
       expiresAt: this.expiresAt(row),
@@ -189,8 +193,26 @@ export class PostgresStore implements AtomicStore<Tx> {
     };
   }
 
-  /** Decide what a finished or foreign row means for this claim (replay or 422), or 409 for an unfinished one. */
-  private answerFromRow(claim: Claim, row: KeyRow): AtomicOutcome {
+  /**
+   * Decide what a finished or foreign row means for this claim (replay or 422), or 409 for an unfinished
+   * one. A row saved in compact form is replayed through `rebuild`, in the lookup's transaction.
+   */
+  private async answerFromRow(
+    claim: Claim,
+    row: KeyRow,
+    tx: Tx,
+    rebuild: AtomicRunOptions<Tx>["rebuild"],
+  ): Promise<AtomicOutcome> {
+    if (row.resource_id != null && row.status !== null && sameBytes(row.fingerprint, claim.fingerprint)) {
+      if (!rebuild) throw new CompactWithoutRebuildError();
+      let response: StoredResponse;
+      try {
+        response = await rebuild({ status: row.status, id: row.resource_id }, tx);
+      } catch (err) {
+        throw new WorkError(err);
+      }
+      return { kind: "replayed", expiresAt: this.expiresAt(row), response };
+    }
     const replay = this.replayOf(claim, row);
     if (!replay) throw new KeyInFlightError(1);
     return replay;
@@ -302,11 +324,11 @@ export class PostgresStore implements AtomicStore<Tx> {
   async atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
-    options: { signal?: AbortSignal } = {},
+    options: AtomicRunOptions<Tx> = {},
   ): Promise<AtomicOutcome> {
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.runAtomic(claim, work, options.signal);
+        return await this.runAtomic(claim, work, options);
       } catch (err) {
         if (err instanceof Rollback) {
           return {
@@ -331,13 +353,13 @@ export class PostgresStore implements AtomicStore<Tx> {
   private runAtomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
-    signal?: AbortSignal,
+    { signal, rebuild }: AtomicRunOptions<Tx>,
   ): Promise<AtomicOutcome> {
     return this.db.transaction(
       async (tx) => {
         const now = this.clock();
         const existing = await this.lookup(tx, claim.scope, claim.key, now);
-        if (existing) return this.answerFromRow(claim, existing);
+        if (existing) return this.answerFromRow(claim, existing, tx, rebuild);
 
         let result: WorkResult;
         try {
@@ -348,6 +370,7 @@ export class PostgresStore implements AtomicStore<Tx> {
         if (!result.save) throw new Rollback(result.response);
         if (signal?.aborted) throw new Rollback(result.response); // the client hung up: save nothing
         const saved = result.save;
+        const compact = result.compactId !== undefined;
         tx.final(this.sql.insertDone, [
           this.partitions.bucketOf(now),
           claim.scope,
@@ -355,8 +378,9 @@ export class PostgresStore implements AtomicStore<Tx> {
           claim.fingerprint,
           new Date(now).toISOString(),
           saved.status,
-          JSON.stringify(saved.headers),
-          saved.body,
+          compact ? null : JSON.stringify(saved.headers),
+          compact ? null : saved.body,
+          compact ? result.compactId : null,
         ]);
         return {
           kind: "executed",
@@ -375,6 +399,16 @@ class Rollback {
   constructor(readonly response: StoredResponse) {}
 }
 
+/** A key saved in compact form was looked up by a route that cannot rebuild its reply. */
+export class CompactWithoutRebuildError extends Error {
+  override name = "CompactWithoutRebuildError";
+  constructor() {
+    super(
+      "this key was saved in compact form (status and resource id): replay it through a route with `compact.rebuild`",
+    );
+  }
+}
+
 /** Wraps what the work threw, so that the work's own errors are never mistaken for ours. */
 class WorkError {
   constructor(readonly cause: unknown) {}
@@ -390,11 +424,12 @@ function statements(s: string) {
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
               ORDER BY bucket DESC LIMIT 1`;
   return {
-    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body ${lookupWhere}`,
+    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
     lookupPhases: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
                           lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
-    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body)
-                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8)`,
+    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
+                                        resource_id)
+                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)`,
     claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
                                          lease_until, runner, request, updated_at)
             VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
