@@ -21,6 +21,7 @@ export {
   PhasesRunner,
   SimulatedCrashError,
 } from "./phases.ts";
+export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
 export {
   CompactWithoutRebuildError,
   type KeyRow,
