@@ -47,7 +47,8 @@ The run:
   --faults LIST          comma-separated, from ${FAULTS.join(",")}
                          (default: all; scope only with --auth-bearer-2)
   --copies N             sends of a concurrent intent (default: 3)
-  --timeout-ms N         the client's per-try timeout in the timeout fault (default: 1000)
+  --timeout-ms N         how long the first try of a timeout intent waits before giving up
+                         (default: 500; the proxy holds its reply until then)
   --lease-seconds S      how long a key may answer 409 before it counts as stuck (default: 10)
   --amount-base N        {{amount}} of intent n is N + n (default: random, 1000000..8999999)
   --json                 print the report as JSON (no progress bar, no table)
@@ -176,7 +177,7 @@ export async function verifyCommand(argv: string[]): Promise<number> {
     seed,
     faults,
     copies: whole("--copies", values.copies, 3, 2),
-    timeoutMs: whole("--timeout-ms", values["timeout-ms"], 1_000),
+    timeoutMs: whole("--timeout-ms", values["timeout-ms"], 500),
     leaseSeconds: whole("--lease-seconds", values["lease-seconds"], 10),
     keyHeader: values["key-header"],
     amountBase,

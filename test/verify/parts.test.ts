@@ -2,7 +2,7 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listEffects, planIntents, startFaultProxy } from "../../src/testing/index.ts";
+import { listEffects, planIntents, startFaultProxy, verify } from "../../src/testing/index.ts";
 import { renderRequest, toParameterised, unknownPlaceholders } from "../../src/testing/verify/template.ts";
 
 describe("the fault proxy", () => {
@@ -141,5 +141,40 @@ describe("templates", () => {
         }),
     });
     expect(await counter.count([vars, { ...vars, amount: 5 }, { ...vars, amount: 6 }])).toEqual([2, 1, 0]);
+  });
+});
+
+describe("the stuck-key check", () => {
+  it("reports a key that keeps answering 409 past the lease", async () => {
+    // Answers the first request of each key, then 409 "in progress" for ever: a claim never released.
+    const seen = new Set<string>();
+    const server = http.createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        const key = String(req.headers["idempotency-key"]);
+        if (seen.has(key)) {
+          res.writeHead(409, { "retry-after": "0" }).end('{"detail":"in progress"}');
+        } else {
+          seen.add(key);
+          res.writeHead(201, { "content-type": "application/json" }).end('{"ok":true}');
+        }
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+    try {
+      const report = await verify({
+        url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+        request: { path: "/pay", body: "{}" },
+        faults: ["duplicate"],
+        intents: 2,
+        leaseSeconds: 1,
+        requestTimeoutMs: 3_000, // the duplicate retries its 409s until lease + this
+      });
+      expect(report.ok).toBe(false);
+      expect(report.violationsByKind).toEqual({ "stuck-in-flight": 2 });
+      expect(report.violations[0]!.message).toMatch(/^still 409 after 1\.\d s \(the lease\)$/);
+    } finally {
+      await new Promise<void>((r) => server.close(() => r()));
+    }
   });
 });

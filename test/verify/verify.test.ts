@@ -148,6 +148,32 @@ describe.each(serverBackends)("verify() against the reference service on $name",
   });
 });
 
+describe.each(serverBackends.slice(0, 1))(
+  "verify() against the service's phases-mode payments on $name",
+  (backend) => {
+    let phases: RunningService;
+    beforeAll(async () => {
+      phases = await startService(backend, { paymentsMode: "phases" });
+    });
+    afterAll(() => phases?.stop());
+
+    it("holds every invariant when each payment charges the provider simulator", async () => {
+      const report = await verify({
+        url: phases.url,
+        request: PAYMENT,
+        auth: bearer(KEY_1),
+        secondAuth: bearer(KEY_2),
+        effects: sqlEffects(phases.open.db, COUNT_SQL),
+        intents: 24,
+        concurrency: 12,
+        seed: 13,
+      });
+      expect(report.violations).toEqual([]);
+      expect(report.effects.counted).toBe(24);
+    });
+  },
+);
+
 describe("verify() against a naive check-then-insert server", () => {
   let report: VerifyReport;
   beforeAll(async () => {

@@ -121,9 +121,13 @@ export function checkInvariants(
       }
     }
 
-    // Same key from another account: its own fresh answer, never this intent's.
+    // Same key from another account: its own fresh answer, never one the first account got.
     if (run.scope) {
       seen("scope");
+      const firstAccountBodies = new Set([
+        ...exchanges(run.key).map((e) => e.body),
+        ...run.answers.filter((a) => a.status !== 0).map((a) => a.body),
+      ]);
       const s = run.scope;
       const ok = s.status >= 200 && s.status < 300;
       if (!ok) {
@@ -132,7 +136,7 @@ export function checkInvariants(
           ViolationKind.crossAccount,
           `a second account's request with this key got ${show(s)}: keys must be scoped by account`,
         );
-      } else if (s.replayed || (run.final && s.body === run.final.body)) {
+      } else if (s.replayed || firstAccountBodies.has(s.body)) {
         add(
           run,
           ViolationKind.crossAccount,

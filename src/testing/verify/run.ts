@@ -18,7 +18,7 @@ import { type RenderedRequest, type RequestTemplate, renderRequest, type Templat
 
 /** One answer as the sender saw it. */
 export interface Answer {
-  /** Which send: `first`, `copy 2`, `duplicate`, `changed body`, `second account`, `replay`. */
+  /** Which send: `first`, `copy 2`, `duplicate`, `retry`, `changed body`, `second account`, `replay`. */
   label: string;
   /** 0 when no response came (network error or timeout on every attempt). */
   status: number;
@@ -141,7 +141,7 @@ export async function runIntents(options: RunOptions): Promise<IntentRun[]> {
       budget: false, // every retry here is deliberate
       breaker: false, // the faults would open it
       giveUpWith: "response",
-      deadlineMs: options.leaseMs + options.requestTimeoutMs + 5_000,
+      deadlineMs: options.leaseMs + options.requestTimeoutMs, // room for a 409 to clear
       perTryTimeoutMs: options.requestTimeoutMs,
       retry: { maxAttempts: 8, baseMs: 50, capMs: 1_000 },
     });
@@ -156,7 +156,7 @@ export async function runIntents(options: RunOptions): Promise<IntentRun[]> {
     key: string,
     req: RenderedRequest,
     auth: Record<string, string>,
-    extra: { perTryTimeoutMs?: number } = {},
+    extra: { perTryTimeoutMs?: number; maxAttempts?: number } = {},
   ): Promise<Answer> {
     try {
       const intent = await client.intent(`${key}.${++calls}`, { key });
@@ -207,7 +207,7 @@ export async function runIntents(options: RunOptions): Promise<IntentRun[]> {
     const key = vars.key;
     const req = renderRequest(options.template, vars);
     const run: IntentRun = { plan, key, vars, answers: [], outcome: "unresolved" };
-    const send = (label: string, extra?: { perTryTimeoutMs?: number }) =>
+    const send = (label: string, extra?: { perTryTimeoutMs?: number; maxAttempts?: number }) =>
       call(viaProxy, label, key, req, options.auth, extra);
 
     switch (plan.delivery) {
@@ -230,8 +230,11 @@ export async function runIntents(options: RunOptions): Promise<IntentRun[]> {
         run.answers.push(await send("first"));
         break;
       case "timeout":
+        // One attempt with a short per-try timeout (the proxy holds its reply until the client gives
+        // up), then the caller's retry with the usual timeout: a slow retry must not time out too.
         options.proxy.inject(key, "hold");
-        run.answers.push(await send("first", { perTryTimeoutMs: options.timeoutMs }));
+        run.answers.push(await send("first", { perTryTimeoutMs: options.timeoutMs, maxAttempts: 1 }));
+        run.answers.push(await send("retry"));
         break;
     }
 

@@ -39,7 +39,10 @@ export interface VerifyOptions {
   faults?: readonly Fault[];
   /** Sends of a `concurrent` intent. Default 3. */
   copies?: number;
-  /** The client's per-try timeout in the `timeout` fault. Default 1,000 ms. */
+  /**
+   * The `timeout` fault: the per-try timeout of an intent's first try, whose reply the proxy holds
+   * until the client gives up; the retry then has the usual timeout. Default 500 ms.
+   */
   timeoutMs?: number;
   /** Per-try timeout of every other request. Default 10,000 ms. */
   requestTimeoutMs?: number;
@@ -130,7 +133,7 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
   const keyHeader = options.keyHeader ?? "Idempotency-Key";
   const amountBase = options.amountBase ?? randomInt(1_000_000, 9_000_000);
   const leaseMs = (options.leaseSeconds ?? 10) * 1000;
-  const timeoutMs = options.timeoutMs ?? 1_000;
+  const timeoutMs = options.timeoutMs ?? 500;
   const plans = planIntents({ intents, faults, seed });
 
   const values = drawValues(plans, amountBase);
