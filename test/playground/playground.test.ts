@@ -1,0 +1,254 @@
+/**
+ * The playground page, end to end: the real service (phases mode, the provider simulator over HTTP) and
+ * Debian's Chromium driven by playwright-core. A person's clicks: lose the reply then retry, crash after
+ * the provider charged then retry, wrong body on a reused key, double-tap, a slow worker whose lease
+ * expires. After each, what the page shows is checked against the database and the provider's charges.
+ * Leaves a screenshot in test-results/playground.png.
+ */
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type BrowserContext, chromium, type Locator, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DEMO_ACCOUNTS } from "../../app/accounts.ts";
+import { type RunningService, startService } from "../app/service.ts";
+import { backends } from "../helpers/db.ts";
+
+const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
+const haveChromium = existsSync(CHROMIUM);
+if (!haveChromium && process.env.CI) {
+  throw new Error(
+    `CI=true but there is no Chromium at ${CHROMIUM}: install Debian's chromium (apt-get install chromium) for the playground's browser test`,
+  );
+}
+if (!haveChromium)
+  console.warn(`playground browser test skipped: no Chromium at ${CHROMIUM} (apt-get install chromium)`);
+const backend = backends.find((b) => b.name === "pg") ?? backends[0]!;
+const ACCOUNT = DEMO_ACCOUNTS[0].id;
+const SCREENSHOT = "test-results/playground.png";
+
+/** What the page says about the current key (its live views). */
+interface Shown {
+  point: string;
+  charges: number;
+  payments: number;
+  outbox: number;
+}
+
+describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
+  let svc: RunningService;
+  let context: BrowserContext;
+  let page: Page;
+  let profile: string;
+
+  beforeAll(async () => {
+    svc = await startService(backend, { paymentsMode: "phases", playground: true });
+    profile = mkdtempSync(join(tmpdir(), "idem-chromium-"));
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+      ],
+      viewport: { width: 1400, height: 1000 },
+    });
+    page = context.pages()[0] ?? (await context.newPage());
+    await page.goto(`${svc.url}/`);
+  });
+  afterAll(async () => {
+    await context?.close();
+    await svc?.stop();
+    if (profile) rmSync(profile, { recursive: true, force: true });
+  });
+
+  // ---- the page --------------------------------------------------------------------------------------
+
+  const text = async (l: Locator) => (await l.textContent()) ?? "";
+  const currentKey = () => text(page.getByTestId("current-key"));
+  const attempt = (n: number) => page.locator(`[data-testid="attempt"][data-n="${n}"]`);
+  let attempts = 0;
+
+  /** Click, then wait for attempt `n` (the next one) to end; returns what the list shows for it. */
+  async function finished(n: number) {
+    const li = attempt(n);
+    await li.and(page.locator(':not([data-kind="pending"])')).waitFor({ timeout: 15_000 });
+    return {
+      status: await li.getAttribute("data-status"),
+      replayed: (await li.getAttribute("data-replayed")) === "true",
+      text: await text(li),
+    };
+  }
+  async function click(testId: string) {
+    await page.getByTestId(testId).click();
+    return ++attempts;
+  }
+  async function setFault(testId: string | null) {
+    for (const id of ["fault-lose-reply", "fault-crash", "fault-slow", "fault-wrong-body"]) {
+      await page.getByTestId(id).setChecked(id === testId);
+    }
+  }
+  async function shown(): Promise<Shown> {
+    return {
+      point: await text(page.getByTestId("key-point")),
+      charges: Number(await page.getByTestId("charges-count").getAttribute("data-count")),
+      payments: Number(await page.getByTestId("payments").getAttribute("data-count")),
+      outbox: Number(await page.getByTestId("outbox-count").getAttribute("data-count")),
+    };
+  }
+
+  // ---- the truth ---------------------------------------------------------------------------------------
+
+  async function truth(key: string): Promise<Shown & { status: number | null; lease: boolean }> {
+    const { rows } = await svc.open.db.query<{
+      recovery_point: string;
+      status: number | null;
+      lease: boolean;
+    }>(
+      `SELECT recovery_point, status, lease_token IS NOT NULL AS lease FROM idem.keys
+        WHERE scope = $1 AND key = $2 AND NOT marker`,
+      [ACCOUNT, key],
+    );
+    expect(rows.length).toBeLessThanOrEqual(1);
+    const res = await fetch(`${svc.providerUrl}/v1/charges`);
+    const charges = (
+      (await res.json()) as { data: Array<{ id: string; idempotency_key: string }> }
+    ).data.filter((c) => c.idempotency_key === `${ACCOUNT}:${key}`);
+    const ids = charges.map((c) => `pay_${c.id.replace(/^ch_/, "")}`);
+    const payments = await svc.count(
+      "SELECT count(*)::int AS n FROM payments WHERE account_id = $1 AND id = ANY($2::text[])",
+      [ACCOUNT, ids],
+    );
+    const outbox = await svc.count(
+      "SELECT count(*)::int AS n FROM idem.outbox WHERE topic = 'receipt-email' AND payload->>'payment' = ANY($1::text[])",
+      [ids],
+    );
+    return {
+      point: rows[0]?.recovery_point ?? "none",
+      status: rows[0]?.status === null || rows[0] === undefined ? null : Number(rows[0].status),
+      lease: rows[0]?.lease ?? false,
+      charges: charges.length,
+      payments,
+      outbox,
+    };
+  }
+
+  /** Wait until the page's live views show `want`, then check that the database says the same. */
+  async function agrees(key: string, want: Shown) {
+    await expect.poll(shown, { timeout: 10_000, interval: 100 }).toEqual(want);
+    const db = await truth(key);
+    expect({ point: db.point, charges: db.charges, payments: db.payments, outbox: db.outbox }).toEqual(want);
+    return db;
+  }
+
+  const PAID = { point: "done", charges: 1, payments: 1, outbox: 1 };
+
+  it("loads with its switches and live views", async () => {
+    await expect.poll(() => text(page.getByTestId("emails"))).toMatch(/No email worker/);
+    expect(await page.title()).toMatch(/idem playground/);
+    expect(await page.getByTestId("retry").isDisabled()).toBe(true);
+  });
+
+  it("lose the reply, then retry: one charge, and the retry is a replay", async () => {
+    await setFault("fault-lose-reply");
+    const n = await click("pay");
+    const lost = await finished(n);
+    expect(lost.status).toBe("none");
+    expect(lost.text).toMatch(/no answer/);
+    expect(lost.text).toMatch(/reply lost/);
+    const key = await currentKey();
+    // The server did the work although the client saw nothing.
+    const db = await agrees(key, PAID);
+    expect(db.status).toBe(201);
+
+    await setFault(null);
+    const retry = await finished(await click("retry"));
+    expect(retry.status).toBe("201");
+    expect(retry.replayed).toBe(true);
+    expect(retry.text).toMatch(/Idempotent-Replayed: true/);
+    await agrees(key, PAID);
+  });
+
+  it("crash after the provider charged, then retry: 409 while the lease holds, then one charge, done", async () => {
+    await setFault("fault-crash");
+    const crashed = await finished(await click("pay"));
+    expect(crashed.status).toBe("none");
+    expect(crashed.text).toMatch(/server crashed/);
+    const key = await currentKey();
+    // Charged at the provider, but the key is still at `started` with the dead worker's lease.
+    const db = await agrees(key, { point: "started", charges: 1, payments: 0, outbox: 0 });
+    expect(db.lease).toBe(true);
+    await expect.poll(() => text(page.getByTestId("key-lease"))).toMatch(/held by/);
+
+    await setFault(null);
+    const early = await finished(await click("retry"));
+    expect(early.status).toBe("409");
+    expect(early.text).toMatch(/Retry-After/);
+
+    // The page shows the lease running out; then the retry takes the key over and finishes it.
+    await expect.poll(() => text(page.getByTestId("key-lease")), { timeout: 10_000 }).toMatch(/expired/);
+    const retry = await finished(await click("retry"));
+    expect(retry.status).toBe("201");
+    expect(retry.replayed).toBe(false);
+    const after = await agrees(key, PAID);
+    expect(after.lease).toBe(false);
+    expect(await text(page.getByTestId("key-status"))).toBe("201");
+  });
+
+  it("wrong body on the reused key: 422 shown, nothing changes", async () => {
+    const key = await currentKey();
+    await setFault("fault-wrong-body");
+    const wrong = await finished(await click("pay"));
+    expect(wrong.status).toBe("422");
+    expect(wrong.text).toMatch(/Same key, different body/);
+    expect(await currentKey()).toBe(key);
+    await agrees(key, PAID);
+  });
+
+  it("double-tap: two requests with one key, one charge", async () => {
+    await setFault(null);
+    await page.getByTestId("double-tap").click();
+    const a = ++attempts;
+    const b = ++attempts;
+    const [first, second] = [await finished(a), await finished(b)];
+    const statuses = [first.status, second.status].sort();
+    // One of them made the payment; the other saw it in flight (409) or replayed it.
+    expect([
+      ["201", "201"],
+      ["201", "409"],
+    ]).toContainEqual(statuses);
+    if (statuses[1] === "201") expect([first.replayed, second.replayed].sort()).toEqual([false, true]);
+    await agrees(await currentKey(), PAID);
+  });
+
+  it("a slow worker whose lease expires: the retry takes over, the slow one is fenced off", async () => {
+    await setFault("fault-slow");
+    const slow = await click("pay");
+    const key = await currentKey();
+    // The charge is recorded; the worker stalls before the local phase and its lease runs out.
+    await expect.poll(() => text(page.getByTestId("key-point")), { timeout: 10_000 }).toBe("charged");
+    await expect.poll(() => text(page.getByTestId("key-lease")), { timeout: 10_000 }).toMatch(/expired/);
+    expect((await truth(key)).point).toBe("charged");
+    expect((await attempt(slow).getAttribute("data-kind")) === "pending").toBe(true);
+
+    await setFault(null);
+    const retry = await finished(await click("retry"));
+    expect(retry.status).toBe("201");
+    await agrees(key, PAID);
+
+    const late = await finished(slow);
+    expect(late.status).toBe("409");
+    expect(late.text).toMatch(/too slow/);
+    await agrees(key, PAID);
+
+    mkdirSync("test-results", { recursive: true });
+    await page.screenshot({ path: SCREENSHOT, fullPage: true });
+    expect(existsSync(SCREENSHOT)).toBe(true);
+  });
+});
