@@ -21,6 +21,10 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "finish phases-mode keys abandoned mid-way",
       run: async () => (await import("./complete.ts")).completeCommand,
     },
+    verify: {
+      summary: "run intents with faults against an API and check exactly-once",
+      run: async () => (await import("./verify.ts")).verifyCommand,
+    },
     sweep: {
       summary: "drop expired key partitions (retention)",
       run: async () => (await import("./sweep.ts")).sweepCommand,
