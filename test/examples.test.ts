@@ -9,12 +9,12 @@ const run = promisify(execFile);
 describe("examples", () => {
   it("quickstart: the retry replays and one charge exists", async () => {
     const { stdout } = await run("node_modules/.bin/tsx", ["--conditions=source", "examples/quickstart.ts"], {
-      timeout: 60_000,
+      timeout: 120_000,
     });
     expect(stdout).toContain('attempt 1: 201 replayed=false {"id":1,"amount_cents":5000}');
     expect(stdout).toContain('attempt 2: 201 replayed=true {"id":1,"amount_cents":5000}');
     expect(stdout).toContain("charges in the table: 1");
-  });
+  }, 150_000);
 
   it("the README shows the quickstart as it is in examples/", () => {
     const readme = readFileSync("README.md", "utf8");
