@@ -61,6 +61,8 @@ export interface AmqpPublisherOptions {
    * default exchange: the topic is the name of the queue).
    */
   exchange?: string;
+  /** The routing key of a message. Default: its topic. */
+  routingKey?: (m: OutboxMessage) => string;
   /** Declare the topology (exchanges, queues, bindings) on each new connection. Default: nothing. */
   setup?: (channel: Channel) => Promise<void>;
   /** Persistent (delivery mode 2) messages. Default true. */
@@ -145,6 +147,7 @@ export class AmqpPublisher implements Publisher {
     const { channel } = link;
     const exchange = this.#options.exchange ?? "";
     const persistent = this.#options.persistent ?? true;
+    const routingKey = this.#options.routingKey ?? ((m: OutboxMessage) => m.topic);
     const outcomes: Promise<PublishOutcome>[] = [];
     for (const m of messages) {
       if (link.dead) {
@@ -163,10 +166,10 @@ export class AmqpPublisher implements Publisher {
       let sent = true;
       const confirmed = new Promise<PublishOutcome>((resolve) => {
         try {
-          sent = channel.publish(exchange, m.topic, Buffer.from(m.body), options, (err: unknown) => {
+          sent = channel.publish(exchange, routingKey(m), Buffer.from(m.body), options, (err: unknown) => {
             if (err) resolve({ ok: false, error: errorOf(err) });
             else if (link.returned.delete(m.id)) {
-              resolve({ ok: false, error: new Error(`unroutable: no queue bound for "${m.topic}"`) });
+              resolve({ ok: false, error: new Error(`unroutable: no queue bound for "${routingKey(m)}"`) });
             } else resolve({ ok: true });
           });
         } catch (err) {

@@ -19,7 +19,7 @@ export {
   type ParkedMessage,
 } from "./inbox.ts";
 export { type Listen, listenWithPg, listenWithPglite, listenWithPostgresJs } from "./listen.ts";
-export { MemoryBroker } from "./memory.ts";
+export { MemoryBroker, type MemoryBrokerOptions } from "./memory.ts";
 export {
   outboxCounts,
   Relay,

@@ -14,6 +14,8 @@ import { wireHeaders } from "./types.ts";
 
 interface Queued {
   delivery: Delivery;
+  /** Called once a consumer is done with it (acked, or parked by its inbox). */
+  done?: () => void;
 }
 
 interface Subscriber {
@@ -49,8 +51,26 @@ class Queue {
   }
 }
 
+/** Options of {@link MemoryBroker}. */
+export interface MemoryBrokerOptions {
+  /**
+   * Confirm a publish only when a consumer is done with the message (its effect committed), rather than
+   * when it is queued. The relay then marks an outbox row published only after its effect, so a process
+   * that dies with messages still queued loses nothing: the relay publishes them again after a restart.
+   * Default false.
+   */
+  confirmOnConsume?: boolean;
+  /** With `confirmOnConsume`: a message not consumed within this fails its publish. Default 10,000 ms. */
+  confirmTimeoutMs?: number;
+}
+
 export class MemoryBroker {
   readonly #queues = new Map<string, Queue>();
+  readonly #options: MemoryBrokerOptions;
+
+  constructor(options: MemoryBrokerOptions = {}) {
+    this.#options = options;
+  }
 
   #queue(topic: string): Queue {
     const found = this.#queues.get(topic);
@@ -70,15 +90,43 @@ export class MemoryBroker {
     this.#queue(topic).push({ delivery: { ...delivery, topic, redelivered: false } });
   }
 
-  /** A publisher for the relay: every message is "confirmed" once queued. */
+  /** A publisher for the relay: a message is confirmed once queued (or consumed, see the options). */
   publisher(): Publisher {
+    const onConsume = this.#options.confirmOnConsume ?? false;
+    const timeoutMs = this.#options.confirmTimeoutMs ?? 10_000;
     return {
       name: "memory",
       publish: async (messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> =>
-        messages.map((m) => {
-          this.send(m.topic, { id: m.id, type: m.type, body: m.body, headers: wireHeaders(m) });
-          return { ok: true };
-        }),
+        Promise.all(
+          messages.map((m): Promise<PublishOutcome> => {
+            const delivery: Delivery = {
+              id: m.id,
+              topic: m.topic,
+              type: m.type,
+              body: m.body,
+              headers: wireHeaders(m),
+              redelivered: false,
+            };
+            if (!onConsume) {
+              this.#queue(m.topic).push({ delivery });
+              return Promise.resolve({ ok: true });
+            }
+            return new Promise((resolve) => {
+              const timer = setTimeout(
+                () => resolve({ ok: false, error: new Error(`not consumed within ${timeoutMs} ms`) }),
+                timeoutMs,
+              );
+              timer.unref();
+              this.#queue(m.topic).push({
+                delivery,
+                done: () => {
+                  clearTimeout(timer);
+                  resolve({ ok: true });
+                },
+              });
+            });
+          }),
+        ),
       close: async () => {},
     };
   }
@@ -96,7 +144,7 @@ export class MemoryBroker {
     const closed = new Promise<void>((r) => {
       resolveClosed = r;
     });
-    const requeue = (q: Queued) => queue.push({ delivery: { ...q.delivery, redelivered: true } });
+    const requeue = (q: Queued) => queue.push({ ...q, delivery: { ...q.delivery, redelivered: true } });
     const sub: Subscriber = {
       capacity: Math.max(1, options.prefetch ?? 256),
       deliver(q) {
@@ -116,8 +164,10 @@ export class MemoryBroker {
                 requeue(q);
               }, retryDelayMs);
               timers.set(t, q);
+              return;
             }
             // ack and done-failed: the message leaves the queue
+            q.done?.();
           })
           .finally(() => {
             sub.capacity++;

@@ -1,0 +1,95 @@
+/** The reference service's receipt-email worker: payment -> outbox -> broker -> inbox -> one email. */
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect as natsConnect } from "@nats-io/transport-node";
+import amqp from "amqplib";
+import { describe, expect, it } from "vitest";
+import { RECEIPT_TOPIC, type ReceiptsConfig, receiptsOf, startReceipts } from "../../app/receipts.ts";
+import { migrate } from "../../src/postgres/migrate.ts";
+import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { backends, serverBackends } from "../helpers/db.ts";
+import { AMQP_URL, NATS_URL, unique, until } from "./helpers.ts";
+
+const pglite = backends.find((b) => b.name === "pglite")!;
+const pgBackend = serverBackends.find((b) => b.name === "pg");
+
+const transports: {
+  name: string;
+  backend: typeof pglite | undefined;
+  config: (ns: string) => ReceiptsConfig;
+  cleanup(ns: string): Promise<void>;
+}[] = [
+  { name: "in-process", backend: pglite, config: () => ({}), cleanup: async () => {} },
+  {
+    name: "rabbitmq",
+    backend: pgBackend,
+    config: (ns) => ({ amqpUrl: AMQP_URL, namespace: ns }),
+    async cleanup(ns) {
+      const c = await amqp.connect(AMQP_URL);
+      const ch = await c.createChannel();
+      await ch.deleteQueue(`${ns}${RECEIPT_TOPIC}`).catch(() => {});
+      await c.close();
+    },
+  },
+  {
+    name: "nats",
+    backend: pgBackend,
+    config: (ns) => ({ natsUrl: NATS_URL, namespace: ns }),
+    async cleanup(ns) {
+      const nc = await natsConnect({ servers: NATS_URL });
+      await (await jetstreamManager(nc)).streams.delete(`${ns.toUpperCase()}IDEM_RECEIPTS`).catch(() => {});
+      await nc.close();
+    },
+  },
+];
+
+describe.each(transports)("receipt-email worker over $name", ({ name, backend, config, cleanup }) => {
+  it.skipIf(!backend)("records one email per payment, however often its event is delivered", async () => {
+    const { db, close } = await backend!.open();
+    const ns = unique("rcpt_");
+    const quiet = { log: () => {} };
+    try {
+      await migrate(db);
+      const receipts = await startReceipts(db, { ...config(ns), ...quiet });
+      expect(receipts.transport).toBe(name);
+      const ids: string[] = [];
+      try {
+        for (let i = 0; i < 20; i++) {
+          await db.transaction(async (tx) => {
+            ids.push(
+              await writeOutbox(tx, {
+                topic: RECEIPT_TOPIC,
+                type: "payment.succeeded",
+                aggregateType: "payment",
+                aggregateId: `pay_${i}`,
+                payload: { payment: `pay_${i}`, account: "acct_1", amount_cents: 100 + i },
+              }),
+            );
+          });
+        }
+        await until(async () => (await receiptsOf(db, "pay_19")).length === 1, 15_000, "the last receipt");
+        // A relay that died before marking: every event goes out again; no second email.
+        await db.query("UPDATE idem.outbox SET published_at = NULL");
+        receipts.relay.wake();
+        // (JetStream itself drops copies within its duplicate window and says so in the publish ack.)
+        await until(
+          () => receipts.consumer.stats.duplicates + receipts.relay.stats.duplicates >= 20,
+          15_000,
+          "the copies absorbed",
+        );
+      } finally {
+        await receipts.stop();
+      }
+      const { rows } = await db.query<{ n: string; d: string }>(
+        "SELECT count(*) AS n, count(DISTINCT payment_id) AS d FROM sent_emails",
+      );
+      expect({ emails: Number(rows[0]!.n), payments: Number(rows[0]!.d) }).toEqual({
+        emails: 20,
+        payments: 20,
+      });
+      expect((await receiptsOf(db, "pay_3"))[0]!.messageId).toBe(ids[3]);
+    } finally {
+      await close();
+      await cleanup(ns);
+    }
+  });
+});
