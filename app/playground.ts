@@ -272,10 +272,7 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
       "SELECT to_regclass('sent_emails')::text AS t",
     );
     if (t[0]?.t) {
-      const { rows } = await o.db.query<Record<string, unknown>>("SELECT * FROM sent_emails LIMIT 200");
-      const recent = rows.slice(-8).reverse();
-      const ofKey = paymentId ? rows.filter((r) => JSON.stringify(r).includes(paymentId)) : [];
-      state.emails = { worker: true, total: rows.length, forKey: ofKey, recent };
+      state.emails = { worker: true, ...(await sentEmails(o.db, paymentId)) };
     } else {
       state.emails = { worker: false, total: 0, forKey: [], recent: [] };
     }
@@ -283,6 +280,42 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
   });
 
   return app;
+}
+
+/**
+ * The demo account's sent emails, as app/receipts.ts records them (message_id, payment_id, account_id,
+ * amount_cents, sent_at); any other shape of the table is shown as it is.
+ */
+async function sentEmails(db: Db, paymentId: string | null) {
+  try {
+    const [recent, total, forKey] = await Promise.all([
+      db.query<Record<string, unknown>>(
+        "SELECT message_id, payment_id, amount_cents, sent_at FROM sent_emails WHERE account_id = $1 ORDER BY sent_at DESC LIMIT 8",
+        [ACCOUNT.id],
+      ),
+      db.query<{ n: number }>("SELECT count(*)::int AS n FROM sent_emails WHERE account_id = $1", [
+        ACCOUNT.id,
+      ]),
+      db.query<Record<string, unknown>>(
+        "SELECT message_id, payment_id, amount_cents, sent_at FROM sent_emails WHERE payment_id = $1",
+        [paymentId ?? ""],
+      ),
+    ]);
+    const shape = (r: Record<string, unknown>) => ({
+      ...r,
+      amount_cents: Number(r.amount_cents),
+      sent_at: iso(r.sent_at),
+    });
+    return {
+      total: Number(total.rows[0]?.n ?? 0),
+      forKey: forKey.rows.map(shape),
+      recent: recent.rows.map(shape),
+    };
+  } catch {
+    const { rows } = await db.query<Record<string, unknown>>("SELECT * FROM sent_emails LIMIT 200");
+    const forKey = paymentId ? rows.filter((r) => JSON.stringify(r).includes(paymentId)) : [];
+    return { total: rows.length, forKey, recent: rows.slice(-8).reverse() };
+  }
 }
 
 function iso(v: unknown): string | null {

@@ -219,9 +219,17 @@ function render(s) {
 
   const em = s.emails;
   $("emails").dataset.worker = String(em.worker);
+  $("emails").dataset.count = String(em.forKey.length);
   $("emails").innerHTML = em.worker
     ? `<p class="count">${em.forKey.length} for this key's payment (${em.total} in all)</p>` +
-      `<table><tbody>${em.recent.map((e) => `<tr><td>${esc(JSON.stringify(e))}</td></tr>`).join("")}</tbody></table>`
+      `<table><thead><tr><th>email</th><th>payment</th><th>amount</th><th>sent</th></tr></thead><tbody>${em.recent
+        .map((e) =>
+          e.payment_id
+            ? `<tr class="${e.payment_id === s.payments[0]?.id ? "mine" : ""}"><td>${esc(short(e.message_id))}</td>` +
+              `<td>${esc(e.payment_id)}</td><td>${money(e.amount_cents)}</td><td>${esc(e.sent_at)}</td></tr>`
+            : `<tr><td colspan="4">${esc(JSON.stringify(e))}</td></tr>`,
+        )
+        .join("")}</tbody></table>`
     : '<p class="note">No email worker: the receipts wait in the outbox above (published: not yet) until a relay and a receipt worker run.</p>';
 }
 
