@@ -208,9 +208,17 @@ class Unsaved {
 }
 const CONFLICT = Symbol("conflict");
 
+/**
+ * The `Retry-After` of a 409 while another worker holds the lease: the time left on the lease, capped
+ * at MAX_IN_FLIGHT_RETRY_AFTER_S. A live holder usually finishes in milliseconds, and a hint as long as
+ * the whole lease would make a client with a shorter deadline give up on a double-tap at once; a
+ * crashed holder's key is taken over as soon as its lease runs out, which short retries notice.
+ */
+export const MAX_IN_FLIGHT_RETRY_AFTER_S = 2;
 function retryAfter(until: Date | string | null | undefined, now: number): number {
   if (!until) return 1;
-  return Math.max(1, Math.ceil((new Date(until).getTime() - now) / 1000));
+  const left = Math.ceil((new Date(until).getTime() - now) / 1000);
+  return Math.min(MAX_IN_FLIGHT_RETRY_AFTER_S, Math.max(1, left));
 }
 
 export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Record<string, unknown>> {
