@@ -3,12 +3,15 @@
  * under `.idem/pgdata` (the default for `npm start`, so the service runs with nothing installed).
  */
 import { mkdirSync } from "node:fs";
+import { type Listen, listenWithPg, listenWithPglite } from "idem/messaging";
 import { type Db, fromPg, fromPglite, migrate } from "idem/postgres";
 import type { PoolConfig } from "pg";
 import { PATTERN_TABLES } from "./patterns.ts";
 
 export interface OpenedDatabase {
   db: Db;
+  /** LISTEN on a dedicated connection, to wake the outbox relay as soon as an event is written. */
+  listen: Listen;
   embedded: boolean;
   /** Where it lives, for the start-up banner (no password). */
   where: string;
@@ -45,13 +48,19 @@ export async function openDatabase(options: {
       );
     }
     parsed.password = "";
-    return { db, embedded: false, where: `${parsed.host}${parsed.pathname}` };
+    return {
+      db,
+      listen: listenWithPg(() => pool.connect()),
+      embedded: false,
+      where: `${parsed.host}${parsed.pathname}`,
+    };
   }
   const dataDir = options.dataDir ?? ".idem/pgdata";
   mkdirSync(dataDir, { recursive: true });
   const { PGlite } = await import("@electric-sql/pglite");
-  const db = fromPglite(await PGlite.create(dataDir));
-  return { db, embedded: true, where: `embedded PGlite in ${dataDir}` };
+  const pglite = await PGlite.create(dataDir);
+  const db = fromPglite(pglite);
+  return { db, listen: listenWithPglite(pglite), embedded: true, where: `embedded PGlite in ${dataDir}` };
 }
 
 /** idem's own migrations, then the service's tables (idempotent DDL under an advisory lock). */

@@ -8,6 +8,7 @@
  *   PROVIDER_URL          the payment provider (default: the simulator, started in this process)
  *   PROVIDER_PORT         port of that in-process simulator (default 4100; 0 picks a free one)
  *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
+ *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
  *   LOG_LEVEL             pino level (default info)
@@ -20,6 +21,7 @@ import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
 import { createLogger, createMetrics } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
+import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
 
 export async function start(env: NodeJS.ProcessEnv = process.env) {
   const port = Number(env.PORT ?? 3000);
@@ -31,7 +33,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     throw new Error(`IDEM_PAYMENTS_MODE must be phases or atomic, got ${mode}`);
   }
   const logger = createLogger({ level: env.LOG_LEVEL });
-  const { db, embedded, where } = await openDatabase({
+  const { db, listen, embedded, where } = await openDatabase({
     url: env.DATABASE_URL || undefined,
     dataDir: env.IDEM_DATA_DIR,
     poolSize: env.IDEM_POOL_SIZE ? Number(env.IDEM_POOL_SIZE) : undefined,
@@ -41,6 +43,13 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   if (demo) await ensureDemoAccounts(db);
   const retentionHours = Number(env.IDEM_RETENTION_HOURS ?? 24);
   const store = await PostgresStore.open(db, { retentionMs: retentionHours * 3_600_000 });
+
+  // The receipt-email worker: outbox -> broker (AMQP_URL, NATS_URL, else in process) -> inbox -> email.
+  const receipts = await startReceipts(db, {
+    ...receiptsConfigFromEnv(env),
+    listen,
+    log: (line) => logger.info(line, "receipts"),
+  });
 
   let providerUrl = env.PROVIDER_URL || undefined;
   let provider: Awaited<ReturnType<typeof startProvider>> | undefined;
@@ -80,6 +89,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   if (mode === "phases")
     console.log(`  payment provider: ${providerUrl}${provider ? " (simulator, in process)" : ""}`);
   else console.log("  payments in atomic mode (no provider)");
+  console.log(`  receipt emails: outbox -> ${receipts.transport} -> inbox`);
   if (demo) {
     for (const a of DEMO_ACCOUNTS) console.log(`  demo account ${a.id}: Authorization: Bearer ${a.apiKey}`);
     if (mode === "phases") console.log(`  playground: http://${env.HOST ?? "127.0.0.1"}:${actualPort}/`);
@@ -112,6 +122,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
       clearInterval(completer);
       // Stop accepting; requests in flight finish (their phases complete or free their leases).
       await new Promise<void>((resolve) => server.close(() => resolve()));
+      await receipts.stop();
       await provider?.close();
       await db.close();
     })();

@@ -21,6 +21,10 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "finish phases-mode keys abandoned mid-way",
       run: async () => (await import("./complete.ts")).completeCommand,
     },
+    relay: {
+      summary: "publish outbox events to RabbitMQ, NATS or a webhook",
+      run: async () => (await import("./relay.ts")).relayCommand,
+    },
     verify: {
       summary: "run intents with faults against an API and check exactly-once",
       run: async () => (await import("./verify.ts")).verifyCommand,
