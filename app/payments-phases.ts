@@ -24,7 +24,14 @@ import {
 } from "idem/postgres";
 import { chargeProvider } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
-import { authenticate, MAX_BODY_BYTES, type Payment, type PaymentInput, parsePayment } from "./payments.ts";
+import {
+  authenticate,
+  MAX_BODY_BYTES,
+  type PaymentInput,
+  parsePayment,
+  paymentReadRoutes,
+  toPayment,
+} from "./payments.ts";
 import { problem } from "./problems.ts";
 
 /** What the runner stores with the key (for the completer): the validated payment. */
@@ -127,16 +134,6 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
   });
 }
 
-function toPayment(row: Record<string, unknown>): Payment {
-  return {
-    id: String(row.id),
-    amount_cents: Number(row.amount_cents),
-    currency: String(row.currency),
-    status: String(row.status),
-    created_at: new Date(row.created_at as string).toISOString(),
-  };
-}
-
 /** Like payments.ts's validation, plus an optional `card` (JSON or form). Nothing is claimed on a 4xx. */
 const validatePayment: MiddlewareHandler<Env> = async function validatePayment(c, next) {
   const ct = c.req.header("content-type");
@@ -185,22 +182,7 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
       input: (c) => c.var.payment,
     }),
   );
-  app.get("/v1/payments", authenticate(deps.apiKeys), async (c) => {
-    const { rows } = await deps.db.query<Record<string, unknown>>(
-      `SELECT id, amount_cents, currency, status, created_at FROM payments
-        WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT 100`,
-      [c.var.accountId],
-    );
-    return c.json({ data: rows.map(toPayment) });
-  });
-  app.get("/v1/payments/:id", authenticate(deps.apiKeys), async (c) => {
-    const { rows } = await deps.db.query<Record<string, unknown>>(
-      "SELECT id, amount_cents, currency, status, created_at FROM payments WHERE id = $1 AND account_id = $2",
-      [c.req.param("id"), c.var.accountId],
-    );
-    if (!rows[0]) return problem(404, "not-found", "No payment with this id in your account.");
-    return c.json(toPayment(rows[0]));
-  });
+  app.route("/", paymentReadRoutes(deps));
   return app;
 }
 

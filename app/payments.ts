@@ -30,7 +30,7 @@ export interface Payment {
   created_at: string;
 }
 
-function toPayment(row: Record<string, unknown>): Payment {
+export function toPayment(row: Record<string, unknown>): Payment {
   return {
     id: String(row.id),
     amount_cents: Number(row.amount_cents),
@@ -140,6 +140,13 @@ export function paymentRoutes(deps: {
     },
   );
 
+  app.route("/", paymentReadRoutes(deps));
+  return app;
+}
+
+/** `GET /v1/payments` (the caller's, newest first) and `GET /v1/payments/:id`: the same in both modes. */
+export function paymentReadRoutes(deps: { db: Db; apiKeys: ApiKeys }): Hono<Env> {
+  const app = new Hono<Env>();
   app.get("/v1/payments", authenticate(deps.apiKeys), async (c) => {
     const { rows } = await deps.db.query(
       `SELECT id, amount_cents, currency, status, created_at FROM payments
