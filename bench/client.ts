@@ -34,7 +34,7 @@ export interface ClientBenchResult {
   cpuRatio: number;
 }
 
-export async function clientBench(requests = 5_000, concurrency = 8): Promise<void> {
+export async function clientBench(requests = 5_000, concurrency = 8): Promise<ClientBenchResult> {
   const r = await measureClientOverhead(requests, concurrency);
   console.log(
     `client vs fetch (loopback POST, ${r.requests} requests each, concurrency ${r.concurrency}): ` +
@@ -43,6 +43,7 @@ export async function clientBench(requests = 5_000, concurrency = 8): Promise<vo
       `CPU-time ratio ${r.cpuRatio.toFixed(3)}. Where it goes: plain fetch with a timeout signal alone ` +
       `${r.timeoutSignalRatio.toFixed(3)}; the client without deadline/per-try timers ${r.noTimersRatio.toFixed(3)}`,
   );
+  return r;
 }
 
 export async function measureClientOverhead(requests = 5_000, concurrency = 8): Promise<ClientBenchResult> {

@@ -82,10 +82,11 @@ async function recordPayment(tx: Tx, chargeId: string, input: Pay): Promise<void
   });
 }
 
-/** Run `one` with CONCURRENCY workers for `seconds`; payments per second. */
+/** Run `one` with CONCURRENCY workers for `seconds`; payments per second. Latencies go to `latencies`. */
 async function measure(
   one: (i: number) => Promise<void>,
   seconds: number,
+  latencies?: number[],
 ): Promise<{ rps: number; n: number }> {
   let n = 0;
   let next = 0;
@@ -94,7 +95,9 @@ async function measure(
   await Promise.all(
     Array.from({ length: CONCURRENCY }, async () => {
       while (performance.now() < until) {
+        const t = performance.now();
         await one(next++);
+        latencies?.push(performance.now() - t);
         n++;
       }
     }),
@@ -102,7 +105,21 @@ async function measure(
   return { rps: n / ((performance.now() - t0) / 1000), n };
 }
 
-export async function phasesBench(): Promise<void> {
+export interface PhasesBenchResult {
+  concurrency: number;
+  seconds: number;
+  atomic: { rps: number; n: number; p50Ms: number; p99Ms: number; cpuUsPerPayment: number };
+  phases: { rps: number; n: number; p50Ms: number; p99Ms: number; cpuUsPerPayment: number; charges: number };
+  /** phases / atomic payments per second. */
+  ratio: number;
+}
+
+function percentile(xs: number[], q: number): number {
+  const sorted = [...xs].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? Number.NaN;
+}
+
+export async function phasesBench(): Promise<PhasesBenchResult> {
   const fresh = await freshBenchDatabase();
   const db: Db = fromPg(
     new pg.Pool({ connectionString: fresh.url, max: 20, pipeline: true } as pg.PoolConfig),
@@ -160,8 +177,8 @@ export async function phasesBench(): Promise<void> {
     await measure((i) => atomicOne(1e9 + i), 0.5);
     await measure((i) => phasesOne(1e9 + i), 0.5);
     await fetch(`${provider.url}/_sim/reset`, { method: "POST" });
-    const atomic = { n: 0, s: 0, rps: 0, cpu: 0 };
-    const phased = { n: 0, s: 0, rps: 0, cpu: 0 };
+    const atomic = { n: 0, s: 0, rps: 0, cpu: 0, latencies: [] as number[] };
+    const phased = { n: 0, s: 0, rps: 0, cpu: 0, latencies: [] as number[] };
     const cpu = () => {
       const u = process.cpuUsage();
       return u.user + u.system;
@@ -170,11 +187,11 @@ export async function phasesBench(): Promise<void> {
     let offset = 0;
     for (let round = 0; round < Math.max(1, Math.round(SECONDS / SLICE)); round++) {
       let c0 = cpu();
-      const a = await measure((i) => atomicOne(offset + i), SLICE);
+      const a = await measure((i) => atomicOne(offset + i), SLICE, atomic.latencies);
       atomic.cpu += cpu() - c0;
       offset += a.n + CONCURRENCY;
       c0 = cpu();
-      const p = await measure((i) => phasesOne(offset + i), SLICE);
+      const p = await measure((i) => phasesOne(offset + i), SLICE, phased.latencies);
       phased.cpu += cpu() - c0;
       offset += p.n + CONCURRENCY;
       atomic.n += a.n;
@@ -200,6 +217,26 @@ export async function phasesBench(): Promise<void> {
       `  this process's CPU per payment: atomic ${(atomic.cpu / atomic.n).toFixed(0)} µs, phases ${(phased.cpu / phased.n).toFixed(0)} µs (runner, driver and load generator; the simulator runs in its own process); CPU busy ${((100 * (atomic.cpu + phased.cpu)) / 1e6 / (atomic.s + phased.s)).toFixed(0)}% of one core`,
     );
     console.log(`phases / atomic = ${ratio.toFixed(2)}  (goal >= 0.50)`);
+    return {
+      concurrency: CONCURRENCY,
+      seconds: SECONDS,
+      atomic: {
+        rps: atomic.rps,
+        n: atomic.n,
+        p50Ms: percentile(atomic.latencies, 0.5),
+        p99Ms: percentile(atomic.latencies, 0.99),
+        cpuUsPerPayment: atomic.cpu / atomic.n,
+      },
+      phases: {
+        rps: phased.rps,
+        n: phased.n,
+        p50Ms: percentile(phased.latencies, 0.5),
+        p99Ms: percentile(phased.latencies, 0.99),
+        cpuUsPerPayment: phased.cpu / phased.n,
+        charges,
+      },
+      ratio,
+    };
   } finally {
     provider.close();
     await db.close();

@@ -1,20 +1,272 @@
 /**
  * `npm run bench`: every benchmark, each printing figures measured in one run (ratios, not absolute
- * timings compared across runs). Needs the real PostgreSQL: DATABASE_URL, default
- * postgres://postgres@127.0.0.1:5432/test (each benchmark works in a database of its own and drops it).
+ * timings compared across runs), then a report of them all: bench/results/latest.md (tables, with the
+ * machine's description) and bench/results/latest.svg (throughput and p99 per scenario).
+ *
+ * Needs the real PostgreSQL: DATABASE_URL, default postgres://postgres@127.0.0.1:5432/test (each
+ * benchmark works in a database of its own and drops it). The messaging benchmark also needs RabbitMQ
+ * and NATS (AMQP_URL, NATS_URL). A benchmark that fails is reported as not measured; the others run.
+ *
+ * BENCH_ONLY=http,client,phases,messaging,keys,retention runs a subset (the report then holds only those).
  */
+import { existsSync } from "node:fs";
+import { relative } from "node:path";
 import { clientBench } from "./client.ts";
 import { httpBench, printRows } from "./http.ts";
 import { phasesBench } from "./phases.ts";
+import { type BenchResult, describeMachine, type Report, writeReport } from "./report.ts";
+import { printRetention, retentionBench } from "./retention.ts";
 
-const rows = await httpBench();
-printRows("Payment endpoint over HTTP (real PostgreSQL, autocannon, 32 connections)", rows);
-const [unkeyed, keyed, replay] = rows;
-console.log(`keyed first-time / unkeyed = ${(keyed!.rps / unkeyed!.rps).toFixed(2)}  (goal >= 0.80)`);
-console.log(`keyed replay / unkeyed     = ${(replay!.rps / unkeyed!.rps).toFixed(2)}  (goal >= 1.00)`);
+const DATABASE_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+const ONLY = process.env.BENCH_ONLY?.split(",").map((s) => s.trim());
+const wanted = (name: string) => !ONLY || ONLY.includes(name);
+const started = performance.now();
 
-console.log("\nClient overhead on the success path");
-await clientBench();
+const report: Report = {
+  machine: await describeMachine(DATABASE_URL),
+  results: [],
+  figures: [],
+  notes: [],
+  failures: [],
+  highlights: [],
+};
+const highlight = (line: string) => report.highlights!.push(line);
+const result = (r: BenchResult) => report.results.push(r);
+const figure = (group: string, name: string, value: string, note?: string) =>
+  report.figures.push({ group, name, value, ...(note ? { note } : {}) });
 
-console.log("\nPhases mode (provider over HTTP) against atomic mode, same run");
-await phasesBench();
+/** Run one benchmark; a failure is printed and reported, and the run goes on. */
+async function section<T>(group: string, fn: () => Promise<T>, timeoutMs = 600_000): Promise<T | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      fn(),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no result within ${timeoutMs / 1000} s`)), timeoutMs);
+      }),
+    ]);
+  } catch (err) {
+    const message = (err as Error)?.message ?? String(err);
+    console.error(`${group}: failed: ${message}`);
+    report.failures.push({ group, error: message.split("\n")[0]! });
+    return undefined;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Call `fn` while keeping a copy of what it prints with console.log. */
+async function capturing<T>(fn: () => Promise<T>): Promise<{ value: T; lines: string[] }> {
+  const lines: string[] = [];
+  const log = console.log;
+  console.log = (...args: unknown[]) => {
+    log(...args);
+    lines.push(...args.map(String).join(" ").split("\n"));
+  };
+  try {
+    return { value: await fn(), lines };
+  } finally {
+    console.log = log;
+  }
+}
+
+const f0 = (n: number) => n.toLocaleString("en-US", { maximumFractionDigits: 0 });
+const f2 = (n: number) => n.toFixed(2);
+
+// --- Issue 2: the payment endpoint over HTTP ------------------------------------------------------------
+if (wanted("http")) {
+  const group = "Payment endpoint over HTTP (atomic mode, autocannon, 32 connections)";
+  const rows = await section(group, () => httpBench());
+  if (rows) {
+    printRows("Payment endpoint over HTTP (real PostgreSQL, autocannon, 32 connections)", rows);
+    for (const r of rows) {
+      result({
+        group,
+        scenario: r.scenario,
+        throughput: r.rps,
+        unit: "req/s",
+        p50Ms: r.p50,
+        p99Ms: r.p99,
+        note: r.note,
+      });
+    }
+    const [unkeyed, keyed, replay] = rows;
+    if (unkeyed && keyed && replay) {
+      const first = keyed.rps / unkeyed.rps;
+      const again = replay.rps / unkeyed.rps;
+      console.log(`keyed first-time / unkeyed = ${f2(first)}  (goal >= 0.80)`);
+      console.log(`keyed replay / unkeyed     = ${f2(again)}  (goal >= 1.00)`);
+      figure(group, "keyed first-time / unkeyed", f2(first), "goal >= 0.80");
+      figure(group, "keyed replay / unkeyed", f2(again), "goal >= 1.00");
+      highlight(`HTTP: keyed first-time / unkeyed ${f2(first)}, keyed replay / unkeyed ${f2(again)}`);
+    }
+  }
+}
+
+// --- The client's overhead ------------------------------------------------------------------------------
+if (wanted("client")) {
+  const group = "Client overhead on the success path (loopback)";
+  console.log("\nClient overhead on the success path");
+  const c = await section(group, () => clientBench());
+  if (c) {
+    const note = `${f0(c.requests)} requests each, concurrency ${c.concurrency}`;
+    result({ group, scenario: "plain fetch", throughput: c.fetchRps, unit: "req/s", note });
+    result({
+      group,
+      scenario: "idem client (intent, timers, budget, breaker)",
+      throughput: c.clientRps,
+      unit: "req/s",
+      note,
+    });
+    figure(group, "client time / fetch time (median of rounds)", f2(c.ratio), "target <= 1.05");
+    figure(group, "CPU-time ratio", f2(c.cpuRatio));
+    figure(group, "fetch with a timeout signal alone / fetch", f2(c.timeoutSignalRatio));
+  }
+}
+
+// --- Issue 3: phases mode against atomic mode -----------------------------------------------------------
+if (wanted("phases")) {
+  const group = "Phases mode (provider over HTTP) vs atomic mode (library level)";
+  console.log("\nPhases mode (provider over HTTP) against atomic mode, same run");
+  const p = await section(group, () => phasesBench());
+  if (p) {
+    const note = `${p.concurrency} in flight, ${p.seconds} s each, interleaved`;
+    result({
+      group,
+      scenario: "atomic: payment row + receipt, one transaction",
+      throughput: p.atomic.rps,
+      unit: "payments/s",
+      p50Ms: p.atomic.p50Ms,
+      p99Ms: p.atomic.p99Ms,
+      note,
+    });
+    result({
+      group,
+      scenario: "phases: provider charge, then the same rows",
+      throughput: p.phases.rps,
+      unit: "payments/s",
+      p50Ms: p.phases.p50Ms,
+      p99Ms: p.phases.p99Ms,
+      note: `${note}; ${f0(p.phases.charges)} provider charges`,
+    });
+    figure(group, "phases / atomic", f2(p.ratio), "goal >= 0.50");
+    highlight(`Phases mode (a provider call per payment) / atomic mode: ${f2(p.ratio)}`);
+    figure(
+      group,
+      "CPU per payment in the runner's process",
+      `${f0(p.atomic.cpuUsPerPayment)} µs / ${f0(p.phases.cpuUsPerPayment)} µs`,
+      "atomic / phases",
+    );
+  }
+}
+
+/**
+ * A benchmark file of another issue, if it exists: its exported `...Bench` function is called, what it
+ * prints is kept as a note, and rows it returns in a known shape become results.
+ */
+async function optionalBench(name: string, group: string, toResults?: (value: unknown) => BenchResult[]) {
+  const url = new URL(`./${name}.ts`, import.meta.url);
+  if (!existsSync(url)) return;
+  const mod: Record<string, unknown> = await import(url.href);
+  const entry = Object.entries(mod).find(([k, v]) => typeof v === "function" && /Bench$/.test(k));
+  if (!entry) {
+    report.failures.push({ group, error: `bench/${name}.ts exports no ...Bench function` });
+    return;
+  }
+  console.log(`\n${group}`);
+  const out = await section(group, () => capturing(() => (entry[1] as () => Promise<unknown>)()));
+  if (!out) return;
+  const rows = toResults?.(out.value) ?? [];
+  for (const r of rows) result(r);
+  const lines = out.lines.filter((l) => l.trim());
+  if (lines.length) report.notes.push({ group, lines });
+}
+
+// --- Issue 5: outbox -> broker -> inbox (bench/messaging.ts) ---------------------------------------------
+if (wanted("messaging")) {
+  const group = "Messaging: outbox -> broker -> inbox";
+  await optionalBench("messaging", group, (value) => {
+    if (!Array.isArray(value)) return [];
+    return value.flatMap((r: Record<string, unknown>): BenchResult[] =>
+      typeof r.broker === "string" && typeof r.endToEndRate === "number"
+        ? [
+            {
+              group,
+              scenario: `${r.broker}: end to end`,
+              throughput: r.endToEndRate,
+              unit: "events/s",
+              p50Ms: Number(r.p50Ms),
+              p99Ms: Number(r.p99Ms),
+            },
+          ]
+        : [],
+    );
+  });
+}
+
+// --- Issue 8: bytes per key (bench/keys.ts) ---------------------------------------------------------------
+if (wanted("keys")) await optionalBench("keys", "Key storage: full and compact modes");
+
+// --- Retention: a day of keys, dropped or deleted ------------------------------------------------------
+if (wanted("retention")) {
+  const group = "Retention: one day partition of keys";
+  console.log("");
+  const r = await section(group, () => retentionBench());
+  if (r) {
+    printRetention(r);
+    const n = f0(r.keys);
+    const group2 = `${group} (${n} keys)`;
+    const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+    result({
+      group: group2,
+      scenario: "DROP TABLE of the partition (store.sweep)",
+      throughput: (r.keys / r.dropMs) * 1000,
+      unit: "keys/s removed",
+      note: `${r.dropMs.toFixed(0)} ms, WAL ${mib(r.dropWalBytes)}`,
+    });
+    result({
+      group: group2,
+      scenario: "DELETE WHERE created_at < …, then VACUUM",
+      throughput: (r.keys / (r.deleteMs + r.vacuumMs)) * 1000,
+      unit: "keys/s removed",
+      note: `${r.deleteMs.toFixed(0)} + ${r.vacuumMs.toFixed(0)} ms, WAL ${mib(r.deleteWalBytes + r.vacuumWalBytes)}`,
+    });
+    figure(
+      group2,
+      "size per stored key",
+      `${f0(r.bytesPerKey)} bytes`,
+      `heap ${f0(r.heapBytesPerKey)}, primary key index ${f0(r.indexBytesPerKey)}, TOAST ${f0(r.toastBytesPerKey)}; ${mib(r.partitionBytes)} per partition`,
+    );
+    figure(group2, "DROP TABLE of the partition", `${r.dropMs.toFixed(1)} ms`, `WAL ${mib(r.dropWalBytes)}`);
+    figure(
+      group2,
+      "DELETE … WHERE created_at < cutoff",
+      `${r.deleteMs.toFixed(0)} ms`,
+      `WAL ${mib(r.deleteWalBytes)}; ${f0(r.deadTuples)} dead tuples, ${mib(r.bytesAfterDelete)} still on disk`,
+    );
+    figure(
+      group2,
+      "+ the VACUUM it needs",
+      `${r.vacuumMs.toFixed(0)} ms`,
+      `WAL ${mib(r.vacuumWalBytes)}; ${mib(r.bytesAfterVacuum)} left (indexes do not shrink)`,
+    );
+    highlight(
+      `A stored key costs ${f0(r.bytesPerKey)} bytes; dropping a day of ${n} keys takes ${f0(r.dropMs)} ms, deleting them ${f0(r.deleteMs)} ms + ${f0(r.vacuumMs)} ms of VACUUM (${mib(r.deleteWalBytes + r.vacuumWalBytes)} of WAL vs ${mib(r.dropWalBytes)})`,
+    );
+    figure(
+      group2,
+      "delete + vacuum / drop",
+      `${f0((r.deleteMs + r.vacuumMs) / r.dropMs)}× the time`,
+      `${f0((r.deleteWalBytes + r.vacuumWalBytes) / Math.max(1, r.dropWalBytes))}× the WAL`,
+    );
+  }
+}
+
+report.seconds = (performance.now() - started) / 1000;
+const written = writeReport(report);
+console.log(
+  `\nreport: ${relative(process.cwd(), written.markdown)}, ${relative(process.cwd(), written.svg)}` +
+    (report.failures.length ? ` (${report.failures.length} benchmark(s) not measured)` : ""),
+);
+// Brokers' and pools' sockets may linger in benchmarks of other issues: the report is written, stop.
+process.exit(report.failures.length ? 1 : 0);
