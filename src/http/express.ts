@@ -207,11 +207,14 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
         response = (await engine.execute(prepared.claim, work, { signal })).response;
       } else {
         response = await options.store
-          .transaction(async (tx) => {
-            const r = await work(tx);
-            if (r.status >= 500) throw new Unsaved(r);
-            return r;
-          })
+          .transaction(
+            async (tx) => {
+              const r = await work(tx);
+              if (r.status >= 500) throw new Unsaved(r);
+              return r;
+            },
+            { scope },
+          )
           .catch((err: unknown) => {
             if (err instanceof Unsaved) return err.response;
             throw err;

@@ -172,7 +172,7 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       p.done =
         prepared.kind === "claim"
           ? engine.execute(prepared.claim, work, { signal: hangUpSignal(reply.raw) })
-          : options.store.transaction(work).then((response): Outcome => ({ response }));
+          : options.store.transaction(work, { scope }).then((response): Outcome => ({ response }));
       // Either the claim succeeded and the handler may run, or the engine answered without running it
       // (a replay, 409, 422). A store failure before the claim rejects here and Fastify answers 500.
       const early = await Promise.race([started, p.done]);

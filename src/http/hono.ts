@@ -68,11 +68,14 @@ export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler 
     }
     if (prepared.kind === "unkeyed") {
       c.set("idempotencyOutcome", Outcome.Unkeyed);
-      await options.store.transaction(async (tx) => {
-        c.set("idempotency", { tx, key: undefined, scope });
-        await next();
-        if (c.error) throw c.error;
-      });
+      await options.store.transaction(
+        async (tx) => {
+          c.set("idempotency", { tx, key: undefined, scope });
+          await next();
+          if (c.error) throw c.error;
+        },
+        { scope },
+      );
       return;
     }
     const { claim } = prepared;

@@ -173,8 +173,9 @@ export function idempotent(
     const prepared = engine.prepare(request, scope);
     if (prepared.kind === "answer") return writeResponse(res, prepared.response);
     if (prepared.kind === "unkeyed") {
-      const reply = await options.store.transaction(async (tx) =>
-        toStored(await handler(req, { tx, key: undefined, scope, body })),
+      const reply = await options.store.transaction(
+        async (tx) => toStored(await handler(req, { tx, key: undefined, scope, body })),
+        { scope },
       );
       return writeResponse(res, reply);
     }
