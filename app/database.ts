@@ -37,6 +37,11 @@ export async function openDatabase(options: {
       max: options.poolSize ?? 20,
       pipeline: true,
     } as PoolConfig);
+    // An idle connection that dies (the server restarted) is reported on the pool: without a listener
+    // Node would crash the service. The pool replaces it on the next checkout.
+    pool.on("error", (err) => {
+      console.error(JSON.stringify({ level: 50, msg: "idle database connection lost", err: err.message }));
+    });
     const db = fromPg(pool);
     try {
       await db.query("SELECT 1");
