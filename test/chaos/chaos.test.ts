@@ -31,7 +31,7 @@ import { createRng } from "../../src/testing/prng.ts";
 import type { Charge } from "../../src/testing/provider.ts";
 import { listCharges } from "../../src/testing/provider-client.ts";
 import { type FaultProxy, startFaultProxy } from "../../src/testing/verify/proxy.ts";
-import { type Cluster, clusterUnavailable, createCluster, freePort } from "./cluster.ts";
+import { type Cluster, clusterUnavailable, freePort, startCluster } from "../helpers/cluster.ts";
 import { type ProviderProcess, Service, startProviderProcess, stopChild } from "./processes.ts";
 
 const INTENTS = Number(process.env.CHAOS_INTENTS ?? 2_000);
@@ -101,12 +101,21 @@ describe.skipIf(unavailable !== undefined)("chaos: the reference service under e
   let dbUrl: string;
 
   beforeAll(async () => {
-    cluster = await createCluster();
-    const admin = new pg.Client({ connectionString: cluster.adminUrl });
+    // Durable like a real server (the helper's defaults turn fsync off for speed).
+    cluster = await startCluster("chaos", {
+      settings: {
+        fsync: "on",
+        synchronous_commit: "on",
+        full_page_writes: "on",
+        max_connections: 100,
+        shared_buffers: "'128MB'",
+      },
+    });
+    const admin = new pg.Client({ connectionString: cluster.url });
     await admin.connect();
     await admin.query("CREATE DATABASE chaos");
     await admin.end();
-    dbUrl = cluster.adminUrl.replace(/\/postgres$/, "/chaos");
+    dbUrl = cluster.url.replace(/\/postgres$/, "/chaos");
 
     provider = await startProviderProcess([
       "--seed",
@@ -142,7 +151,7 @@ describe.skipIf(unavailable !== undefined)("chaos: the reference service under e
     await service?.stop().catch(() => {});
     await stopChild(provider);
     await pool?.end().catch(() => {});
-    await cluster?.destroy();
+    await cluster?.stop();
   }, 60_000);
 
   it(

@@ -20,7 +20,7 @@ import type { Db } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { type Cluster, freePort, postgresBinDir, startCluster } from "./clusters.ts";
+import { type Cluster, freePort, postgresBinDir, startCluster } from "../helpers/cluster.ts";
 
 const bin = postgresBinDir();
 if (!bin) {

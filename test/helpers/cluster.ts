@@ -1,7 +1,8 @@
 /**
- * Throwaway PostgreSQL clusters for the region simulation: `initdb` in a temporary directory, started
- * with `pg_ctl` on a free loopback port, stopped and deleted by `stop()`. Run as the `postgres` user when
- * the tests run as root (initdb refuses root). Nothing listens beyond 127.0.0.1.
+ * Throwaway PostgreSQL clusters for tests that need a server of their own (the region simulation, the
+ * chaos suite that restarts PostgreSQL): `initdb` in a temporary directory, started with `pg_ctl` on a
+ * free loopback port, stopped and deleted by `stop()` (and on process exit, as a backstop). Run as the
+ * `postgres` user when the tests run as root (initdb refuses root). Nothing listens beyond 127.0.0.1.
  */
 import { execFile, execFileSync } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
@@ -44,8 +45,18 @@ function command(bin: string, args: string[]): [string, string[]] {
   return asRoot ? ["runuser", ["-u", "postgres", "--", bin, ...args]] : [bin, args];
 }
 
-/** A port nobody listens on at 127.0.0.1, preferring `preferred`. */
-export async function freePort(preferred: number): Promise<number> {
+/** Why a private cluster cannot be made here, or undefined if it can. */
+export function clusterUnavailable(): string | undefined {
+  if (!postgresBinDir())
+    return "no PostgreSQL server binaries (initdb) under /usr/lib/postgresql or $PG_BINDIR";
+  if (asRoot && !existsSync("/usr/sbin/runuser") && !existsSync("/sbin/runuser")) {
+    return "running as root without runuser (initdb refuses root)";
+  }
+  return undefined;
+}
+
+/** A port nobody listens on at 127.0.0.1, preferring `preferred` (0: any). */
+export async function freePort(preferred = 0): Promise<number> {
   const tryPort = (port: number) =>
     new Promise<number | undefined>((resolve) => {
       const s = createServer();
@@ -61,7 +72,10 @@ export async function freePort(preferred: number): Promise<number> {
 export interface Cluster {
   name: string;
   port: number;
+  /** postgres://postgres@127.0.0.1:<port>/postgres */
   url: string;
+  /** `pg_ctl restart -m fast`: every connection is cut; the server is back when it resolves. */
+  restart(): Promise<void>;
   /** Stop the server at once and delete its directory. Safe to call twice. */
   stop(): Promise<void>;
   /** The server's log so far (for failure messages). */
@@ -74,10 +88,16 @@ process.once("exit", () => {
   for (const stop of running.values()) stop();
 });
 
+/**
+ * Start a cluster. Its defaults trade durability for speed (fsync off); pass `settings` to change them.
+ */
 export async function startCluster(
   name: string,
-  options: { bin: string; port: number; settings?: Record<string, string | number> },
+  options: { bin?: string; port?: number; settings?: Record<string, string | number> } = {},
 ): Promise<Cluster> {
+  const bin = options.bin ?? postgresBinDir();
+  if (!bin) throw new Error("no PostgreSQL server binaries (initdb) found");
+  const port = options.port ?? (await freePort());
   const dir = await mkdtemp(join(tmpdir(), `idem-region-${name}-`));
   const data = join(dir, "data");
   const logFile = join(dir, "server.log");
@@ -85,7 +105,7 @@ export async function startCluster(
     const { uid, gid } = postgresUser();
     await chown(dir, uid, gid);
   }
-  const pgCtl = join(options.bin, "pg_ctl");
+  const pgCtl = join(bin, "pg_ctl");
   const stopSync = () => {
     try {
       execFileSync(...command(pgCtl, ["-D", data, "-m", "immediate", "-w", "-t", "10", "stop"]), {
@@ -103,8 +123,13 @@ export async function startCluster(
   running.set(dir, stopSync);
   const cluster: Cluster = {
     name,
-    port: options.port,
-    url: `postgres://postgres@127.0.0.1:${options.port}/postgres`,
+    port,
+    url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+    async restart() {
+      await run(...command(pgCtl, ["-D", data, "-m", "fast", "-w", "-t", "60", "-l", logFile, "restart"]), {
+        timeout: 70_000,
+      });
+    },
     async stop() {
       if (!running.delete(dir)) return;
       await run(...command(pgCtl, ["-D", data, "-m", "immediate", "-w", "-t", "10", "stop"]), {
@@ -116,7 +141,7 @@ export async function startCluster(
   };
   try {
     await run(
-      ...command(join(options.bin, "initdb"), [
+      ...command(join(bin, "initdb"), [
         "-D",
         data,
         "-U",
@@ -129,7 +154,7 @@ export async function startCluster(
       { timeout: 60_000 },
     );
     const settings: Record<string, string | number> = {
-      port: options.port,
+      port,
       listen_addresses: "'127.0.0.1'",
       unix_socket_directories: `'${dir}'`,
       fsync: "off",
@@ -151,9 +176,7 @@ export async function startCluster(
   } catch (err) {
     const log = await cluster.log();
     await cluster.stop();
-    throw new Error(
-      `could not start the cluster ${name} on port ${options.port}: ${(err as Error).message}\n${log}`,
-    );
+    throw new Error(`could not start the cluster ${name} on port ${port}: ${(err as Error).message}\n${log}`);
   }
   return cluster;
 }
