@@ -57,7 +57,14 @@ export function createApp(deps: AppDeps): Hono {
 
   if ((deps.paymentsMode ?? "phases") === "phases") {
     if (!deps.providerUrl) throw new Error("phases mode needs providerUrl (PROVIDER_URL)");
-    app.route("/", paymentPhasesRoutes({ ...deps, providerUrl: deps.providerUrl }));
+    app.route(
+      "/",
+      paymentPhasesRoutes({
+        ...deps,
+        providerUrl: deps.providerUrl,
+        onLeaseTakeover: () => metrics.leaseTakeovers.inc(),
+      }),
+    );
   } else {
     app.route("/", paymentRoutes(deps));
   }

@@ -101,7 +101,10 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     () => store.sweep().catch((err) => logger.error({ err }, "sweep failed")),
     3_600_000,
   );
-  const runners = mode === "phases" && providerUrl ? [paymentPhasesRunner({ store, providerUrl })] : [];
+  const runners =
+    mode === "phases" && providerUrl
+      ? [paymentPhasesRunner({ store, providerUrl, onLeaseTakeover: () => metrics.leaseTakeovers.inc() })]
+      : [];
   const completer = setInterval(() => {
     if (!runners.length) return;
     complete({ store, runners, olderThanMs: 60_000 }).then(

@@ -52,6 +52,8 @@ export interface PaymentPhasesOptions {
   providerTimeoutMs?: number;
   /** Crash points (tests only). */
   faults?: PhaseFaults;
+  /** Called when a key is taken over from a worker whose lease expired (metrics). */
+  onLeaseTakeover?: () => void;
 }
 
 export const PAYMENTS_RUNNER = "payments";
@@ -66,6 +68,7 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
     name: PAYMENTS_RUNNER,
     leaseMs: o.leaseMs,
     faults: o.faults,
+    onLeaseTakeover: o.onLeaseTakeover,
     phases: {
       started: {
         external: async (ctx) => {

@@ -176,6 +176,11 @@ export interface PhasesOptions<I, D> extends SavePolicy {
   replayHeaders?: readonly string[];
   /** Fault hooks for tests (crash points, stalls). Default: none, and no cost on the hot path. */
   faults?: PhaseFaults;
+  /**
+   * Called when this runner takes over a key whose previous worker's lease had expired (a crashed or
+   * too slow worker), for metrics and logs. Default: none.
+   */
+  onLeaseTakeover?: (event: { scope: string; key: string; point: string }) => void;
 }
 
 /** A build-your-own JSON response for phases. */
@@ -231,6 +236,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   private readonly policy: SavePolicy;
   private readonly replayHeaders: readonly string[];
   private readonly faults: PhaseFaults | undefined;
+  private readonly onLeaseTakeover: PhasesOptions<I, D>["onLeaseTakeover"];
   private readonly asyncRecoveryPoints: boolean;
   private readonly sql: ReturnType<typeof statements>;
 
@@ -253,6 +259,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     this.policy = { saveStatuses: options.saveStatuses, saveServerErrors: options.saveServerErrors };
     this.replayHeaders = options.replayHeaders ?? DEFAULT_REPLAYED_HEADERS;
     this.faults = options.faults;
+    this.onLeaseTakeover = options.onLeaseTakeover;
     this.asyncRecoveryPoints = options.asyncRecoveryPoints ?? true;
     this.sql = statements(this.store.schema);
   }
@@ -383,6 +390,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     );
     const taken = rows[0];
     if (taken) {
+      if (row.lease_token) {
+        this.onLeaseTakeover?.({ scope: claim.scope, key: claim.key, point: taken.recovery_point });
+      }
       return {
         claim,
         bucket: row.bucket,

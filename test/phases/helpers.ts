@@ -12,6 +12,7 @@ import {
   jsonResponse,
   type PhaseContext,
   type PhaseFaults,
+  type PhasesOptions,
 } from "../../src/postgres/phases.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
@@ -62,6 +63,7 @@ export interface World {
 
 export interface RunnerOptions {
   faults?: PhaseFaults;
+  onLeaseTakeover?: PhasesOptions<PayInput, PayData>["onLeaseTakeover"];
   heartbeatMs?: number;
   /** Runs inside the external phase just before the provider call (a slow worker's stall). */
   beforeCharge?: (ctx: PhaseContext<PayInput, PayData>) => Promise<void>;
@@ -77,6 +79,7 @@ export function paymentsRunner(store: PostgresStore, providerUrl: string, o: Run
     leaseMs: LEASE_MS,
     heartbeatMs: o.heartbeatMs ?? 0,
     faults: o.faults,
+    onLeaseTakeover: o.onLeaseTakeover,
     phases: {
       started: {
         external: async (ctx) => {

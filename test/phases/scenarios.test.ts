@@ -71,8 +71,12 @@ describe.each(backends)("recovery points on $name", (backend) => {
     expect(isKeyInFlightError(inFlight)).toBe(true);
     expect(inFlight.retryAfterSeconds).toBe(Math.min(LEASE_MS / 1000, MAX_IN_FLIGHT_RETRY_AFTER_S));
     w.now.ms += LEASE_MS + 1; // as 30 real seconds would
-    const retry = await w.runner().run(c, PAY);
+    const takeovers: string[] = [];
+    const retry = await w.runner({ onLeaseTakeover: (e) => takeovers.push(e.point) }).run(c, PAY);
     expect([retry.kind, retry.response.status]).toEqual(["executed", 201]);
+    // It took the dead worker's key over at its last recovery point: the charge was never recorded, so
+    // the external phase runs again and the provider's dedup answers with the first charge.
+    expect(takeovers).toEqual(["started"]);
     expect((await w.runner().run(c, PAY)).kind).toBe("replayed");
     expect(await w.counts(key)).toMatchObject({ charges: 1, receipts: 1, payments: 1 });
     expect(await w.point(ACCT, key)).toBe("done");
