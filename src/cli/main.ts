@@ -29,6 +29,10 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "run intents with faults against an API and check exactly-once",
       run: async () => (await import("./verify.ts")).verifyCommand,
     },
+    bench: {
+      summary: "run the benchmarks and write bench/results/",
+      run: async () => (await import("./bench.ts")).benchCommand,
+    },
     sweep: {
       summary: "drop expired key partitions (retention)",
       run: async () => (await import("./sweep.ts")).sweepCommand,
