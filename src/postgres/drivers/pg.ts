@@ -19,6 +19,8 @@ export interface PgPoolLike extends PgQueryable {
 }
 export interface PgClientLike extends PgQueryable {
   release(err?: boolean | Error): void;
+  on(event: "error", fn: (err: Error) => void): unknown;
+  removeListener(event: "error", fn: (err: Error) => void): unknown;
 }
 
 function toParams(params: readonly unknown[] | undefined): unknown[] | undefined {
@@ -70,6 +72,13 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
     async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       const client = await pool.connect();
       let broken = false;
+      // A checked-out client has no pool listener: if its connection dies (the server restarted), the
+      // 'error' event would crash the process. The statements in flight reject on their own; mark the
+      // client broken so the pool drops it.
+      const onError = () => {
+        broken = true;
+      };
+      client.on("error", onError);
       // BEGIN is not awaited on its own: node-postgres queues (or, in pipeline mode, pipelines) the
       // next statement behind it, and its failure surfaces at the first statement or at COMMIT.
       let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
@@ -134,6 +143,9 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         if (isConnectionError(err)) broken = true;
         throw err;
       } finally {
+        // A healthy client goes back to the pool (which listens again); a broken one keeps our listener
+        // for the late errors of its dying connection.
+        if (!broken) client.removeListener("error", onError);
         client.release(broken);
       }
     },
