@@ -164,12 +164,13 @@ export interface PhasesOptions<I, D> extends SavePolicy {
   /** How often an external phase renews its lease, in ms; 0 turns the heartbeat off. Default: `leaseMs / 3`. */
   heartbeatMs?: number;
   /**
-   * Commit the recovery point that follows an external phase without waiting for the WAL flush
-   * (`synchronous_commit = off`, for that one statement). Safe because an external phase is idempotent
-   * by our key: if a database crash loses that commit, the key is back at the external phase and the
-   * retry (or the completer) repeats the call, which the provider answers with the same result. It
-   * saves one disk flush per external phase; the claim and every local phase commit durably as usual.
-   * Default: true.
+   * Commit the claim and the recovery point that follows an external phase without waiting for the WAL
+   * flush (`synchronous_commit = off`, for that one statement; visibility to other workers is the same).
+   * Safe because an external phase is idempotent by our key: if a database crash loses such a commit,
+   * the key is back at its claim or at the external phase, and the retry (or the completer) repeats the
+   * call, which the provider answers with the same result. A local phase commits durably, and its WAL
+   * flush makes every earlier commit durable with it, so nothing a client was told is ever lost.
+   * Saves two disk flushes per payment. Default: true.
    */
   asyncRecoveryPoints?: boolean;
   /** Response headers saved with a final answer. Default: `DEFAULT_REPLAYED_HEADERS` (never Set-Cookie). */
@@ -296,7 +297,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       const token = randomUUID();
       const at = { bucket, createdAt: new Date(now).toISOString(), nowMs: now };
       const got = await store.withPartitions(() =>
-        store.lookupOrClaimPhases(claim, at, this.claimColumns(token, now, input)),
+        store.lookupOrClaimPhases(claim, at, this.claimColumns(token, now, input), {
+          asyncCommit: this.asyncRecoveryPoints,
+        }),
       );
       if (got.claimed) return this.newLease(claim, bucket, token, now, input);
       row =

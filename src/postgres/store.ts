@@ -256,10 +256,11 @@ export class PostgresStore implements AtomicStore<Tx> {
     claim: Claim,
     at: { bucket: number; createdAt: string; nowMs: number },
     phase: PhaseClaimColumns,
+    options: { asyncCommit?: boolean } = {},
   ): Promise<{ row: KeyRow | undefined; claimed: boolean }> {
     const oldest = at.nowMs - this.retentionMs;
     const { rows } = await this.db.query<KeyRow & { claimed: number; found: boolean }>(
-      this.sql.lookupOrClaimPhases,
+      options.asyncCommit ? this.sql.lookupOrClaimPhasesAsync : this.sql.lookupOrClaimPhases,
       [
         at.bucket,
         claim.scope,
@@ -423,19 +424,8 @@ function statements(s: string) {
   const lookupWhere = `FROM ${s}.keys
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
               ORDER BY bucket DESC LIMIT 1`;
-  return {
-    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
-    lookupPhases: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
-                          lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
-    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
-                                        resource_id)
-                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)`,
-    claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
-                                         lease_until, runner, request, updated_at)
-            VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
-            ON CONFLICT DO NOTHING RETURNING marker`,
-    // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row.
-    lookupOrClaimPhases: `WITH found AS (
+  // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row.
+  const lookupOrClaim = `WITH found AS (
               SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
                      lease_token::text AS lease_token, lease_until, phase_data
                 FROM ${s}.keys
@@ -449,7 +439,25 @@ function statements(s: string) {
               ON CONFLICT DO NOTHING RETURNING 1
             )
             SELECT f.*, f.bucket IS NOT NULL AS found, (SELECT count(*) FROM claimed)::int AS claimed
-              FROM (VALUES (1)) AS one (x) LEFT JOIN found f ON true`,
+              FROM (VALUES (1)) AS one (x) LEFT JOIN found f ON true`;
+  return {
+    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
+    lookupPhases: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
+                          lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
+    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
+                                        resource_id)
+                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)`,
+    claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
+                                         lease_until, runner, request, updated_at)
+            VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
+            ON CONFLICT DO NOTHING RETURNING marker`,
+    lookupOrClaimPhases: lookupOrClaim,
+    // The same, committed without waiting for the WAL flush (see the phases runner's
+    // `asyncRecoveryPoints`): set_config(..., true) is local to this statement's own transaction.
+    lookupOrClaimPhasesAsync: lookupOrClaim.replace(
+      "AS claimed\n",
+      "AS claimed, set_config('synchronous_commit', 'off', true) AS async_commit\n",
+    ),
     claimPhasesWithMarker: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
                                                    lease_until, runner, request, updated_at, marker)
             VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz, false),
