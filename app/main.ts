@@ -14,6 +14,7 @@
  *   LOG_LEVEL             pino level (default info)
  */
 import { serve } from "@hono/node-server";
+import { cleanInbox } from "idem/messaging";
 import { complete, PostgresStore } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
@@ -97,8 +98,12 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
 
   // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
   // clients never came back). Each instance may run them; both are safe to run concurrently.
+  // Inbox dedup records are kept a week: far past any redelivery of an event the relay published.
   const sweep = setInterval(
-    () => store.sweep().catch((err) => logger.error({ err }, "sweep failed")),
+    () =>
+      Promise.all([store.sweep(), cleanInbox(db, { olderThanMs: 7 * 24 * 3_600_000 })]).catch((err) =>
+        logger.error({ err }, "sweep failed"),
+      ),
     3_600_000,
   );
   const runners =
