@@ -3,8 +3,8 @@ import { pathToFileURL } from "node:url";
 import { type CompleteReport, complete } from "../postgres/complete.ts";
 import type { Db } from "../postgres/db.ts";
 import type { PhasesRunner } from "../postgres/phases.ts";
-import { PostgresStore } from "../postgres/store.ts";
-import { CliError, EXIT, openDb, parse } from "./shared.ts";
+import type { PostgresStore } from "../postgres/store.ts";
+import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem complete --module PATH [--database-url URL] [--schema NAME] [--older-than S]
                      [--limit N] [--retention-hours H] [--dry-run] [--json]
@@ -57,8 +57,7 @@ export async function completeCommand(argv: string[]): Promise<number> {
   const limit = Number(values.limit ?? 100);
   if (!(Number.isInteger(limit) && limit > 0))
     throw new CliError("--limit takes a positive whole number", EXIT.usage);
-  const hours = Number(values["retention-hours"] ?? process.env.IDEM_RETENTION_HOURS ?? 24);
-  if (!(hours > 0)) throw new CliError("--retention-hours takes a positive number", EXIT.usage);
+  const retention = retentionMs(values["retention-hours"]);
 
   let mod: RunnersModule;
   try {
@@ -70,14 +69,12 @@ export async function completeCommand(argv: string[]): Promise<number> {
     throw new CliError(`${values.module} exports neither idemRunners({ db, store }) nor an array runners`);
   }
 
-  const { db, where } = await openDb(values["database-url"] ?? process.env.DATABASE_URL);
+  const { db, where, store } = await openStore({
+    url: values["database-url"] ?? process.env.DATABASE_URL,
+    schema: values.schema,
+    retentionMs: retention,
+  });
   try {
-    const store = await PostgresStore.open(db, {
-      schema: values.schema,
-      retentionMs: hours * 3_600_000,
-    }).catch((e) => {
-      throw new CliError(`${(e as Error).message}`);
-    });
     const runners = mod.idemRunners ? await mod.idemRunners({ db, store }) : mod.runners!;
     const report = await complete({
       store,

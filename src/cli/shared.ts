@@ -65,3 +65,26 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
   }
   return { db, where: `${parsed.host}${parsed.pathname}` };
 }
+
+/** `--retention-hours` (or IDEM_RETENTION_HOURS, default 24) as milliseconds; a usage error otherwise. */
+export function retentionMs(flag: string | undefined): number {
+  const hours = Number(flag ?? process.env.IDEM_RETENTION_HOURS ?? 24);
+  if (!(hours > 0)) throw new CliError("--retention-hours takes a positive number", EXIT.usage);
+  return hours * 3_600_000;
+}
+
+/**
+ * Open the database (see `openDb`) and idem's store in it. A missing schema becomes a one-line error
+ * that says to run `idem migrate`. The caller closes `db`.
+ */
+export async function openStore(options: { url: string | undefined; schema?: string; retentionMs: number }) {
+  const { db, where } = await openDb(options.url);
+  const { PostgresStore } = await import("../postgres/store.ts");
+  try {
+    const store = await PostgresStore.open(db, { schema: options.schema, retentionMs: options.retentionMs });
+    return { db, where, store };
+  } catch (err) {
+    await db.close().catch(() => {});
+    throw new CliError((err as Error).message);
+  }
+}

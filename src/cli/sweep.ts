@@ -1,5 +1,4 @@
-import { PostgresStore } from "../postgres/store.ts";
-import { CliError, EXIT, openDb, parse } from "./shared.ts";
+import { EXIT, openStore, parse, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem sweep [--database-url URL] [--schema NAME] [--retention-hours H]
 
@@ -20,16 +19,12 @@ export async function sweepCommand(argv: string[]): Promise<number> {
     console.log(USAGE);
     return EXIT.ok;
   }
-  const hours = Number(values["retention-hours"] ?? process.env.IDEM_RETENTION_HOURS ?? 24);
-  if (!(hours > 0)) throw new CliError("--retention-hours takes a positive number", EXIT.usage);
-  const { db, where } = await openDb(values["database-url"] ?? process.env.DATABASE_URL);
+  const { db, where, store } = await openStore({
+    url: values["database-url"] ?? process.env.DATABASE_URL,
+    schema: values.schema,
+    retentionMs: retentionMs(values["retention-hours"]),
+  });
   try {
-    const store = await PostgresStore.open(db, {
-      schema: values.schema,
-      retentionMs: hours * 3_600_000,
-    }).catch((e) => {
-      throw new CliError(`${(e as Error).message}`);
-    });
     const { dropped } = await store.sweep();
     console.log(`dropped ${dropped.length} expired partition(s) on ${where}`);
     return EXIT.ok;
