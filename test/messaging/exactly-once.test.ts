@@ -114,6 +114,28 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
       let running = true;
       const relays = new Set<Relay>();
       const consumers = new Set<RunningConsumer>();
+      // Each relay and consumer has a watcher that restarts it after a crash. The watchers are awaited
+      // before the queue is deleted, so no restart outlives the run; a restart that fails is a failure.
+      const watchers = new Set<Promise<void>>();
+      const restartFailures: unknown[] = [];
+      const track = (watcher: Promise<void>) => {
+        const settled = watcher
+          .catch((err: unknown) => {
+            restartFailures.push(err);
+          })
+          .finally(() => watchers.delete(settled));
+        watchers.add(settled);
+      };
+      const stopAll = async () => {
+        running = false;
+        // A watcher may be starting a replacement meanwhile: that one stops itself once started (it sees
+        // `running` false), and the loop waits for its watcher too.
+        while (relays.size + consumers.size + watchers.size > 0) {
+          await Promise.all([...relays].map((r) => r.stop().catch(() => {})));
+          await Promise.all([...consumers].map((c) => c.stop().catch(() => {})));
+          await Promise.all([...watchers]);
+        }
+      };
       const totals = { duplicates: 0, published: 0 };
 
       const startRelay = async (): Promise<void> => {
@@ -134,14 +156,17 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
         });
         relays.add(relay);
         await relay.start();
-        void (async () => {
-          await until(() => !relay.running, 120_000, "relay death").catch(() => {});
-          relays.delete(relay);
-          totals.published += relay.stats.published;
-          await relay.stop();
-          await publisher.close();
-          if (running) await startRelay();
-        })();
+        if (!running) await relay.stop(); // started while the run was being stopped
+        track(
+          (async () => {
+            await until(() => !relay.running, 120_000, "relay death").catch(() => {});
+            relays.delete(relay);
+            totals.published += relay.stats.published;
+            await relay.stop();
+            await publisher.close();
+            if (running) await startRelay();
+          })(),
+        );
       };
       const startConsumer = async (): Promise<void> => {
         const consumer = await transport.consume({
@@ -152,14 +177,16 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
           crash: () => consumerCrashes < 15 && rng.next() < 1 / 800 && ++consumerCrashes > 0,
         });
         consumers.add(consumer);
-        void consumer.closed.then(async () => {
-          consumers.delete(consumer);
-          totals.duplicates += consumer.stats.duplicates;
-          if (running) {
+        if (!running) await consumer.stop(); // started while the run was being stopped
+        track(
+          consumer.closed.then(async () => {
+            consumers.delete(consumer);
+            totals.duplicates += consumer.stats.duplicates;
             await new Promise((r) => setTimeout(r, 50));
-            await startConsumer();
-          }
-        });
+            // Checked after the pause: the run may have ended (and the queue been deleted) meanwhile.
+            if (running) await startConsumer();
+          }),
+        );
       };
 
       try {
@@ -173,18 +200,20 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
           );
           return { pending: Number(rows[0]!.pending), applied: Number(rows[0]!.applied) };
         };
+        let last = { pending: -1, applied: -1 };
         await until(
           async () => {
-            const p = await progress();
-            return p.pending === 0 && p.applied === EVENTS;
+            last = await progress();
+            return last.pending === 0 && last.applied === EVENTS;
           },
-          60_000,
+          45_000,
           "every event published and applied",
-        );
-        running = false;
-        await Promise.all([...relays].map((r) => r.stop()));
-        await Promise.all([...consumers].map((c) => c.stop()));
-        for (const c of consumers) totals.duplicates += c.stats.duplicates;
+        ).catch((err: Error) => {
+          const state = `${relays.size} relays, ${consumers.size} consumers, ${relayKills} relay kills, ${consumerCrashes} consumer crashes`;
+          throw new Error(`${err.message}: ${last.pending} unpublished, ${last.applied} applied; ${state}`);
+        });
+        await stopAll();
+        expect(restartFailures).toEqual([]);
 
         const { rows } = await db.query<{ distinct: string; total: string; strays: string }>(
           `SELECT count(DISTINCT e.message_id) AS distinct, count(*) AS total,
@@ -204,9 +233,7 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
           `${transport.topic}: ${relayKills} relay kills, ${consumerCrashes} consumer crashes after commit, ${totals.duplicates} duplicate deliveries absorbed`,
         );
       } finally {
-        running = false;
-        await Promise.all([...relays].map((r) => r.stop().catch(() => {})));
-        await Promise.all([...consumers].map((c) => c.stop().catch(() => {})));
+        await stopAll();
         await transport.cleanup();
       }
     },
