@@ -44,6 +44,17 @@ export async function freshBenchDatabase(): Promise<{ url: string; drop(): Promi
   return { url: url.toString(), drop };
 }
 
+/**
+ * A pool on a bench database. It listens for errors: pg-pool's `end()` resolves before its connections
+ * have closed, so the DROP DATABASE ... FORCE that follows can cut one, and an unheard 'error' event
+ * would end the whole bench run.
+ */
+export function benchPool(url: string, options: { max: number; pipeline?: boolean }): pg.Pool {
+  const pool = new pg.Pool({ connectionString: url, ...options } as pg.PoolConfig);
+  pool.on("error", () => {});
+  return pool;
+}
+
 export function startService(env: Record<string, string>): Promise<{ url: string; child: ChildProcess }> {
   const child = spawn("node_modules/.bin/tsx", ["--conditions=source", "app/main.ts"], {
     env: { ...process.env, PORT: "0", IDEM_DEMO: "1", LOG_LEVEL: "warn", ...env },

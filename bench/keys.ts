@@ -12,13 +12,12 @@
  * keys is removed both ways: DROP TABLE (what `sweep()` does) and DELETE + VACUUM, in time and WAL.
  */
 import { randomBytes, randomUUID } from "node:crypto";
-import pg from "pg";
 import type { Claim, StoredResponse } from "../src/core/index.ts";
 import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
-import { freshBenchDatabase } from "./http.ts";
+import { benchPool, freshBenchDatabase } from "./http.ts";
 
 const KEYS = Number(process.env.BENCH_KEYS ?? 20_000);
 const CONCURRENCY = 32;
@@ -116,7 +115,7 @@ const kb = (bytes: number) =>
 
 export async function keysBench(): Promise<void> {
   const fresh = await freshBenchDatabase();
-  const pool = new pg.Pool({ connectionString: fresh.url, max: 20, pipeline: true } as pg.PoolConfig);
+  const pool = benchPool(fresh.url, { max: 20, pipeline: true });
   const db = fromPg(pool);
   try {
     const perKey: Record<string, number> = {};

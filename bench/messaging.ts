@@ -14,7 +14,6 @@
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import amqp from "amqplib";
-import pg from "pg";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
 import type { RunningConsumer } from "../src/messaging/consumer.ts";
 import { Inbox } from "../src/messaging/inbox.ts";
@@ -26,7 +25,7 @@ import type { Db, Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { writeOutbox } from "../src/postgres/outbox.ts";
-import { freshBenchDatabase } from "./http.ts";
+import { benchPool, freshBenchDatabase } from "./http.ts";
 
 const AMQP_URL = process.env.AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672";
 const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
@@ -158,7 +157,7 @@ async function waitFor(check: () => Promise<boolean>, what: string, ms = 120_000
 
 async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
   const fresh = await freshBenchDatabase();
-  const pool = new pg.Pool({ connectionString: fresh.url, max: 24, pipeline: true } as pg.PoolConfig);
+  const pool = benchPool(fresh.url, { max: 24, pipeline: true });
   const db = fromPg(pool);
   const broker = await make();
   try {
@@ -203,7 +202,7 @@ async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
     // 4. latency at a steady rate, the relay woken by NOTIFY
     await db.exec("TRUNCATE bench_effects");
     const applied = consumer.stats.applied;
-    const listenPool = new pg.Pool({ connectionString: fresh.url, max: 1 });
+    const listenPool = benchPool(fresh.url, { max: 1 });
     relay = new Relay({ ...relayOptions, listen: listenWithPg(() => listenPool.connect()) });
     await relay.start();
     const seconds = 5;

@@ -12,7 +12,6 @@
  */
 import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import pg from "pg";
 import { type Claim, fingerprint, RetryableError } from "../src/core/index.ts";
 import type { Db, Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
@@ -21,7 +20,7 @@ import { writeOutbox } from "../src/postgres/outbox.ts";
 import { definePhases, jsonResponse } from "../src/postgres/phases.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { chargeProvider, listCharges } from "../src/testing/provider-client.ts";
-import { freshBenchDatabase } from "./http.ts";
+import { benchPool, freshBenchDatabase } from "./http.ts";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 5);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 32);
@@ -121,9 +120,7 @@ function percentile(xs: number[], q: number): number {
 
 export async function phasesBench(): Promise<PhasesBenchResult> {
   const fresh = await freshBenchDatabase();
-  const db: Db = fromPg(
-    new pg.Pool({ connectionString: fresh.url, max: 20, pipeline: true } as pg.PoolConfig),
-  );
+  const db: Db = fromPg(benchPool(fresh.url, { max: 20, pipeline: true }));
   const provider = await spawnProvider();
   try {
     await migrate(db);

@@ -14,10 +14,9 @@
  *                                                     a database of its own is created and dropped)
  */
 import { pathToFileURL } from "node:url";
-import pg from "pg";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
-import { freshBenchDatabase } from "./http.ts";
+import { benchPool, freshBenchDatabase } from "./http.ts";
 
 export interface RetentionResult {
   keys: number;
@@ -74,7 +73,7 @@ function fillSql(bucket: number, n: number): string {
 
 export async function retentionBench(keys = KEYS): Promise<RetentionResult> {
   const fresh = await freshBenchDatabase();
-  const pool = new pg.Pool({ connectionString: fresh.url, max: 2 });
+  const pool = benchPool(fresh.url, { max: 2 });
   const db = fromPg(pool);
   try {
     await migrate(db); // default partition width: one day

@@ -54,7 +54,11 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
   }
   const { default: pg } = await import("pg");
   const { fromPg } = await import("../postgres/drivers/pg.ts");
-  const db = fromPg(new pg.Pool({ connectionString: url, max: 4, connectionTimeoutMillis: 5_000 }));
+  const pool = new pg.Pool({ connectionString: url, max: 4, connectionTimeoutMillis: 5_000 });
+  // An idle connection cut by a server restart must not crash the command with an unheard 'error'
+  // event; the statement that needs it fails with its own error, which the command reports.
+  pool.on("error", () => {});
+  const db = fromPg(pool);
   try {
     await db.query("SELECT 1");
   } catch (err) {
