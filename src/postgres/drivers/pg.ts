@@ -79,14 +79,18 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         broken = true;
       };
       client.on("error", onError);
+      const wire = corkable(client);
       // BEGIN is not awaited on its own: node-postgres queues (or, in pipeline mode, pipelines) the
-      // next statement behind it, and its failure surfaces at the first statement or at COMMIT.
+      // next statement behind it, and its failure surfaces at the first statement or at COMMIT. In
+      // pipeline mode the socket is corked meanwhile, so BEGIN and that statement leave in one write.
+      wire.cork();
       let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
       begun.catch(() => {});
       const settleBegin = async () => {
         if (begun) {
           const b = begun;
           begun = undefined;
+          wire.uncork();
           await b;
         }
       };
@@ -94,6 +98,8 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       const tx: Tx = {
         raw: client,
         final(sql, params) {
+          // Corked until COMMIT is queued behind it: the two leave in one write.
+          wire.cork();
           last = run(client, sql, params);
           last.catch(() => {});
         },
@@ -120,6 +126,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
           value = await fn(tx);
           await settleBegin();
         } catch (err) {
+          wire.uncork();
           await client.query("ROLLBACK").catch(() => {
             broken = true;
           });
@@ -128,6 +135,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         // With `last` queued, COMMIT follows it on the wire; if `last` failed, PostgreSQL answers the
         // COMMIT of the aborted transaction with a rollback, and we report `last`'s error.
         const commit = client.query("COMMIT");
+        wire.uncork();
         if (last) {
           commit.catch(() => {});
           try {
@@ -143,6 +151,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         if (isConnectionError(err)) broken = true;
         throw err;
       } finally {
+        wire.uncork();
         // A healthy client goes back to the pool (which listens again); a broken one keeps our listener
         // for the late errors of its dying connection.
         if (!broken) client.removeListener("error", onError);
@@ -151,6 +160,37 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
     },
     async close() {
       if (owned) await pool.end();
+    },
+  };
+}
+
+/**
+ * Cork and uncork a pipelining client's socket, to send statements queued together in one write
+ * (a write to a socket is a system call, and on a busy service those are a large share of the CPU).
+ * `cork()` is idempotent and `uncork()` undoes it; a client that does not pipeline (whose next
+ * statement waits for the previous answer anyway), or whose internals differ from node-postgres 8's
+ * (`pipeline`, `connection.stream`), is left alone.
+ */
+function corkable(client: PgClientLike): { cork(): void; uncork(): void } {
+  const c = client as unknown as {
+    pipeline?: boolean;
+    connection?: { stream?: Partial<NodeJS.WritableStream> & { cork?(): void; uncork?(): void } };
+  };
+  const stream = c.pipeline === true ? c.connection?.stream : undefined;
+  if (!stream || typeof stream.cork !== "function" || typeof stream.uncork !== "function") {
+    return { cork() {}, uncork() {} };
+  }
+  let corked = false;
+  return {
+    cork() {
+      if (corked) return;
+      corked = true;
+      stream.cork!();
+    },
+    uncork() {
+      if (!corked) return;
+      corked = false;
+      stream.uncork!();
     },
   };
 }
