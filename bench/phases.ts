@@ -12,6 +12,7 @@
  */
 import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
 import { type Claim, fingerprint, RetryableError } from "../src/core/index.ts";
 import type { Db, Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
@@ -48,7 +49,7 @@ function claimFor(key: string, input: Pay): Claim {
  * The simulator in a process of its own, as a real provider would be (and as `idem provider` runs it):
  * its CPU is not the runner's.
  */
-async function spawnProvider(): Promise<{ url: string; close(): void }> {
+async function spawnProvider(): Promise<{ url: string; pid: number; close(): void }> {
   const script = `const { startProvider } = await import(${JSON.stringify(new URL("../src/testing/provider.ts", import.meta.url).href)});
     const p = await startProvider({ port: 0, seed: 1, latencyMs: 0 });
     console.log("listening " + p.url);`;
@@ -64,7 +65,38 @@ async function spawnProvider(): Promise<{ url: string; close(): void }> {
     });
     child.once("exit", (code) => reject(new Error(`the provider simulator exited (${code})`)));
   });
-  return { url, close: () => child.kill() };
+  return { url, pid: child.pid ?? 0, close: () => child.kill() };
+}
+
+/**
+ * CPU time (µs) used so far by the PostgreSQL server's processes and by the simulator's, read from
+ * /proc (Linux; zeros elsewhere). With the runner's own figure, it shows where a payment's CPU goes on
+ * a machine where all three share the cores.
+ */
+function otherCpuUs(simulatorPid: number): { postgres: number; simulator: number } {
+  const usPerTick = 1e6 / 100; // USER_HZ is 100 on Linux
+  const ticks = (pid: string): number => {
+    try {
+      const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+      return Number(fields[11]) + Number(fields[12]); // utime + stime
+    } catch {
+      return 0; // the process ended meanwhile, or no /proc
+    }
+  };
+  let postgres = 0;
+  try {
+    for (const pid of readdirSync("/proc")) {
+      if (!/^\d+$/.test(pid)) continue;
+      try {
+        if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "postgres") postgres += ticks(pid);
+      } catch {
+        // gone meanwhile
+      }
+    }
+  } catch {
+    // no /proc
+  }
+  return { postgres: postgres * usPerTick, simulator: ticks(String(simulatorPid)) * usPerTick };
 }
 
 /** The local writes of one payment: the same in both modes. */
@@ -104,11 +136,24 @@ async function measure(
   return { rps: n / ((performance.now() - t0) / 1000), n };
 }
 
+export interface ModeResult {
+  rps: number;
+  n: number;
+  p50Ms: number;
+  p99Ms: number;
+  /** CPU per payment (µs) in the runner's process (runner, driver, load generator). */
+  cpuUsPerPayment: number;
+  /** CPU per payment (µs) in PostgreSQL's processes (0 where /proc is missing). */
+  postgresUsPerPayment: number;
+  /** CPU per payment (µs) in the provider simulator's process. */
+  simulatorUsPerPayment: number;
+}
+
 export interface PhasesBenchResult {
   concurrency: number;
   seconds: number;
-  atomic: { rps: number; n: number; p50Ms: number; p99Ms: number; cpuUsPerPayment: number };
-  phases: { rps: number; n: number; p50Ms: number; p99Ms: number; cpuUsPerPayment: number; charges: number };
+  atomic: ModeResult;
+  phases: ModeResult & { charges: number };
   /** phases / atomic payments per second. */
   ratio: number;
 }
@@ -174,8 +219,13 @@ export async function phasesBench(): Promise<PhasesBenchResult> {
     await measure((i) => atomicOne(1e9 + i), 0.5);
     await measure((i) => phasesOne(1e9 + i), 0.5);
     await fetch(`${provider.url}/_sim/reset`, { method: "POST" });
-    const atomic = { n: 0, s: 0, rps: 0, cpu: 0, latencies: [] as number[] };
-    const phased = { n: 0, s: 0, rps: 0, cpu: 0, latencies: [] as number[] };
+    const atomic = { n: 0, s: 0, rps: 0, cpu: 0, pg: 0, sim: 0, latencies: [] as number[] };
+    const phased = { n: 0, s: 0, rps: 0, cpu: 0, pg: 0, sim: 0, latencies: [] as number[] };
+    const others = (into: typeof atomic, before: { postgres: number; simulator: number }) => {
+      const after = otherCpuUs(provider.pid);
+      into.pg += after.postgres - before.postgres;
+      into.sim += after.simulator - before.simulator;
+    };
     const cpu = () => {
       const u = process.cpuUsage();
       return u.user + u.system;
@@ -183,13 +233,17 @@ export async function phasesBench(): Promise<PhasesBenchResult> {
     const SLICE = 0.5;
     let offset = 0;
     for (let round = 0; round < Math.max(1, Math.round(SECONDS / SLICE)); round++) {
+      let o0 = otherCpuUs(provider.pid);
       let c0 = cpu();
       const a = await measure((i) => atomicOne(offset + i), SLICE, atomic.latencies);
       atomic.cpu += cpu() - c0;
+      others(atomic, o0);
       offset += a.n + CONCURRENCY;
+      o0 = otherCpuUs(provider.pid);
       c0 = cpu();
       const p = await measure((i) => phasesOne(offset + i), SLICE, phased.latencies);
       phased.cpu += cpu() - c0;
+      others(phased, o0);
       offset += p.n + CONCURRENCY;
       atomic.n += a.n;
       atomic.s += a.n / a.rps;
@@ -213,6 +267,9 @@ export async function phasesBench(): Promise<PhasesBenchResult> {
     console.log(
       `  this process's CPU per payment: atomic ${(atomic.cpu / atomic.n).toFixed(0)} µs, phases ${(phased.cpu / phased.n).toFixed(0)} µs (runner, driver and load generator; the simulator runs in its own process); CPU busy ${((100 * (atomic.cpu + phased.cpu)) / 1e6 / (atomic.s + phased.s)).toFixed(0)}% of one core`,
     );
+    console.log(
+      `  PostgreSQL's CPU per payment: atomic ${(atomic.pg / atomic.n).toFixed(0)} µs, phases ${(phased.pg / phased.n).toFixed(0)} µs; the simulator's: ${(phased.sim / phased.n).toFixed(0)} µs per phases payment`,
+    );
     console.log(`phases / atomic = ${ratio.toFixed(2)}  (goal >= 0.50)`);
     return {
       concurrency: CONCURRENCY,
@@ -223,6 +280,8 @@ export async function phasesBench(): Promise<PhasesBenchResult> {
         p50Ms: percentile(atomic.latencies, 0.5),
         p99Ms: percentile(atomic.latencies, 0.99),
         cpuUsPerPayment: atomic.cpu / atomic.n,
+        postgresUsPerPayment: atomic.pg / atomic.n,
+        simulatorUsPerPayment: atomic.sim / atomic.n,
       },
       phases: {
         rps: phased.rps,
@@ -230,6 +289,8 @@ export async function phasesBench(): Promise<PhasesBenchResult> {
         p50Ms: percentile(phased.latencies, 0.5),
         p99Ms: percentile(phased.latencies, 0.99),
         cpuUsPerPayment: phased.cpu / phased.n,
+        postgresUsPerPayment: phased.pg / phased.n,
+        simulatorUsPerPayment: phased.sim / phased.n,
         charges,
       },
       ratio,

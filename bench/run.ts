@@ -157,6 +157,18 @@ if (wanted("phases")) {
       `${f0(p.atomic.cpuUsPerPayment)} µs / ${f0(p.phases.cpuUsPerPayment)} µs`,
       "atomic / phases",
     );
+    figure(
+      group,
+      "CPU per payment in PostgreSQL",
+      `${f0(p.atomic.postgresUsPerPayment)} µs / ${f0(p.phases.postgresUsPerPayment)} µs`,
+      "atomic / phases: the claim and the recovery point are two more commits",
+    );
+    figure(
+      group,
+      "CPU per payment in the provider simulator",
+      `${f0(p.phases.simulatorUsPerPayment)} µs`,
+      "a real provider's is not on this machine",
+    );
   }
 }
 
