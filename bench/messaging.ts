@@ -7,18 +7,24 @@
  *   latency              events written at a steady rate; from the outbox row's commit to its effect's
  *                        commit, p50 and p99
  *
+ * Each broker runs twice, with the two ways to write a consumer's effect: a handler that runs one
+ * statement per message (simplest; each message costs a round trip inside the batch's transaction),
+ * and a batch handler that writes a whole batch's effects in one statement (the way to throughput).
+ * Relay and consumer share this process (in production they usually live in different services), so
+ * the relay's publishing stalls the per-message consumer's round trips; the set-based one barely notices.
+ *
  * Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; a database of its own is
  * created and dropped), AMQP_URL, NATS_URL (loopback defaults), BENCH_EVENTS (default 20,000),
- * BENCH_RATE (events/s for the latency run, default 1,000). Run: `npx tsx --conditions=source bench/messaging.ts`.
+ * BENCH_RATE (events/s for the latency run, default 1,000), BENCH_HANDLER (message, batch or both, the
+ * default). Run: `npx tsx --conditions=source bench/messaging.ts`.
  */
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
-import { connect as natsConnect } from "@nats-io/transport-node";
 import amqp from "amqplib";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
 import type { RunningConsumer } from "../src/messaging/consumer.ts";
 import { Inbox } from "../src/messaging/inbox.ts";
 import { listenWithPg } from "../src/messaging/listen.ts";
-import { consumeNats, NatsPublisher } from "../src/messaging/nats.ts";
+import { connectNats, consumeNats, NatsPublisher } from "../src/messaging/nats.ts";
 import { Relay } from "../src/messaging/relay.ts";
 import type { Publisher } from "../src/messaging/types.ts";
 import type { Db, Tx } from "../src/postgres/db.ts";
@@ -32,8 +38,12 @@ const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 20_000);
 const RATE = Number(process.env.BENCH_RATE ?? 1_000);
 
+export type EffectStyle = "message" | "batch";
+
 export interface MessagingRow {
   broker: string;
+  /** "message": one statement per message; "batch": one statement per batch. */
+  effect: EffectStyle;
   publishRate: number;
   consumeRate: number;
   endToEndRate: number;
@@ -45,7 +55,7 @@ interface Broker {
   name: string;
   topic: string;
   publisher(): Publisher;
-  consume(db: Db, consumer: string): Promise<RunningConsumer>;
+  consume(db: Db, consumer: string, effect: EffectStyle): Promise<RunningConsumer>;
   /** Drop whatever is left on the broker (between runs). */
   reset(): Promise<void>;
   cleanup(): Promise<void>;
@@ -60,12 +70,12 @@ async function rabbit(): Promise<Broker> {
     name: "RabbitMQ",
     topic: queue,
     publisher: () => new AmqpPublisher({ url: AMQP_URL }),
-    consume: (db, consumer) =>
+    consume: (db, consumer, style) =>
       consumeAmqp({
         url: AMQP_URL,
         queue,
         inbox: new Inbox(db, { consumer }),
-        ...handlers,
+        ...handlers(style),
         prefetch: 1_024,
       }),
     async reset() {
@@ -80,7 +90,7 @@ async function rabbit(): Promise<Broker> {
 
 async function nats(): Promise<Broker> {
   const stream = `IDEM_BENCH_${Date.now()}`;
-  const nc = await natsConnect({ servers: NATS_URL });
+  const nc = await connectNats(NATS_URL); // with the library's defaults, as a service connects
   const jsm = await jetstreamManager(nc);
   await jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File });
   const topic = `${stream}.events`;
@@ -89,14 +99,14 @@ async function nats(): Promise<Broker> {
     name: "NATS JetStream",
     topic,
     publisher: () => new NatsPublisher({ connection: nc }),
-    consume: (db, consumer) =>
+    consume: (db, consumer, style) =>
       consumeNats({
         connection: nc,
         stream,
         durable: `c${n++}`,
         create: { filterSubject: topic, maxAckPending: 4_096 },
         inbox: new Inbox(db, { consumer }),
-        ...handlers,
+        ...handlers(style),
         prefetch: 1_024,
       }),
     async reset() {
@@ -121,9 +131,12 @@ async function effects(tx: Tx, ms: { id: string }[]): Promise<void> {
   ]);
 }
 
-/** BENCH_HANDLER=message: a statement per message (the default); =batch: one per batch. */
-const SET_BASED = process.env.BENCH_HANDLER === "batch";
-const handlers = SET_BASED ? { batchHandler: effects } : { handler: effect };
+const handlers = (style: EffectStyle) =>
+  style === "batch" ? { batchHandler: effects } : { handler: effect };
+const STYLES: EffectStyle[] =
+  process.env.BENCH_HANDLER === "message" || process.env.BENCH_HANDLER === "batch"
+    ? [process.env.BENCH_HANDLER]
+    : ["message", "batch"];
 
 async function writeEvents(db: Db, topic: string, n: number, perTx = 500, writers = 4): Promise<void> {
   let next = 0;
@@ -155,7 +168,7 @@ async function waitFor(check: () => Promise<boolean>, what: string, ms = 120_000
   }
 }
 
-async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
+async function runBroker(make: () => Promise<Broker>, style: EffectStyle): Promise<MessagingRow> {
   const fresh = await freshBenchDatabase();
   const pool = benchPool(fresh.url, { max: 24, pipeline: true });
   const db = fromPg(pool);
@@ -182,7 +195,7 @@ async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
 
     // 2. broker -> committed effect
     t0 = performance.now();
-    let consumer = await broker.consume(db, "bench-1");
+    let consumer = await broker.consume(db, "bench-1", style);
     await waitFor(async () => consumer.stats.applied >= EVENTS, "the consumer");
     const consumeRate = EVENTS / ((performance.now() - t0) / 1000);
     await consumer.stop();
@@ -191,7 +204,7 @@ async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
     await db.exec("TRUNCATE bench_effects");
     await broker.reset();
     await writeEvents(db, broker.topic, EVENTS);
-    consumer = await broker.consume(db, "bench-2");
+    consumer = await broker.consume(db, "bench-2", style);
     relay = new Relay({ ...relayOptions, pollMs: 5 });
     t0 = performance.now();
     await relay.start();
@@ -229,6 +242,7 @@ async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
     );
     return {
       broker: broker.name,
+      effect: style,
       publishRate,
       consumeRate,
       endToEndRate,
@@ -243,29 +257,40 @@ async function runBroker(make: () => Promise<Broker>): Promise<MessagingRow> {
 }
 
 export function printMessagingRows(rows: MessagingRow[]): void {
-  console.log(
-    `\nOutbox -> broker -> inbox (${EVENTS.toLocaleString("en")} events, effect ${SET_BASED ? "set-based per batch" : "one statement per message"}; latency at ${RATE}/s)`,
-  );
-  console.log(
-    `${"broker".padEnd(16)}${"outbox->broker/s".padStart(18)}${"broker->inbox/s".padStart(17)}${"end-to-end/s".padStart(14)}${"p50 ms".padStart(9)}${"p99 ms".padStart(9)}`,
-  );
+  console.log(`\nOutbox -> broker -> inbox (${EVENTS.toLocaleString("en")} events; latency at ${RATE}/s)`);
+  const head = [
+    "broker".padEnd(16),
+    "effect".padEnd(15),
+    "outbox->broker/s".padStart(18),
+    "broker->inbox/s".padStart(17),
+    "end-to-end/s".padStart(14),
+    "p50 ms".padStart(9),
+    "p99 ms".padStart(9),
+  ];
+  console.log(head.join(""));
   for (const r of rows) {
-    console.log(
-      `${r.broker.padEnd(16)}${Math.round(r.publishRate).toString().padStart(18)}${Math.round(r.consumeRate)
-        .toString()
-        .padStart(
-          17,
-        )}${Math.round(r.endToEndRate).toString().padStart(14)}${r.p50Ms.toFixed(1).padStart(9)}${r.p99Ms.toFixed(1).padStart(9)}`,
-    );
+    const cells = [
+      r.broker.padEnd(16),
+      (r.effect === "batch" ? "per batch" : "per message").padEnd(15),
+      Math.round(r.publishRate).toString().padStart(18),
+      Math.round(r.consumeRate).toString().padStart(17),
+      Math.round(r.endToEndRate).toString().padStart(14),
+      r.p50Ms.toFixed(1).padStart(9),
+      r.p99Ms.toFixed(1).padStart(9),
+    ];
+    console.log(cells.join(""));
   }
   console.log("goal: end-to-end >= 5,000 events/s on this machine");
 }
 
-export async function messagingBench(): Promise<void> {
+/** Both brokers, each with both effect styles (BENCH_HANDLER picks one). Returns the rows it printed. */
+export async function messagingBench(): Promise<MessagingRow[]> {
   const rows: MessagingRow[] = [];
-  rows.push(await runBroker(rabbit));
-  rows.push(await runBroker(nats));
+  for (const make of [rabbit, nats]) {
+    for (const style of STYLES) rows.push(await runBroker(make, style));
+  }
   printMessagingRows(rows);
+  return rows;
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -204,7 +204,7 @@ if (wanted("messaging")) {
         ? [
             {
               group,
-              scenario: `${r.broker}: end to end`,
+              scenario: `${r.broker}: end to end, effect ${r.effect === "batch" ? "per batch" : "per message"}`,
               throughput: r.endToEndRate,
               unit: "events/s",
               p50Ms: Number(r.p50Ms),
