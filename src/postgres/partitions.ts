@@ -21,50 +21,93 @@ export class Partitions {
     return `keys_b${bucket}`;
   }
 
-  /** Create the partitions for these buckets if they do not exist (several instances may race). */
+  /**
+   * Create the partitions for these buckets if they do not exist (several instances may race).
+   *
+   * Each is created as a table of its own and then attached: `CREATE TABLE ... PARTITION OF` would take
+   * an ACCESS EXCLUSIVE lock on the keys table, wait behind every open transaction that touched it,
+   * and queue every new request behind it; ATTACH PARTITION takes a lock that reads and writes of keys
+   * do not wait for. A table created by an instance that died before attaching it is attached here.
+   */
   async ensure(buckets: Iterable<number>): Promise<void> {
+    // Only the missing ones: ATTACH, even of a partition already attached, first waits for a lock on
+    // it that every open transaction reading keys holds.
+    const attached = new Set(await this.list());
     for (const b of new Set(buckets)) {
+      if (attached.has(b)) continue;
+      const table = `${this.schema}.${this.nameOf(b)}`;
       try {
         await this.db.exec(
-          `CREATE TABLE IF NOT EXISTS ${this.schema}.${this.nameOf(b)} PARTITION OF ${this.schema}.keys ` +
-            `FOR VALUES FROM (${b}) TO (${b + 1})`,
+          `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
         );
       } catch (err) {
         // Another instance created it between our check and our CREATE.
         const code = (err as { code?: string }).code;
         if (code !== "42P07" && code !== "23505") throw err;
       }
+      try {
+        await this.db.exec(
+          `ALTER TABLE ${this.schema}.keys ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
+        );
+      } catch (err) {
+        // 42809: already a partition (attached earlier, or by another instance just now).
+        if ((err as { code?: string }).code !== "42809") throw err;
+      }
     }
+  }
+
+  /**
+   * The keys tables in the schema, oldest first: attached partitions, one whose detach was interrupted
+   * (`pending`), and detached ones a crash left behind between detach and drop (`attached` false).
+   */
+  async tables(): Promise<{ bucket: number; attached: boolean; pending: boolean }[]> {
+    const { rows } = await this.db.query<{ name: string; attached: boolean; pending: boolean }>(
+      `SELECT c.relname AS name, i.inhrelid IS NOT NULL AS attached,
+              coalesce(i.inhdetachpending, false) AS pending
+         FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+        WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^keys_b-?[0-9]+$'`,
+      [this.schema],
+    );
+    return rows
+      .map((r) => ({
+        bucket: Number(r.name.slice("keys_b".length)),
+        attached: r.attached,
+        pending: r.pending,
+      }))
+      .sort((a, b) => a.bucket - b.bucket);
   }
 
   /** The buckets that have a partition, oldest first. */
   async list(): Promise<number[]> {
-    const { rows } = await this.db.query<{ name: string }>(
-      `SELECT c.relname AS name FROM pg_inherits i
-         JOIN pg_class c ON c.oid = i.inhrelid
-         JOIN pg_class p ON p.oid = i.inhparent
-         JOIN pg_namespace n ON n.oid = p.relnamespace
-        WHERE n.nspname = $1 AND p.relname = 'keys'`,
-      [this.schema],
-    );
-    return rows
-      .map((r) => /^keys_b(-?\d+)$/.exec(r.name)?.[1])
-      .filter((b): b is string => b !== undefined)
-      .map(Number)
-      .sort((a, b) => a - b);
+    return (await this.tables()).filter((t) => t.attached && !t.pending).map((t) => t.bucket);
   }
 
   /**
    * Drop every partition whose newest possible key is older than the retention window: bucket `b`
    * holds keys created before `start(b + 1)`, so it goes once `start(b + 1) + retention <= now`.
-   * A whole partition is dropped in one statement; no row-by-row DELETE, no dead tuples to vacuum.
+   * A whole partition goes at once; no row-by-row DELETE, no dead tuples to vacuum.
+   *
+   * It is detached CONCURRENTLY first: a plain DROP would take an ACCESS EXCLUSIVE lock on the keys
+   * table, wait behind every open transaction that touched it, and every new request would queue
+   * behind the DROP. Detaching concurrently lets requests go on; the detached table is then dropped
+   * without touching the keys table. A detach interrupted midway is finished (FINALIZE) on the next
+   * sweep, and a table detached but not dropped is dropped then.
    */
   async dropExpired(nowMs: number, retentionMs: number): Promise<number[]> {
     const dropped: number[] = [];
-    for (const b of await this.list()) {
-      if (this.startOf(b + 1) + retentionMs > nowMs) break;
-      await this.db.exec(`DROP TABLE IF EXISTS ${this.schema}.${this.nameOf(b)}`);
-      dropped.push(b);
+    for (const t of await this.tables()) {
+      if (this.startOf(t.bucket + 1) + retentionMs > nowMs) break;
+      const table = `${this.schema}.${this.nameOf(t.bucket)}`;
+      if (t.attached) {
+        // Its own statement, outside any transaction block (CONCURRENTLY requires it).
+        await this.db.exec(
+          `ALTER TABLE ${this.schema}.keys DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
+        );
+      }
+      await this.db.exec(`DROP TABLE IF EXISTS ${table}`);
+      dropped.push(t.bucket);
     }
     return dropped;
   }

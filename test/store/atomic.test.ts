@@ -219,6 +219,65 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     await open?.close();
   });
 
+  it("sweeps while a long transaction holds the keys table, and requests keep being served meanwhile", async () => {
+    let now = Date.UTC(2032, 2, 1, 23, 0);
+    const s = await PostgresStore.open(open.db, { clock: () => now, retentionMs: DAY });
+    await s.atomic(claimOf("acct_1", "k-held-old", "{}"), (tx) => charge(tx, "held-old"));
+    now += DAY + 2 * 3_600_000;
+    await s.atomic(claimOf("acct_1", "k-held-new", "{}"), (tx) => charge(tx, "held-new"));
+
+    // A report (or any slow request) reading the keys table, open for the whole test.
+    let release!: () => void;
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    let reading!: () => void;
+    const opened = new Promise<void>((r) => {
+      reading = r;
+    });
+    const report = open.db.transaction(async (tx) => {
+      await tx.query("SELECT count(*) FROM idem.keys");
+      reading();
+      await held;
+    });
+    await opened;
+
+    let sweep: Promise<{ dropped: number[] }> | undefined;
+    try {
+      sweep = s.sweep();
+      sweep.catch(() => {}); // awaited below
+      // Wait until the sweep waits for the report (to detach the old partition).
+      for (let i = 0; ; i++) {
+        const { rows } = await open.db.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%idem.keys%'`,
+        );
+        if (rows[0]!.n > 0) break;
+        if (i > 200) throw new Error("the sweep never waited for the open transaction");
+        await new Promise((r) => setTimeout(r, 25));
+      }
+      // New requests and replays go through while the sweep waits (DROP TABLE, or CREATE TABLE ...
+      // PARTITION OF, would queue them all behind its lock on the keys table until the report ends).
+      const during = await Promise.race([
+        Promise.all([
+          s.atomic(claimOf("acct_1", "k-held-during", "{}"), (tx) => charge(tx, "held-during")),
+          s.atomic(claimOf("acct_1", "k-held-new", "{}"), (tx) => charge(tx, "held-new")),
+        ]),
+        new Promise<"blocked">((r) => setTimeout(() => r("blocked"), 3_000)),
+      ]);
+      expect(during === "blocked" ? during : during.map((o) => o.kind)).toEqual(["executed", "replayed"]);
+    } finally {
+      release();
+      await report;
+    }
+    const { dropped } = await sweep!;
+    expect(dropped).toContain(s.partitions.bucketOf(Date.UTC(2032, 2, 1, 23, 0)));
+    const { rows } = await open.db.query<{ key: string }>(
+      "SELECT key FROM idem.keys WHERE key LIKE 'k-held-%' ORDER BY key",
+    );
+    expect(rows.map((r) => r.key)).toEqual(["k-held-during", "k-held-new"]);
+  });
+
   it("runs 20 concurrent duplicates once and gives all of them the same body", async () => {
     const c = claimOf("acct_1", "k-storm", "{}");
     const outs = await Promise.all(
