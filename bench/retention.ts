@@ -4,7 +4,7 @@
  * with BENCH_RETENTION_KEYS keys (default 1,000,000) shaped like the reference service's saved payments
  * (a UUID key, a SHA-256 fingerprint, two replayed headers and a ~170-byte JSON body). Then:
  *
- *   drop     DROP TABLE of one partition: what `store.sweep()` does
+ *   drop     DETACH PARTITION ... CONCURRENTLY, then DROP TABLE of one partition: what `store.sweep()` does
  *   delete   DELETE FROM keys WHERE created_at < cutoff on the other: the row-by-row way, plus the
  *            VACUUM it leaves behind (the dead tuples stay on disk until then)
  *
@@ -80,17 +80,19 @@ export async function retentionBench(keys = KEYS): Promise<RetentionResult> {
     const c = await pool.connect();
     try {
       const q = async <T = any>(sql: string, params?: unknown[]) => (await c.query(sql, params)).rows as T[];
-      const timed = async (sql: string) => {
+      /** Statements run one after another (each its own transaction), timed together. */
+      const timed = async (...statements: string[]) => {
         const before = (await q<{ lsn: string }>("SELECT pg_current_wal_lsn() AS lsn"))[0]!.lsn;
         const t = performance.now();
-        const r = await c.query(sql);
+        let r: { rowCount: number | null } | undefined;
+        for (const sql of statements) r = await c.query(sql);
         const elapsed = performance.now() - t;
         const wal = (
           await q<{ wal: string }>("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1)::bigint AS wal", [
             before,
           ])
         )[0]!.wal;
-        return { ms: elapsed, wal: Number(wal), rows: r.rowCount ?? 0 };
+        return { ms: elapsed, wal: Number(wal), rows: r?.rowCount ?? 0 };
       };
       // Two days long ago (buckets are days since the epoch): the one to drop, the one to delete.
       const today = Math.floor(Date.now() / 1000 / DAY_S);
@@ -129,7 +131,11 @@ export async function retentionBench(keys = KEYS): Promise<RetentionResult> {
       };
       const s = await size(dropB);
 
-      const drop = await timed(`DROP TABLE idem.keys_b${dropB}`);
+      // What the sweep does: detach without blocking the keys table, then drop the detached table.
+      const drop = await timed(
+        `ALTER TABLE idem.keys DETACH PARTITION idem.keys_b${dropB} CONCURRENTLY`,
+        `DROP TABLE idem.keys_b${dropB}`,
+      );
       const cutoff = new Date((deleteB + 1) * DAY_S * 1000).toISOString();
       const del = await timed(`DELETE FROM idem.keys WHERE created_at < '${cutoff}'`);
       const afterDelete = await size(deleteB);
@@ -172,7 +178,7 @@ export function printRetention(r: RetentionResult): void {
     `  size per stored key: ${r.bytesPerKey.toFixed(0)} bytes (heap ${r.heapBytesPerKey.toFixed(0)}, primary key index ${r.indexBytesPerKey.toFixed(0)}, TOAST ${r.toastBytesPerKey.toFixed(0)}); ${mib(r.partitionBytes)} per partition`,
   );
   console.log(
-    `  DROP TABLE of the partition:   ${r.dropMs.toFixed(1).padStart(9)} ms, WAL ${mib(r.dropWalBytes)}`,
+    `  DETACH + DROP of the partition:${r.dropMs.toFixed(1).padStart(9)} ms, WAL ${mib(r.dropWalBytes)}`,
   );
   console.log(
     `  DELETE ... WHERE created_at <: ${r.deleteMs.toFixed(1).padStart(9)} ms, WAL ${mib(r.deleteWalBytes)}, ${r.deadTuples.toLocaleString("en-US")} dead tuples (${mib(r.bytesAfterDelete)} still on disk)`,

@@ -231,7 +231,7 @@ if (wanted("retention")) {
     const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
     result({
       group: group2,
-      scenario: "DROP TABLE of the partition (store.sweep)",
+      scenario: "DETACH + DROP of the partition (store.sweep)",
       throughput: (r.keys / r.dropMs) * 1000,
       unit: "keys/s removed",
       note: `${r.dropMs.toFixed(0)} ms, WAL ${mib(r.dropWalBytes)}`,
@@ -249,7 +249,12 @@ if (wanted("retention")) {
       `${f0(r.bytesPerKey)} bytes`,
       `heap ${f0(r.heapBytesPerKey)}, primary key index ${f0(r.indexBytesPerKey)}, TOAST ${f0(r.toastBytesPerKey)}; ${mib(r.partitionBytes)} per partition`,
     );
-    figure(group2, "DROP TABLE of the partition", `${r.dropMs.toFixed(1)} ms`, `WAL ${mib(r.dropWalBytes)}`);
+    figure(
+      group2,
+      "DETACH CONCURRENTLY + DROP of the partition",
+      `${r.dropMs.toFixed(1)} ms`,
+      `WAL ${mib(r.dropWalBytes)}`,
+    );
     figure(
       group2,
       "DELETE … WHERE created_at < cutoff",
