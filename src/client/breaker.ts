@@ -131,34 +131,28 @@ export class CircuitBreaker {
   }
 
   #permit(probe: boolean): BreakerPermit {
-    const generation = this.#generation;
-    let settled = false;
-    const settle = (verdict: "success" | "failure" | "none") => {
-      if (settled) return;
-      settled = true;
-      if (generation !== this.#generation) return;
-      if (probe) this.#probesInFlight--;
-      if (verdict === "none") return;
-      if (this.#state === CircuitState.halfOpen) {
-        if (verdict === "success") {
-          this.#strategy.success(CockatielState.HalfOpen); // resets the window
-          this.#transition(CircuitState.closed);
-        } else {
-          this.#strategy.failure(CockatielState.HalfOpen);
-          this.#transition(CircuitState.open);
-        }
-      } else if (verdict === "success") {
-        this.#strategy.success(CockatielState.Closed);
-      } else if (this.#strategy.failure(CockatielState.Closed)) {
+    return new Permit(this.#settle, this.#generation, probe);
+  }
+
+  /** One attempt's verdict (a bound arrow, made once per breaker, so a permit allocates no closures). */
+  readonly #settle = (generation: number, probe: boolean, verdict: Verdict): void => {
+    if (generation !== this.#generation) return;
+    if (probe) this.#probesInFlight--;
+    if (verdict === "none") return;
+    if (this.#state === CircuitState.halfOpen) {
+      if (verdict === "success") {
+        this.#strategy.success(CockatielState.HalfOpen); // resets the window
+        this.#transition(CircuitState.closed);
+      } else {
+        this.#strategy.failure(CockatielState.HalfOpen);
         this.#transition(CircuitState.open);
       }
-    };
-    return {
-      success: () => settle("success"),
-      failure: () => settle("failure"),
-      release: () => settle("none"),
-    };
-  }
+    } else if (verdict === "success") {
+      this.#strategy.success(CockatielState.Closed);
+    } else if (this.#strategy.failure(CockatielState.Closed)) {
+      this.#transition(CircuitState.open);
+    }
+  };
 
   #transition(to: CircuitState): void {
     const from = this.#state;
@@ -172,6 +166,44 @@ export class CircuitBreaker {
     } catch {
       // A listener's bug must not break the breaker.
     }
+  }
+}
+
+type Verdict = "success" | "failure" | "none";
+
+/** A permit: the first verdict counts, later ones are ignored. */
+class Permit implements BreakerPermit {
+  #settled = false;
+  readonly #settle: (generation: number, probe: boolean, verdict: Verdict) => void;
+  readonly #generation: number;
+  readonly #probe: boolean;
+
+  constructor(
+    settle: (generation: number, probe: boolean, verdict: Verdict) => void,
+    generation: number,
+    probe: boolean,
+  ) {
+    this.#settle = settle;
+    this.#generation = generation;
+    this.#probe = probe;
+  }
+
+  success(): void {
+    this.#verdict("success");
+  }
+
+  failure(): void {
+    this.#verdict("failure");
+  }
+
+  release(): void {
+    this.#verdict("none");
+  }
+
+  #verdict(verdict: Verdict): void {
+    if (this.#settled) return;
+    this.#settled = true;
+    this.#settle(this.#generation, this.#probe, verdict);
   }
 }
 

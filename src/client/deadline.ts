@@ -34,64 +34,99 @@ export interface AttemptTimer {
 
 const NO_TIMER: AttemptTimer = { signal: undefined, cut: () => undefined, done() {} };
 
+/**
+ * One attempt's controller and timer. A class rather than closures, so that an attempt costs one
+ * object, one AbortController and one timer (plus a listener only when the caller gave a signal).
+ */
+class Attempt implements AttemptTimer {
+  readonly signal: AbortSignal;
+  readonly #controller: AbortController;
+  readonly #deadline: CallDeadline;
+  readonly #perTryMs: number;
+  readonly #byDeadline: boolean;
+  readonly #timer: ReturnType<typeof setTimeout> | undefined;
+  readonly #onAbort: (() => void) | undefined;
+  #cut: Cut | undefined;
+
+  constructor(deadline: CallDeadline, ms: number, perTryMs: number, byDeadline: boolean) {
+    const controller = new AbortController();
+    this.#controller = controller;
+    this.signal = controller.signal;
+    this.#deadline = deadline;
+    this.#perTryMs = perTryMs;
+    this.#byDeadline = byDeadline;
+    // The attempt is passed as the timer's argument: no closure per attempt.
+    this.#timer = Number.isFinite(ms) ? setTimeout(timeOut, ms, this) : undefined;
+    const caller = deadline.caller;
+    if (caller) {
+      this.#onAbort = () => {
+        this.#cut = Cut.caller;
+        controller.abort(caller.reason);
+      };
+      caller.addEventListener("abort", this.#onAbort, { once: true });
+    }
+  }
+
+  cut(): Cut | undefined {
+    return this.#cut;
+  }
+
+  done(): void {
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    if (this.#onAbort) this.#deadline.caller?.removeEventListener("abort", this.#onAbort);
+  }
+
+  /** The timer fired: the per-try timeout or the deadline, whichever was set. */
+  timeOut(): void {
+    const byDeadline = this.#byDeadline;
+    this.#cut = byDeadline ? Cut.deadline : Cut.perTry;
+    this.#controller.abort(
+      new DOMException(
+        byDeadline
+          ? `Deadline of ${this.#deadline.totalMs} ms passed`
+          : `Attempt timed out after ${this.#perTryMs} ms`,
+        "TimeoutError",
+      ),
+    );
+  }
+}
+
+function timeOut(attempt: Attempt): void {
+  attempt.timeOut();
+}
+
 export class CallDeadline {
   /** Epoch milliseconds at which the call's time is up. */
   readonly at: number;
   readonly totalMs: number;
   readonly caller: AbortSignal | undefined;
 
-  constructor(totalMs: number, caller?: AbortSignal | null) {
+  /** `now` (epoch ms) saves a clock read when the caller has just read it. */
+  constructor(totalMs: number, caller?: AbortSignal | null, now: number = Date.now()) {
     this.totalMs = totalMs;
-    this.at = Date.now() + totalMs;
+    this.at = now + totalMs;
     this.caller = caller ?? undefined;
   }
 
   /** Milliseconds left (0 once passed). */
-  remaining(): number {
-    return Math.max(0, this.at - Date.now());
+  remaining(now: number = Date.now()): number {
+    return Math.max(0, this.at - now);
   }
 
   /** Whether the call must stop now, and why. */
-  stopped(): Cut | undefined {
+  stopped(now?: number): Cut | undefined {
     if (this.caller?.aborted) return Cut.caller;
-    if (this.at <= Date.now()) return Cut.deadline;
+    if (this.at <= (now ?? Date.now())) return Cut.deadline;
     return undefined;
   }
 
   /** A signal for one attempt, aborted by the caller, the deadline or the per-try timeout. */
-  attempt(perTryMs: number): AttemptTimer {
-    const remaining = this.remaining();
+  attempt(perTryMs: number, now?: number): AttemptTimer {
+    const remaining = this.remaining(now);
     const byDeadline = !(perTryMs < remaining);
     const ms = byDeadline ? remaining : perTryMs;
-    const caller = this.caller;
-    if (!Number.isFinite(ms) && !caller) return NO_TIMER;
-
-    const controller = new AbortController();
-    let cut: Cut | undefined;
-    const timer = Number.isFinite(ms)
-      ? setTimeout(() => {
-          cut = byDeadline ? Cut.deadline : Cut.perTry;
-          controller.abort(
-            new DOMException(
-              byDeadline ? `Deadline of ${this.totalMs} ms passed` : `Attempt timed out after ${perTryMs} ms`,
-              "TimeoutError",
-            ),
-          );
-        }, ms)
-      : undefined;
-    const onAbort = () => {
-      cut = Cut.caller;
-      controller.abort(caller?.reason);
-    };
-    caller?.addEventListener("abort", onAbort, { once: true });
-    return {
-      signal: controller.signal,
-      cut: () => cut,
-      done: () => {
-        if (timer !== undefined) clearTimeout(timer);
-        caller?.removeEventListener("abort", onAbort);
-      },
-    };
+    if (!Number.isFinite(ms) && !this.caller) return NO_TIMER;
+    return new Attempt(this, ms, perTryMs, byDeadline);
   }
 
   /**

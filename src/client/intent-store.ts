@@ -76,10 +76,32 @@ export interface IntentStore {
 }
 
 /** A fresh pending intent record with a new random key. `id` defaults to the key. */
-export function newIntentRecord(id?: string, now: Date = new Date()): IntentRecord {
+export function newIntentRecord(id?: string, now?: Date): IntentRecord {
   const key = newIdempotencyKey();
-  const at = now.toISOString();
+  const at = now ? now.toISOString() : isoNow();
   return { id: id ?? key, key, status: IntentStatus.pending, attempts: 0, createdAt: at, updatedAt: at };
+}
+
+let minuteMs = Number.NaN;
+let minutePrefix = "";
+
+/**
+ * `new Date(ms).toISOString()`, the same string, for a fraction of the cost (about 1 µs saved per
+ * call on a slow machine; the client stamps every intent): the "YYYY-MM-DDTHH:MM:" part is kept for
+ * the current minute and only seconds and milliseconds are formatted.
+ */
+export function isoNow(ms: number = Date.now()): string {
+  const into = ms - minuteMs;
+  if (!(into >= 0 && into < 60_000)) {
+    // Before 1970 (negative remainders) and after 9999 (six-digit years): the plain way.
+    if (!(ms >= 0 && ms < 253_402_300_800_000)) return new Date(ms).toISOString();
+    minuteMs = ms - (ms % 60_000);
+    minutePrefix = new Date(minuteMs).toISOString().slice(0, 17);
+    return isoNow(ms);
+  }
+  const s = Math.floor(into / 1000);
+  const milli = Math.floor(into - s * 1000);
+  return `${minutePrefix}${s < 10 ? "0" : ""}${s}.${milli < 100 ? (milli < 10 ? "00" : "0") : ""}${milli}Z`;
 }
 
 /** Intent ids are 1..255 visible ASCII characters, like keys. */
