@@ -4,7 +4,7 @@
  */
 import { mkdirSync } from "node:fs";
 import { type Listen, listenWithPg, listenWithPglite } from "idem/messaging";
-import { type Db, fromPg, fromPglite, migrate } from "idem/postgres";
+import { type Db, fromPg, fromPglite, lockDataDir, migrate } from "idem/postgres";
 import type { PoolConfig } from "pg";
 import { PATTERN_TABLES } from "./patterns.ts";
 
@@ -62,10 +62,29 @@ export async function openDatabase(options: {
   }
   const dataDir = options.dataDir ?? ".idem/pgdata";
   mkdirSync(dataDir, { recursive: true });
-  const { PGlite } = await import("@electric-sql/pglite");
-  const pglite = await PGlite.create(dataDir);
-  const db = fromPglite(pglite);
-  return { db, listen: listenWithPglite(pglite), embedded: true, where: `embedded PGlite in ${dataDir}` };
+  // Before PGlite touches the directory: a second `npm start` (or `idem sweep`) on it would corrupt it.
+  const release = await lockDataDir(dataDir, {
+    onCompromised: (err) =>
+      console.error(
+        JSON.stringify({ level: 50, msg: "lost the lock on the data directory", err: err.message }),
+      ),
+  });
+  try {
+    const { PGlite } = await import("@electric-sql/pglite");
+    const pglite = await PGlite.create(dataDir);
+    const opened = fromPglite(pglite);
+    const db: Db = {
+      ...opened,
+      async close() {
+        await opened.close();
+        await release();
+      },
+    };
+    return { db, listen: listenWithPglite(pglite), embedded: true, where: `embedded PGlite in ${dataDir}` };
+  } catch (err) {
+    await release();
+    throw err;
+  }
 }
 
 /** idem's own migrations, then the service's tables (idempotent DDL under an advisory lock). */

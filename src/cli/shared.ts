@@ -38,10 +38,25 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
   if (!url) {
     const { mkdirSync } = await import("node:fs");
     const { PGlite } = await import("@electric-sql/pglite");
-    const { fromPglite } = await import("../postgres/drivers/pglite.ts");
+    const { DataDirInUseError, fromPglite, lockDataDir } = await import("../postgres/drivers/pglite.ts");
     const dir = process.env.IDEM_DATA_DIR ?? ".idem/pgdata";
     mkdirSync(dir, { recursive: true });
-    return { db: fromPglite(await PGlite.create(dir)), where: `embedded PGlite in ${dir}` };
+    let release: () => Promise<void>;
+    try {
+      release = await lockDataDir(dir);
+    } catch (err) {
+      if (err instanceof DataDirInUseError) throw new CliError(err.message);
+      throw err;
+    }
+    const opened = fromPglite(await PGlite.create(dir));
+    const db: Db = {
+      ...opened,
+      async close() {
+        await opened.close();
+        await release();
+      },
+    };
+    return { db, where: `embedded PGlite in ${dir}` };
   }
   let parsed: URL;
   try {

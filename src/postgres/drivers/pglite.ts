@@ -58,3 +58,44 @@ export function fromPglite(pglite: PgliteLike, options: { owned?: boolean } = {}
     },
   };
 }
+
+/** Another process has the embedded database directory open. */
+export class DataDirInUseError extends Error {
+  readonly code = "IDEM_DATA_DIR_IN_USE";
+  constructor(readonly dir: string) {
+    super(
+      `the embedded database in ${dir} is open in another process (an idem service or command): stop it, ` +
+        `or give this one a directory of its own (IDEM_DATA_DIR) or a PostgreSQL server (DATABASE_URL)`,
+    );
+    this.name = "DataDirInUseError";
+  }
+}
+
+/**
+ * Take the embedded database directory `dir` for this process, before opening PGlite on it: PGlite is
+ * PostgreSQL in one process, and two processes writing one directory corrupt it. The lock is
+ * `<dir>.lock`, kept fresh while the process lives and taken over once stale (10 s), so a killed
+ * process does not leave the directory locked for long. Resolves to the function that releases it;
+ * rejects with {@link DataDirInUseError} while another live process holds it.
+ *
+ * proper-lockfile rather than a hand-written pid file: it creates the lock atomically (mkdir), refreshes
+ * it, and detects stale locks, which is the part that is easy to get wrong.
+ */
+export async function lockDataDir(
+  dir: string,
+  options: { onCompromised?: (err: Error) => void } = {},
+): Promise<() => Promise<void>> {
+  const { default: lockfile } = await import("proper-lockfile");
+  try {
+    return await lockfile.lock(dir, {
+      stale: 10_000,
+      update: 5_000,
+      retries: 0,
+      // A lost lock (its refresh failed for longer than `stale`) is reported, not thrown from a timer.
+      onCompromised: options.onCompromised ?? (() => {}),
+    });
+  } catch (err) {
+    if ((err as { code?: string }).code === "ELOCKED") throw new DataDirInUseError(dir);
+    throw err;
+  }
+}
