@@ -29,6 +29,12 @@ export interface Tx extends Queryable {
   final(sql: string, params?: readonly unknown[]): void;
   /** The driver's own transaction object (a `pg` client, a postgres.js `sql`, a PGlite `Transaction`). */
   readonly raw: unknown;
+  /**
+   * Optional hint: the transaction wrote nothing and what it read is all the caller needs, so its COMMIT
+   * need not be waited for. A pipelining driver sends it and hands the connection back at once (its
+   * next user's statements follow the COMMIT on the wire); others ignore the hint. A replay uses it.
+   */
+  readOnlyDone?(): void;
 }
 
 export interface Db extends Queryable {

@@ -215,6 +215,8 @@ export class PostgresStore implements AtomicStore<Tx> {
     }
     const replay = this.replayOf(claim, row);
     if (!replay) throw new KeyInFlightError(1);
+    // A done row never changes: its answer is final, and the transaction has nothing left to do.
+    tx.readOnlyDone?.();
     return replay;
   }
 

@@ -1,6 +1,7 @@
 /**
  * The store contract: every driver (PGlite, and pg + postgres.js on the real server) must behave the same.
  */
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   type Claim,
@@ -10,6 +11,7 @@ import {
   type StoredResponse,
 } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
+import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
@@ -276,6 +278,42 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
       "SELECT key FROM idem.keys WHERE key LIKE 'k-held-%' ORDER BY key",
     );
     expect(rows.map((r) => r.key)).toEqual(["k-held-during", "k-held-new"]);
+  });
+
+  it("hands a replay's connection back before its COMMIT is answered, and the next user of it is fine", async () => {
+    // One connection, so every request reuses the one a replay just gave back with its COMMIT in flight.
+    const one = fromPg(new pg.Pool({ connectionString: open.url, max: 1, pipeline: true } as pg.PoolConfig));
+    try {
+      const s = await PostgresStore.open(one);
+      const c = claimOf("acct_1", "k-one-conn", "{}");
+      const first = await s.atomic(c, (tx) => charge(tx, "one-conn"));
+      const outs = [];
+      for (let i = 0; i < 30; i++) {
+        outs.push(await s.atomic(c, (tx) => charge(tx, "one-conn"))); // a replay...
+        outs.push(await s.atomic(claimOf("acct_1", `k-one-conn-${i}`, "{}"), (tx) => charge(tx, `n${i}`))); // ...then new work
+      }
+      expect(outs.map((o) => o.kind)).toEqual(
+        Array.from({ length: 30 }, () => ["replayed", "executed"]).flat(),
+      );
+      expect(Buffer.from(outs[0]!.response.body).toString()).toBe(
+        Buffer.from(first.response.body).toString(),
+      );
+      // Concurrent replays on the one connection: every one answered, no lock left behind.
+      const many = await Promise.all(
+        Array.from({ length: 20 }, () => s.atomic(c, (tx) => charge(tx, "one-conn"))),
+      );
+      expect(many.every((o) => o.kind === "replayed")).toBe(true);
+      const { rows } = await one.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory'",
+      );
+      expect(rows[0]).toEqual({ n: 0 });
+      expect(
+        (await one.query<{ n: number }>("SELECT count(*)::int AS n FROM effects WHERE note = 'one-conn'"))
+          .rows[0],
+      ).toEqual({ n: 1 });
+    } finally {
+      await one.close();
+    }
   });
 
   it("runs 20 concurrent duplicates once and gives all of them the same body", async () => {

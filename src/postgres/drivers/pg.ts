@@ -95,8 +95,12 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         }
       };
       let last: Promise<unknown> | undefined;
+      let readOnlyDone = false;
       const tx: Tx = {
         raw: client,
+        readOnlyDone() {
+          readOnlyDone = wire.pipelined;
+        },
         final(sql, params) {
           // Corked until COMMIT is queued behind it: the two leave in one write.
           wire.cork();
@@ -136,6 +140,13 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         // COMMIT of the aborted transaction with a rollback, and we report `last`'s error.
         const commit = client.query("COMMIT");
         wire.uncork();
+        if (readOnlyDone && !last && !begun) {
+          // Nothing written, everything read: the COMMIT only ends the transaction (and frees its
+          // locks). Pipelined, whatever the next user of this connection sends follows it; a failure
+          // (the connection died) reaches that user and the pool.
+          commit.catch(() => {});
+          return value;
+        }
         if (last) {
           commit.catch(() => {});
           try {
@@ -171,17 +182,18 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
  * statement waits for the previous answer anyway), or whose internals differ from node-postgres 8's
  * (`pipeline`, `connection.stream`), is left alone.
  */
-function corkable(client: PgClientLike): { cork(): void; uncork(): void } {
+function corkable(client: PgClientLike): { pipelined: boolean; cork(): void; uncork(): void } {
   const c = client as unknown as {
     pipeline?: boolean;
     connection?: { stream?: Partial<NodeJS.WritableStream> & { cork?(): void; uncork?(): void } };
   };
   const stream = c.pipeline === true ? c.connection?.stream : undefined;
   if (!stream || typeof stream.cork !== "function" || typeof stream.uncork !== "function") {
-    return { cork() {}, uncork() {} };
+    return { pipelined: false, cork() {}, uncork() {} };
   }
   let corked = false;
   return {
+    pipelined: true,
     cork() {
       if (corked) return;
       corked = true;
