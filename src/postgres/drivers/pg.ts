@@ -108,6 +108,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
           last.catch(() => {});
         },
         async query<R>(sql: string, params?: readonly unknown[]) {
+          if (last) wire.uncork(); // a statement after final() (against its contract) must not wait for COMMIT
           const q = run<R>(client, sql, params);
           if (begun) {
             q.catch(() => {});
@@ -116,6 +117,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
           return q;
         },
         async exec(sql: string) {
+          if (last) wire.uncork();
           const q = client.query(sql);
           if (begun) {
             q.catch(() => {});
