@@ -2,9 +2,8 @@
  * Opens the service's database: the PostgreSQL server at DATABASE_URL, or the embedded PGlite persisted
  * under `.idem/pgdata` (the default for `npm start`, so the service runs with nothing installed).
  */
-import { mkdirSync } from "node:fs";
 import { type Listen, listenWithPg, listenWithPglite } from "idem/messaging";
-import { type Db, fromPg, fromPglite, lockDataDir, migrate } from "idem/postgres";
+import { type Db, fromPg, migrate, openPgliteDir } from "idem/postgres";
 import type { PoolConfig } from "pg";
 import { PATTERN_TABLES } from "./patterns.ts";
 
@@ -61,30 +60,14 @@ export async function openDatabase(options: {
     };
   }
   const dataDir = options.dataDir ?? ".idem/pgdata";
-  mkdirSync(dataDir, { recursive: true });
-  // Before PGlite touches the directory: a second `npm start` (or `idem sweep`) on it would corrupt it.
-  const release = await lockDataDir(dataDir, {
+  // Locked before PGlite touches it: a second `npm start` (or `idem sweep`) on it would corrupt it.
+  const { db, pglite } = await openPgliteDir(dataDir, {
     onCompromised: (err) =>
       console.error(
         JSON.stringify({ level: 50, msg: "lost the lock on the data directory", err: err.message }),
       ),
   });
-  try {
-    const { PGlite } = await import("@electric-sql/pglite");
-    const pglite = await PGlite.create(dataDir);
-    const opened = fromPglite(pglite);
-    const db: Db = {
-      ...opened,
-      async close() {
-        await opened.close();
-        await release();
-      },
-    };
-    return { db, listen: listenWithPglite(pglite), embedded: true, where: `embedded PGlite in ${dataDir}` };
-  } catch (err) {
-    await release();
-    throw err;
-  }
+  return { db, listen: listenWithPglite(pglite), embedded: true, where: `embedded PGlite in ${dataDir}` };
 }
 
 /** idem's own migrations, then the service's tables (idempotent DDL under an advisory lock). */

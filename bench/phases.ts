@@ -158,6 +158,26 @@ export interface PhasesBenchResult {
   ratio: number;
 }
 
+/** One mode's slices summed up, per payment. */
+function modeResult(m: {
+  rps: number;
+  n: number;
+  cpu: number;
+  pg: number;
+  sim: number;
+  latencies: number[];
+}): ModeResult {
+  return {
+    rps: m.rps,
+    n: m.n,
+    p50Ms: percentile(m.latencies, 0.5),
+    p99Ms: percentile(m.latencies, 0.99),
+    cpuUsPerPayment: m.cpu / m.n,
+    postgresUsPerPayment: m.pg / m.n,
+    simulatorUsPerPayment: m.sim / m.n,
+  };
+}
+
 function percentile(xs: number[], q: number): number {
   const sorted = [...xs].sort((a, b) => a - b);
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? Number.NaN;
@@ -274,25 +294,8 @@ export async function phasesBench(): Promise<PhasesBenchResult> {
     return {
       concurrency: CONCURRENCY,
       seconds: SECONDS,
-      atomic: {
-        rps: atomic.rps,
-        n: atomic.n,
-        p50Ms: percentile(atomic.latencies, 0.5),
-        p99Ms: percentile(atomic.latencies, 0.99),
-        cpuUsPerPayment: atomic.cpu / atomic.n,
-        postgresUsPerPayment: atomic.pg / atomic.n,
-        simulatorUsPerPayment: atomic.sim / atomic.n,
-      },
-      phases: {
-        rps: phased.rps,
-        n: phased.n,
-        p50Ms: percentile(phased.latencies, 0.5),
-        p99Ms: percentile(phased.latencies, 0.99),
-        cpuUsPerPayment: phased.cpu / phased.n,
-        postgresUsPerPayment: phased.pg / phased.n,
-        simulatorUsPerPayment: phased.sim / phased.n,
-        charges,
-      },
+      atomic: modeResult(atomic),
+      phases: { ...modeResult(phased), charges },
       ratio,
     };
   } finally {

@@ -36,26 +36,15 @@ export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
  */
 export async function openDb(url: string | undefined): Promise<{ db: Db; where: string }> {
   if (!url) {
-    const { mkdirSync } = await import("node:fs");
-    const { PGlite } = await import("@electric-sql/pglite");
-    const { DataDirInUseError, fromPglite, lockDataDir } = await import("../postgres/drivers/pglite.ts");
+    const { DataDirInUseError, openPgliteDir } = await import("../postgres/drivers/pglite.ts");
     const dir = process.env.IDEM_DATA_DIR ?? ".idem/pgdata";
-    mkdirSync(dir, { recursive: true });
-    let release: () => Promise<void>;
+    let db: Db;
     try {
-      release = await lockDataDir(dir);
+      ({ db } = await openPgliteDir(dir));
     } catch (err) {
       if (err instanceof DataDirInUseError) throw new CliError(err.message);
       throw err;
     }
-    const opened = fromPglite(await PGlite.create(dir));
-    const db: Db = {
-      ...opened,
-      async close() {
-        await opened.close();
-        await release();
-      },
-    };
     return { db, where: `embedded PGlite in ${dir}` };
   }
   let parsed: URL;

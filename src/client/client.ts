@@ -272,14 +272,7 @@ export class IdemClient {
    * An intent id that is not stored yet begins a new intent with that id.
    */
   async request(intent: IntentRef, url: string | URL, init: RequestOptions = NO_OPTIONS): Promise<Response> {
-    const prepared = this.#prepare(
-      url,
-      init,
-      methodOf(init),
-      toHeaderMap(init.headers),
-      init.body,
-      OWN_FIELDS,
-    );
+    const prepared = this.#prepareInit(url, init);
     const call = isPromise(prepared) ? await prepared : prepared;
     return await this.#requestWith(await this.#load(intent), call, false);
   }
@@ -366,14 +359,7 @@ export class IdemClient {
    * `withIdempotency` for methods that get no key.
    */
   async requestWithoutKey(url: string | URL, init: RequestOptions = NO_OPTIONS): Promise<Response> {
-    const prepared = this.#prepare(
-      url,
-      init,
-      methodOf(init),
-      toHeaderMap(init.headers),
-      init.body,
-      OWN_FIELDS,
-    );
+    const prepared = this.#prepareInit(url, init);
     return await this.#send(isPromise(prepared) ? await prepared : prepared, undefined);
   }
 
@@ -382,6 +368,11 @@ export class IdemClient {
    * changed), the body made replayable, the rest of `init` kept for fetch. Synchronous except for a
    * Blob body (read once, here).
    */
+  /** A call from a fetch-style `init` (method, headers and body taken from it). */
+  #prepareInit(url: string | URL, init: RequestOptions): Call | Promise<Call> {
+    return this.#prepare(url, init, methodOf(init), toHeaderMap(init.headers), init.body, OWN_FIELDS);
+  }
+
   #prepare(
     url: string | URL,
     init: RequestOptions,

@@ -1,7 +1,13 @@
 export { type CompleteOptions, type CompleteReport, type CompleteResult, complete } from "./complete.ts";
 export type { Db, Queryable, QueryResult, Tx } from "./db.ts";
 export { fromPg, type PgPoolLike } from "./drivers/pg.ts";
-export { DataDirInUseError, fromPglite, lockDataDir, type PgliteLike } from "./drivers/pglite.ts";
+export {
+  DataDirInUseError,
+  fromPglite,
+  lockDataDir,
+  openPgliteDir,
+  type PgliteLike,
+} from "./drivers/pglite.ts";
 export { fromPostgresJs, type PostgresJsLike } from "./drivers/postgres-js.ts";
 export { type MigrateOptions, type MigrateResult, migrate, pendingMigrations } from "./migrate.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";

@@ -142,7 +142,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         // COMMIT of the aborted transaction with a rollback, and we report `last`'s error.
         const commit = client.query("COMMIT");
         wire.uncork();
-        if (readOnlyDone && !last && !begun) {
+        if (readOnlyDone && !last) {
           // Nothing written, everything read: the COMMIT only ends the transaction (and frees its
           // locks). Pipelined, whatever the next user of this connection sends follows it; a failure
           // (the connection died) reaches that user and the pool.

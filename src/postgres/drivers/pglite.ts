@@ -99,3 +99,38 @@ export async function lockDataDir(
     throw err;
   }
 }
+
+/**
+ * Open the PGlite database persisted in `dir` (created if missing) for this process alone: the
+ * directory is locked first ({@link lockDataDir}), and `db.close()` closes PGlite, then lets go of the
+ * lock. `pglite` is the instance itself (e.g. for LISTEN). Needs `@electric-sql/pglite` installed.
+ */
+export async function openPgliteDir(
+  dir: string,
+  options: { onCompromised?: (err: Error) => void } = {},
+): Promise<{
+  db: Db;
+  pglite: PgliteLike & {
+    listen(channel: string, fn: (payload: string) => void): Promise<() => Promise<void>>;
+  };
+}> {
+  const { mkdirSync } = await import("node:fs");
+  mkdirSync(dir, { recursive: true });
+  const release = await lockDataDir(dir, options);
+  try {
+    const { PGlite } = await import("@electric-sql/pglite");
+    const pglite = await PGlite.create(dir);
+    const opened = fromPglite(pglite);
+    const db: Db = {
+      ...opened,
+      async close() {
+        await opened.close();
+        await release();
+      },
+    };
+    return { db, pglite };
+  } catch (err) {
+    await release();
+    throw err;
+  }
+}
