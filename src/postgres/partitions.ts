@@ -41,9 +41,11 @@ export class Partitions {
           `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
         );
       } catch (err) {
-        // Another instance created it between our check and our CREATE.
+        // Another instance created it at the same moment: IF NOT EXISTS does not cover a concurrent
+        // CREATE, which fails on the catalog instead (42P07 duplicate table, 42710 "type already
+        // exists", 23505 on pg_type's unique index).
         const code = (err as { code?: string }).code;
-        if (code !== "42P07" && code !== "23505") throw err;
+        if (code !== "42P07" && code !== "42710" && code !== "23505") throw err;
       }
       try {
         await this.db.exec(

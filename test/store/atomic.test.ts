@@ -280,6 +280,17 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     expect(rows.map((r) => r.key)).toEqual(["k-held-during", "k-held-new"]);
   });
 
+  it("lets several instances create the same new partitions at the same moment", async () => {
+    for (let round = 0; round < 5; round++) {
+      const at = Date.UTC(2040 + round, 0, 1); // days no partition exists for yet
+      const stores = await Promise.all(
+        Array.from({ length: 6 }, () => PostgresStore.open(open.db, { clock: () => at })),
+      );
+      const b = stores[0]!.partitions.bucketOf(at);
+      expect(await stores[0]!.partitions.list()).toEqual(expect.arrayContaining([b - 1, b, b + 1, b + 2]));
+    }
+  });
+
   it("hands a replay's connection back before its COMMIT is answered, and the next user of it is fine", async () => {
     // One connection, so every request reuses the one a replay just gave back with its COMMIT in flight.
     const one = fromPg(new pg.Pool({ connectionString: open.url, max: 1, pipeline: true } as pg.PoolConfig));
