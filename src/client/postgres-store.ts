@@ -14,7 +14,7 @@
  * });
  * ```
  */
-import type { Queryable } from "../postgres/db.ts";
+import type { Queryable } from "../core/db.ts";
 import type { IntentRecord, IntentStatus, IntentStore, StoredRequest } from "./intent-store.ts";
 
 export interface PostgresIntentStoreOptions {

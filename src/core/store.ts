@@ -68,3 +68,32 @@ export interface AtomicStore<Tx> {
    */
   transaction<T>(work: (tx: Tx) => Promise<T>, options?: { scope?: string }): Promise<T>;
 }
+
+/**
+ * One key as an operator (or the playground, or a test) sees it: `store.inspect(scope, key)`. Read
+ * through the store's API, never by raw SQL on its tables, whose internal columns may change.
+ */
+export interface KeyInspection {
+  scope: string;
+  key: string;
+  /** The opaque reference clients receive as `operation_ref` (see `encodeOperationRef`). */
+  ref: string;
+  /** `in_progress` (claimed, not finished), `done`, or `needs_review` (outcome unknown, for a person). */
+  state: "in_progress" | "done" | "needs_review";
+  /** The recovery point (phases mode), `done` when finished. */
+  recoveryPoint: string;
+  createdAt: Date;
+  /** When the key is forgotten: after it, the same key is new. */
+  expiresAt: Date;
+  updatedAt: Date | null;
+  /** The lease (phases mode) when one is held. */
+  lease: { token: string; until: Date } | null;
+  /** Hex SHA-256 of the request that claimed the key. */
+  fingerprint: string;
+  /** The saved answer, once there is one. */
+  saved: { status: number; headers: Array<[string, string]>; bodyBytes: number } | null;
+  /** The phases runner that owns the key (phases mode), else null. */
+  runner: string | null;
+  /** What earlier phases recorded (phases mode), else null. */
+  phaseData: Record<string, unknown> | null;
+}

@@ -29,9 +29,9 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
+import type { Tx } from "../core/db.ts";
 import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
 import { canonicalJson, errorResponse, IdemError, IdempotencyEngine } from "../core/index.ts";
-import type { Tx } from "../postgres/db.ts";
 import { hangUpSignal, headerOf, readBody, writeResponse } from "./node.ts";
 
 export interface IdempotencyContext {

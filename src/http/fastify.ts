@@ -28,9 +28,9 @@ import type {
   preHandlerAsyncHookHandler,
   preParsingAsyncHookHandler,
 } from "fastify";
+import type { Tx } from "../core/db.ts";
 import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
 import { canonicalJson, IdempotencyEngine } from "../core/index.ts";
-import type { Tx } from "../postgres/db.ts";
 import { groupHeaders, hangUpSignal } from "./node.ts";
 
 export interface FastifyIdempotency {

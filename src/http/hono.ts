@@ -7,9 +7,9 @@
  * finds the transaction in `c.var.idempotency.tx`: its writes commit together with the saved response.
  */
 import type { Context, MiddlewareHandler } from "hono";
+import type { Tx } from "../core/db.ts";
 import type { AtomicOutcome, Claim, EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
 import { errorResponse, IdempotencyEngine, KeyMissingError, Outcome } from "../core/index.ts";
-import type { Tx } from "../postgres/db.ts";
 
 export interface IdempotencyVariables {
   /** The transaction of this request (atomic mode): do the work's writes here. */

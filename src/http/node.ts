@@ -19,9 +19,9 @@
  * for users who build their own.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Tx } from "../core/db.ts";
 import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
 import { errorResponse, IdemError, IdempotencyEngine, ProblemCode, problemResponse } from "../core/index.ts";
-import type { Tx } from "../postgres/db.ts";
 
 export interface NodeIdempotencyContext {
   /** The transaction of this request (atomic mode): do the work's writes here. */

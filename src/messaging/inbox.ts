@@ -18,7 +18,7 @@
  * A crash anywhere before COMMIT leaves no trace: the redelivered copy is handled as the first. A crash
  * after COMMIT but before the ack leaves the mark: the redelivered copy is a duplicate.
  */
-import type { Db, Tx } from "../postgres/db.ts";
+import type { Db, Tx } from "../core/db.ts";
 import { checkSchemaName } from "../postgres/migrate.ts";
 import { type Delivery, errorOf } from "./types.ts";
 

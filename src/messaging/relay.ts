@@ -16,7 +16,7 @@
  * claimed and published again. The copy is a duplicate with the same message id, which NATS drops
  * within its window and every inbox drops for good. That is the whole of "at least once".
  */
-import type { Db } from "../postgres/db.ts";
+import type { Db } from "../core/db.ts";
 import { checkSchemaName } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
 import {

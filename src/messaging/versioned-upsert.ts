@@ -6,7 +6,7 @@
  * Only for events that carry the whole new state. An event that describes a change ("add 500") must go
  * through the inbox: skipping an older version of it would lose the change.
  */
-import type { Queryable } from "../postgres/db.ts";
+import type { Queryable } from "../core/db.ts";
 
 export interface VersionedUpsert {
   /** The table, optionally schema-qualified: `"products"` or `"shop.products"`. */

@@ -3,7 +3,7 @@
  * before the run (a baseline) and after it, and attributes the difference to the intent through the
  * values only that intent was rendered with (its `{{amount}}`, its `{{uuid}}`).
  */
-import type { Queryable } from "../../postgres/db.ts";
+import type { Queryable } from "../../core/db.ts";
 import { type Placeholder, render, type TemplateVars, toParameterised } from "./template.ts";
 
 export interface EffectCounter {

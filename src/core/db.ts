@@ -1,0 +1,52 @@
+/**
+ * The one small interface every PostgreSQL driver is adapted to.
+ *
+ * The store only ever needs three things: run one parameterised statement, run a script of several
+ * statements without parameters (migrations, `BEGIN; SET LOCAL ...`), and run a function inside a
+ * transaction on one connection. Users bring their own pool through a driver adapter
+ * (`fromPg`, `fromPostgresJs`, `fromPglite`) or implement this interface themselves.
+ */
+export interface QueryResult<R = Record<string, unknown>> {
+  rows: R[];
+  /** Rows inserted, updated or deleted by the statement (0 for a plain SELECT that returned nothing). */
+  rowCount: number;
+}
+
+export interface Queryable {
+  /** Run one statement with `$1..$n` parameters. `Uint8Array` parameters are sent as `bytea`. */
+  query<R = Record<string, unknown>>(sql: string, params?: readonly unknown[]): Promise<QueryResult<R>>;
+}
+
+/** A connection inside an open transaction. */
+export interface Tx extends Queryable {
+  /** Run several `;`-separated statements without parameters, in order. */
+  exec(sql: string): Promise<void>;
+  /**
+   * Queue the transaction's last statement: drivers that pipeline send it together with COMMIT. Its
+   * result is awaited by `transaction()`; if it fails, the transaction rolls back and `transaction()`
+   * rejects with its error. Call it at most once, as the last thing the transaction does.
+   */
+  final(sql: string, params?: readonly unknown[]): void;
+  /** The driver's own transaction object (a `pg` client, a postgres.js `sql`, a PGlite `Transaction`). */
+  readonly raw: unknown;
+  /**
+   * Optional hint: the transaction wrote nothing and what it read is all the caller needs, so its COMMIT
+   * need not be waited for. A pipelining driver sends it and hands the connection back at once (its
+   * next user's statements follow the COMMIT on the wire); others ignore the hint. A replay uses it.
+   */
+  readOnlyDone?(): void;
+}
+
+export interface Db extends Queryable {
+  /** Run several `;`-separated statements without parameters, in order, on one connection. */
+  exec(sql: string): Promise<void>;
+  /**
+   * Run `fn` in one transaction on one connection: commit when it resolves, roll back when it throws.
+   * `begin` is extra SQL sent with BEGIN in the same round trip (e.g. `SET LOCAL lock_timeout = '5s'`).
+   */
+  transaction<T>(fn: (tx: Tx) => Promise<T>, options?: { begin?: string }): Promise<T>;
+  /** Close the pool (only when the adapter owns it). */
+  close(): Promise<void>;
+  /** A short name of the driver, for logs and error messages. */
+  readonly driver: "pg" | "postgres" | "pglite" | (string & {});
+}
