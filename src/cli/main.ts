@@ -1,17 +1,20 @@
 /**
  * `idem`: the command line. Each command lives in its own file and is loaded only when called.
  */
+import { readFileSync } from "node:fs";
 import { CliError, EXIT } from "./shared.ts";
+
+/** The installed package's version (package.json is two folders up, from src/cli and from dist/cli). */
+function version(): string {
+  const pkg = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8"));
+  return String(pkg.version);
+}
 
 const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: string[]) => Promise<number>> }> =
   {
     migrate: {
       summary: "apply idem's SQL migrations",
       run: async () => (await import("./migrate.ts")).migrateCommand,
-    },
-    serve: {
-      summary: "run the reference payments service",
-      run: async () => (await import("./serve.ts")).serveCommand,
     },
     provider: {
       summary: "run the payment-provider simulator",
@@ -29,17 +32,9 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "run intents with faults against an API and check exactly-once",
       run: async () => (await import("./verify.ts")).verifyCommand,
     },
-    bench: {
-      summary: "run the benchmarks and write bench/results/",
-      run: async () => (await import("./bench.ts")).benchCommand,
-    },
     sweep: {
       summary: "drop expired key partitions (retention)",
       run: async () => (await import("./sweep.ts")).sweepCommand,
-    },
-    accounts: {
-      summary: "create an account and print its API key",
-      run: async () => (await import("./serve.ts")).accountsCommand,
     },
   };
 
@@ -49,11 +44,16 @@ ${Object.entries(COMMANDS)
   .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
   .join("\n")}
 
-Every command reads DATABASE_URL (default: the embedded PGlite in .idem/pgdata).
+Every command reads DATABASE_URL (default: the embedded PGlite in .idem/pgdata, which needs
+@electric-sql/pglite installed). idem --version prints the version.
 Exit codes: 0 success, 1 failure, 2 bad usage.`;
 
 export async function main(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
+  if (name === "--version" || name === "-v" || name === "version") {
+    console.log(version());
+    return EXIT.ok;
+  }
   if (!name || name === "--help" || name === "-h" || name === "help") {
     console.log(USAGE);
     return name ? EXIT.ok : EXIT.usage;

@@ -1,5 +1,6 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import type { Db } from "../postgres/db.ts";
+import type { PostgresStore } from "../postgres/store.ts";
 
 /** Exit codes scripts can rely on. */
 export const EXIT = { ok: 0, failure: 1, usage: 2 } as const;
@@ -14,15 +15,17 @@ export class CliError extends Error {
   }
 }
 
+type WithHelp<T> = T & { help: { type: "boolean"; short: "h" } };
+
 export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
   argv: string[],
   options: T,
   usage: string,
-) {
+): ReturnType<typeof parseArgs<{ args: string[]; options: WithHelp<T>; allowPositionals: true }>> {
   try {
     return parseArgs({
       args: argv,
-      options: { ...options, help: { type: "boolean", short: "h" } },
+      options: { ...options, help: { type: "boolean", short: "h" } } as WithHelp<T>,
       allowPositionals: true,
     });
   } catch (err) {
@@ -36,6 +39,8 @@ export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
  */
 export async function openDb(url: string | undefined): Promise<{ db: Db; where: string }> {
   if (!url) {
+    // Checked before anything touches the disk: without PGlite there is no embedded database to create.
+    await importPeer("@electric-sql/pglite", "set DATABASE_URL to a PostgreSQL server, or");
     const { DataDirInUseError, openPgliteDir } = await import("../postgres/drivers/pglite.ts");
     const dir = process.env.IDEM_DATA_DIR ?? ".idem/pgdata";
     let db: Db;
@@ -56,7 +61,7 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
       `DATABASE_URL is not a PostgreSQL URL: write it like postgres://user@127.0.0.1:5432/dbname`,
     );
   }
-  const { default: pg } = await import("pg");
+  const { default: pg } = (await importPeer("pg", "to reach a PostgreSQL server,")) as typeof import("pg");
   const { fromPg } = await import("../postgres/drivers/pg.ts");
   const pool = new pg.Pool({ connectionString: url, max: 4, connectionTimeoutMillis: 5_000 });
   // An idle connection cut by a server restart must not crash the command with an unheard 'error'
@@ -74,6 +79,21 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
   return { db, where: `${parsed.host}${parsed.pathname}` };
 }
 
+/**
+ * Import an optional peer dependency, or fail with one line that says what to install (instead of
+ * Node's ERR_MODULE_NOT_FOUND stack).
+ */
+async function importPeer(name: string, why: string): Promise<unknown> {
+  try {
+    return await import(name);
+  } catch (err) {
+    if ((err as { code?: string }).code === "ERR_MODULE_NOT_FOUND") {
+      throw new CliError(`${why} install ${name}: npm install ${name}`);
+    }
+    throw err;
+  }
+}
+
 /** `--retention-hours` (or IDEM_RETENTION_HOURS, default 24) as milliseconds; a usage error otherwise. */
 export function retentionMs(flag: string | undefined): number {
   const hours = Number(flag ?? process.env.IDEM_RETENTION_HOURS ?? 24);
@@ -85,7 +105,11 @@ export function retentionMs(flag: string | undefined): number {
  * Open the database (see `openDb`) and idem's store in it. A missing schema becomes a one-line error
  * that says to run `idem migrate`. The caller closes `db`.
  */
-export async function openStore(options: { url: string | undefined; schema?: string; retentionMs: number }) {
+export async function openStore(options: {
+  url: string | undefined;
+  schema?: string;
+  retentionMs: number;
+}): Promise<{ db: Db; where: string; store: PostgresStore }> {
   const { db, where } = await openDb(options.url);
   const { PostgresStore } = await import("../postgres/store.ts");
   try {

@@ -1,0 +1,100 @@
+/**
+ * The reference service's own commands (they start or change the service, so they live with it, not in
+ * the library's `idem` command):
+ *
+ *   npm run payments -- serve [--port N] [--host H] [--database-url URL]
+ *   npm run payments -- accounts create --name NAME [--database-url URL]
+ *
+ * Exit codes as idem's: 0 success, 1 failure, 2 bad usage; errors are one line with the fix.
+ */
+import { parseArgs } from "node:util";
+import { createAccount } from "./accounts.ts";
+import { openDatabase, prepareSchema } from "./database.ts";
+import { start } from "./main.ts";
+
+const USAGE = `usage: npm run payments -- <command> [options]
+
+  serve [--port N] [--host H] [--database-url URL]
+        run the reference payments service (the same as npm start; PORT, HOST, DATABASE_URL)
+  accounts create --name NAME [--database-url URL]
+        create an account and print its API key once (only its SHA-256 is stored)
+
+Exit codes: 0 success, 1 failure, 2 bad usage.`;
+
+class UsageError extends Error {}
+
+async function main(argv: string[]): Promise<number> {
+  let parsed: ReturnType<
+    typeof parseArgs<{
+      options: {
+        port: { type: "string" };
+        host: { type: "string" };
+        "database-url": { type: "string" };
+        name: { type: "string" };
+        help: { type: "boolean"; short: "h" };
+      };
+      allowPositionals: true;
+    }>
+  >;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      options: {
+        port: { type: "string" },
+        host: { type: "string" },
+        "database-url": { type: "string" },
+        name: { type: "string" },
+        help: { type: "boolean", short: "h" },
+      },
+      allowPositionals: true,
+    });
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const { values, positionals } = parsed;
+  const [command, sub] = positionals;
+  if (values.help || !command) {
+    console.log(USAGE);
+    return command || values.help ? 0 : 2;
+  }
+  const env = { ...process.env };
+  if (values["database-url"]) env.DATABASE_URL = values["database-url"];
+  if (command === "serve") {
+    if (values.port !== undefined) env.PORT = values.port;
+    if (values.host !== undefined) env.HOST = values.host;
+    const service = await start(env);
+    await new Promise<void>((resolve) => {
+      for (const sig of ["SIGINT", "SIGTERM"] as const) process.once(sig, () => resolve());
+    });
+    await service.stop();
+    return 0;
+  }
+  if (command === "accounts" && sub === "create") {
+    if (!values.name) throw new UsageError("accounts create needs --name NAME");
+    const { db } = await openDatabase({ url: env.DATABASE_URL || undefined, dataDir: env.IDEM_DATA_DIR });
+    try {
+      await prepareSchema(db);
+      const { id, apiKey } = await createAccount(db, values.name);
+      console.log(`account ${id}\napi key ${apiKey}  (shown once: store it now)`);
+      return 0;
+    } finally {
+      await db.close();
+    }
+  }
+  throw new UsageError(`unknown command "${positionals.join(" ")}"`);
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    if (err instanceof UsageError) {
+      console.error(`idem-payments: ${err.message} (try: npm run payments -- --help)`);
+      process.exitCode = 2;
+      return;
+    }
+    console.error(`idem-payments: ${(err as Error)?.message ?? err}`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,237 @@
+/**
+ * idem as a new user gets it: `npm pack` (which builds dist/ through `prepack`), the tarball installed
+ * into fresh projects outside this repository, and used from there with plain node and tsc:
+ * - a project with the peers: every subpath export type-checks under `--strict` with
+ *   `moduleResolution: nodenext` and `bundler`; a keyed request, its replay and one row run with plain
+ *   `node` on the real PostgreSQL (when DATABASE_URL is set) and on PGlite; every subpath can be
+ *   require()d from CommonJS; `npx idem --help`, `--version` and `migrate` work;
+ * - a project with nothing but the tarball: what a library user installs, its size, and `idem migrate`
+ *   without a database or PGlite says what to install in one line and creates nothing.
+ */
+import { execFile } from "node:child_process";
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+
+const run = promisify(execFile);
+const ROOT = process.cwd();
+const FIXTURE = join(ROOT, "test/package/fixture");
+const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
+const SUBPATHS = Object.keys(pkg.exports as Record<string, unknown>)
+  .filter((p) => p !== "./package.json")
+  .map((p) => (p === "." ? "idem" : `idem/${p.slice(2)}`));
+
+/** The peers a user of every subpath installs, at the versions this repository tests with. */
+const PEERS = [
+  "hono",
+  "@hono/node-server",
+  "pg",
+  "postgres",
+  "express",
+  "fastify",
+  "@electric-sql/pglite",
+  "amqplib",
+  "@nats-io/jetstream",
+  "@nats-io/transport-node",
+  "typescript",
+  "@types/node",
+  "@types/pg",
+  "@types/express",
+].map((name) => `${name}@${pkg.devDependencies[name]}`);
+
+const NPM_FLAGS = ["--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"];
+
+function duBytes(dir: string): number {
+  let total = 0;
+  const walk = (d: string) => {
+    for (const entry of readdirSync(d, { withFileTypes: true })) {
+      const p = join(d, entry.name);
+      if (entry.isDirectory()) walk(p);
+      else if (entry.isFile()) total += statSync(p).size;
+    }
+  };
+  walk(dir);
+  return total;
+}
+
+const mb = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(2)} MB`;
+
+describe("the packed tarball, installed in a fresh project", () => {
+  let work: string;
+  let tarball: string;
+  let full: string;
+  let bare: string;
+
+  beforeAll(async () => {
+    work = mkdtempSync(join(tmpdir(), "idem-consumer-"));
+    const { stdout } = await run("npm", ["pack", "--pack-destination", work, "--loglevel=error"], {
+      cwd: ROOT,
+      maxBuffer: 16 * 1024 * 1024,
+    });
+    tarball = join(work, stdout.trim().split("\n").at(-1)!);
+    full = join(work, "full");
+    bare = join(work, "bare");
+    for (const dir of [full, bare]) {
+      mkdirSync(dir);
+      writeFileSync(
+        join(dir, "package.json"),
+        JSON.stringify({ name: "consumer", private: true, type: "module" }, null, 2),
+      );
+    }
+    cpSync(FIXTURE, full, { recursive: true });
+    await run("npm", ["install", tarball, ...PEERS, ...NPM_FLAGS], { cwd: full });
+    await run("npm", ["install", tarball, ...NPM_FLAGS], { cwd: bare });
+  }, 300_000);
+
+  afterAll(() => {
+    if (work) rmSync(work, { recursive: true, force: true });
+  });
+
+  it("holds built JavaScript, declarations, source maps, the SQL and the CLI, and no sources or tests", async () => {
+    const { stdout } = await run("tar", ["-tzf", tarball]);
+    const files = stdout.split("\n").filter(Boolean);
+    expect(files).toContain("package/dist/core/index.js");
+    expect(files).toContain("package/dist/core/index.d.ts");
+    expect(files).toContain("package/dist/core/index.js.map");
+    expect(files).toContain("package/dist/cli/main.js");
+    expect(files).toContain("package/sql/0001_keys.sql");
+    expect(files).toContain("package/bin/idem.js");
+    expect(
+      files.filter((f) => /\/(src|app|test|bench)\//.test(f) || (f.endsWith(".ts") && !f.endsWith(".d.ts"))),
+    ).toEqual([]);
+    const declarations = files.filter((f) => f.endsWith(".d.ts"));
+    for (const f of declarations.slice(0, 5)) {
+      const text = readFileSync(join(full, "node_modules/idem", f.slice("package/".length)), "utf8");
+      expect(text).not.toMatch(/from "\.{1,2}\/[^"]+\.ts"/);
+    }
+    console.log(`tarball ${mb(statSync(tarball).size)}, ${files.length} files`);
+  });
+
+  it("installs only what the library imports at run time", () => {
+    const installed = JSON.parse(readFileSync(join(bare, "node_modules/.package-lock.json"), "utf8"));
+    const names = Object.keys(installed.packages as Record<string, unknown>).map((p) =>
+      p.replace(/^.*node_modules\//, ""),
+    );
+    for (const forbidden of ["pino", "prom-client", "hono", "pg", "tsx", "typescript"]) {
+      expect(names).not.toContain(forbidden);
+    }
+    console.log(
+      `a library user installs ${mb(duBytes(join(bare, "node_modules")))}: ${names.sort().join(", ")}`,
+    );
+  });
+
+  for (const resolution of ["nodenext", "bundler"] as const) {
+    it(`type-checks every subpath with --strict and moduleResolution ${resolution}`, async () => {
+      const module = resolution === "nodenext" ? "nodenext" : "esnext";
+      await run(
+        join(full, "node_modules/.bin/tsc"),
+        [
+          "--noEmit",
+          "--strict",
+          "--skipLibCheck",
+          "false",
+          "--module",
+          module,
+          "--moduleResolution",
+          resolution,
+          "--target",
+          "es2022",
+          "--types",
+          "node",
+          "types.ts",
+        ],
+        { cwd: full },
+      ).catch((err: { stdout?: string }) => {
+        throw new Error(`tsc failed:\n${err.stdout}`);
+      });
+    }, 120_000);
+  }
+
+  it("runs a keyed request and its replay with plain node on PGlite", async () => {
+    const { stdout } = await run(process.execPath, ["run.mjs"], {
+      cwd: full,
+      env: { ...process.env, DATABASE_URL: "" },
+    });
+    expect(JSON.parse(stdout)).toEqual({ first: 201, second: 201, replayed: "true", same: true, rows: 1 });
+  }, 60_000);
+
+  it.skipIf(!DATABASE_URL)(
+    "runs a keyed request and its replay with plain node on the real PostgreSQL",
+    async () => {
+      const db = await freshDatabase("idem_consumer");
+      try {
+        const { stdout } = await run(process.execPath, ["run.mjs"], {
+          cwd: full,
+          env: { ...process.env, DATABASE_URL: db.url },
+        });
+        expect(JSON.parse(stdout)).toEqual({
+          first: 201,
+          second: 201,
+          replayed: "true",
+          same: true,
+          rows: 1,
+        });
+      } finally {
+        await db.drop();
+      }
+    },
+    60_000,
+  );
+
+  it("require()s every subpath from CommonJS", async () => {
+    const { stdout } = await run(process.execPath, ["--no-warnings", "require.cjs", ...SUBPATHS], {
+      cwd: full,
+    });
+    const loaded = JSON.parse(stdout) as Record<string, number>;
+    expect(Object.keys(loaded).sort()).toEqual([...SUBPATHS].sort());
+    for (const n of Object.values(loaded)) expect(n).toBeGreaterThan(0);
+  });
+
+  it("runs the CLI with plain node: --help, --version and migrate", async () => {
+    const help = await run("npx", ["idem", "--help"], { cwd: full });
+    expect(help.stdout).toContain("usage: idem <command>");
+    expect(help.stdout).not.toMatch(/\bserve\b/);
+    const version = await run("npx", ["idem", "--version"], { cwd: full });
+    expect(version.stdout.trim()).toBe(pkg.version);
+    if (DATABASE_URL) {
+      const db = await freshDatabase("idem_consumer");
+      try {
+        const migrated = await run("npx", ["idem", "migrate"], {
+          cwd: full,
+          env: { ...process.env, DATABASE_URL: db.url },
+        });
+        expect(migrated.stdout).toContain("applied 0001_keys.sql");
+      } finally {
+        await db.drop();
+      }
+    }
+  }, 60_000);
+
+  it("idem migrate without a database or PGlite says what to install and creates nothing", async () => {
+    const err = await run("npx", ["idem", "migrate"], {
+      cwd: bare,
+      env: { ...process.env, DATABASE_URL: "" },
+    }).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err?.code).toBe(1);
+    const lines = err!.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toContain("npm install @electric-sql/pglite");
+    expect(existsSync(join(bare, ".idem"))).toBe(false);
+  });
+});
