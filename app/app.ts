@@ -2,6 +2,7 @@ import { Hono } from "hono";
 import type { Db, PostgresStore } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
+import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { openApiDocument } from "./openapi.ts";
 import { patternRoutes } from "./patterns.ts";
@@ -28,6 +29,11 @@ export interface AppDeps {
   /** Default: fresh metrics (with the outbox lag read from the database). */
   metrics?: Metrics;
   /**
+   * Serve `GET /metrics` on this app, optionally behind a bearer token; `false` when it is served on a
+   * port of its own (METRICS_PORT). Default: served, no token.
+   */
+  metricsEndpoint?: { token?: string } | false;
+  /**
    * Serve the playground page at `/` and its endpoints under `/playground/api/*` (phases mode only). They
    * pay as the demo account without an API key: only with the demo accounts, never otherwise. Default: false.
    */
@@ -50,10 +56,8 @@ export function createApp(deps: AppDeps): Hono {
     }
     return c.json({ status: "ok", database: "ok", retention_seconds: deps.store.retentionMs / 1000 });
   });
-  app.get("/metrics", async (c) => {
-    c.header("content-type", metrics.registry.contentType);
-    return c.body(await metrics.registry.metrics());
-  });
+  const metricsEndpoint = deps.metricsEndpoint ?? {};
+  if (metricsEndpoint) app.route("/", metricsRoutes(metrics, metricsEndpoint.token));
 
   if ((deps.paymentsMode ?? "phases") === "phases") {
     if (!deps.providerUrl) throw new Error("phases mode needs providerUrl (PROVIDER_URL)");

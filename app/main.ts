@@ -11,23 +11,35 @@
  *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
+ *   METRICS_PORT          serve /metrics on its own port (on HOST) instead of the API's
+ *   IDEM_METRICS_TOKEN    require `Authorization: Bearer <token>` on /metrics
  *   LOG_LEVEL             pino level (default info)
+ * HTTP limits and the shutdown drain: see app/server.ts (IDEM_HTTP_*, IDEM_DRAIN_MS).
  */
-import { serve } from "@hono/node-server";
+import { Hono } from "hono";
 import { cleanInbox } from "idem/messaging";
 import { complete, PostgresStore } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
+import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
+import { drain, httpLimitsFromEnv, listen as listenHttp, portFrom, portInUse } from "./server.ts";
 
 export async function start(env: NodeJS.ProcessEnv = process.env) {
-  const port = Number(env.PORT ?? 3000);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) {
-    throw new Error(`PORT must be a port number, got ${env.PORT}`);
+  const port = portFrom(env, "PORT", 3000);
+  const providerPort = portFrom(env, "PROVIDER_PORT", 4100);
+  const metricsPort = env.METRICS_PORT ? portFrom(env, "METRICS_PORT", 0) : undefined;
+  const limits = httpLimitsFromEnv(env);
+  const host = env.HOST ?? "127.0.0.1";
+  const retentionHours = Number(env.IDEM_RETENTION_HOURS ?? 24);
+  if (!(retentionHours > 0)) {
+    throw new Error(
+      `IDEM_RETENTION_HOURS must be a positive number of hours, got ${env.IDEM_RETENTION_HOURS}`,
+    );
   }
   const mode = env.IDEM_PAYMENTS_MODE ?? "phases";
   if (mode !== "phases" && mode !== "atomic") {
@@ -42,7 +54,6 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   await prepareSchema(db);
   const demo = embedded || env.IDEM_DEMO === "1";
   if (demo) await ensureDemoAccounts(db);
-  const retentionHours = Number(env.IDEM_RETENTION_HOURS ?? 24);
   const store = await PostgresStore.open(db, { retentionMs: retentionHours * 3_600_000 });
 
   // The receipt-email worker: outbox -> broker (AMQP_URL, NATS_URL, else in process) -> inbox -> email.
@@ -56,9 +67,11 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   let provider: Awaited<ReturnType<typeof startProvider>> | undefined;
   if (mode === "phases" && !providerUrl) {
     provider = await startProvider({
-      port: Number(env.PROVIDER_PORT ?? 4100),
+      port: providerPort,
       host: "127.0.0.1",
       declineCards: [DECLINED_TEST_CARD],
+    }).catch((err: unknown) => {
+      throw portInUse(err, providerPort, "PROVIDER_PORT");
     });
     providerUrl = provider.url;
   }
@@ -76,24 +89,31 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     metrics,
     // The playground pays as the demo account without an API key: only where the demo accounts exist.
     playground: demo,
+    metricsEndpoint: metricsPort === undefined ? { token: env.IDEM_METRICS_TOKEN } : false,
   });
-  const server = serve({ fetch: app.fetch, port, hostname: env.HOST ?? "127.0.0.1" });
-  await new Promise<void>((resolve, reject) => {
-    server.once("listening", () => resolve());
-    server.once("error", reject);
-  });
+  const server = await listenHttp(app.fetch, { port, host, limits, setting: "PORT" });
+  let metricsServer: Awaited<ReturnType<typeof listenHttp>> | undefined;
+  if (metricsPort !== undefined) {
+    // /metrics on its own port, for a scraper on a private network; the API port does not serve it.
+    const metricsApp = new Hono();
+    metricsApp.route("/", metricsRoutes(metrics, env.IDEM_METRICS_TOKEN));
+    metricsServer = await listenHttp(metricsApp.fetch, {
+      port: metricsPort,
+      host,
+      limits,
+      setting: "METRICS_PORT",
+    });
+  }
   const address = server.address();
   const actualPort = typeof address === "object" && address ? address.port : port;
-  console.log(
-    `idem payments service on http://${env.HOST ?? "127.0.0.1"}:${actualPort} (database: ${where})`,
-  );
+  console.log(`idem payments service on http://${host}:${actualPort} (database: ${where})`);
   if (mode === "phases")
     console.log(`  payment provider: ${providerUrl}${provider ? " (simulator, in process)" : ""}`);
   else console.log("  payments in atomic mode (no provider)");
   console.log(`  receipt emails: outbox -> ${receipts.transport} -> inbox`);
   if (demo) {
     for (const a of DEMO_ACCOUNTS) console.log(`  demo account ${a.id}: Authorization: Bearer ${a.apiKey}`);
-    if (mode === "phases") console.log(`  playground: http://${env.HOST ?? "127.0.0.1"}:${actualPort}/`);
+    if (mode === "phases") console.log(`  playground: http://${host}:${actualPort}/`);
   }
 
   // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
@@ -126,13 +146,20 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   let stopping: Promise<void> | undefined;
   const stop = () => {
     stopping ??= (async () => {
+      const began = performance.now();
+      logger.info({ drain_ms: limits.drainMs }, "shutdown began: no new connections, draining requests");
       clearInterval(sweep);
       clearInterval(completer);
-      // Stop accepting; requests in flight finish (their phases complete or free their leases).
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      // Stop accepting; requests in flight finish (their phases complete or free their leases) within
+      // the drain deadline, after which the connections still open are cut.
+      const [{ cut }] = await Promise.all([
+        drain(server, limits.drainMs),
+        metricsServer ? drain(metricsServer, limits.drainMs) : Promise.resolve({ cut: 0 }),
+      ]);
       await receipts.stop();
       await provider?.close();
       await db.close();
+      logger.info({ ms: Math.round(performance.now() - began), connections_cut: cut }, "shutdown ended");
     })();
     return stopping;
   };
