@@ -101,25 +101,65 @@ export async function lockDataDir(
 }
 
 /**
+ * PostgreSQL settings for an embedded database: a small buffer cache (PGlite's WebAssembly memory
+ * never shrinks, and the server's default 128 MB of shared buffers is sized for a dedicated machine).
+ * Measured on the reference service (bench/embedded-memory.ts): see the README.
+ */
+export const EMBEDDED_POSTGRESQL_CONF = "shared_buffers = 16MB\nwork_mem = 2MB\nmaintenance_work_mem = 16MB";
+
+/**
+ * Create the data directory in a short-lived child process. PGlite's initdb grows the WebAssembly
+ * memory to about 800 MB, which the process keeps for as long as it lives; opening a directory that
+ * already exists needs a fraction of it. So a new directory is initialised elsewhere and only opened here.
+ */
+async function initializeInChild(dir: string): Promise<void> {
+  const { spawn } = await import("node:child_process");
+  const pglite = import.meta.resolve("@electric-sql/pglite");
+  const script = `const { PGlite } = await import(${JSON.stringify(pglite)}); const db = await PGlite.create(${JSON.stringify(dir)}); await db.close();`;
+  await new Promise<void>((resolve, reject) => {
+    const child = spawn(process.execPath, ["--input-type=module", "-e", script], {
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    let err = "";
+    child.stderr!.on("data", (d) => {
+      err += d;
+    });
+    child.once("error", reject);
+    child.once("exit", (code) =>
+      code === 0
+        ? resolve()
+        : reject(new Error(`initialising the embedded database in ${dir} failed: ${err.trim()}`)),
+    );
+  });
+}
+
+/**
  * Open the PGlite database persisted in `dir` (created if missing) for this process alone: the
  * directory is locked first ({@link lockDataDir}), and `db.close()` closes PGlite, then lets go of the
  * lock. `pglite` is the instance itself (e.g. for LISTEN). Needs `@electric-sql/pglite` installed.
+ *
+ * Memory: a new directory is initialised in a child process, and the database runs with
+ * {@link EMBEDDED_POSTGRESQL_CONF} unless `postgresqlconf` says otherwise.
  */
 export async function openPgliteDir(
   dir: string,
-  options: { onCompromised?: (err: Error) => void } = {},
+  options: { onCompromised?: (err: Error) => void; postgresqlconf?: string } = {},
 ): Promise<{
   db: Db;
   pglite: PgliteLike & {
     listen(channel: string, fn: (payload: string) => void): Promise<() => Promise<void>>;
   };
 }> {
-  const { mkdirSync } = await import("node:fs");
+  const { PGlite } = await import("@electric-sql/pglite");
+  const { existsSync, mkdirSync } = await import("node:fs");
+  const { join } = await import("node:path");
   mkdirSync(dir, { recursive: true });
   const release = await lockDataDir(dir, options);
   try {
-    const { PGlite } = await import("@electric-sql/pglite");
-    const pglite = await PGlite.create(dir);
+    if (!existsSync(join(dir, "PG_VERSION"))) await initializeInChild(dir);
+    const pglite = await PGlite.create(dir, {
+      postgresqlconf: options.postgresqlconf ?? EMBEDDED_POSTGRESQL_CONF,
+    });
     const opened = fromPglite(pglite);
     const db: Db = {
       ...opened,
