@@ -114,7 +114,16 @@ export const EMBEDDED_POSTGRESQL_CONF = "shared_buffers = 16MB\nwork_mem = 2MB\n
  */
 async function initializeInChild(dir: string): Promise<void> {
   const { spawn } = await import("node:child_process");
-  const pglite = import.meta.resolve("@electric-sql/pglite");
+  // Resolved from here (not from the working directory); import.meta.resolve is missing under some
+  // loaders (vitest), where require's resolution finds the same package.
+  const metaResolve = (import.meta as { resolve?: (specifier: string) => string }).resolve;
+  let pglite: string;
+  if (typeof metaResolve === "function") pglite = metaResolve("@electric-sql/pglite");
+  else {
+    const { createRequire } = await import("node:module");
+    const { pathToFileURL } = await import("node:url");
+    pglite = pathToFileURL(createRequire(import.meta.url).resolve("@electric-sql/pglite")).href;
+  }
   const script = `const { PGlite } = await import(${JSON.stringify(pglite)}); const db = await PGlite.create(${JSON.stringify(dir)}); await db.close();`;
   await new Promise<void>((resolve, reject) => {
     const child = spawn(process.execPath, ["--input-type=module", "-e", script], {
