@@ -20,7 +20,7 @@ import { problem } from "./problems.ts";
 import { AmountRequest, CartItemRequest, ProductRequest, TopUpRequest } from "./schemas.ts";
 import { validBody, validIds } from "./validate.ts";
 
-type Env = { Variables: { accountId: string; body: Record<string, unknown> } };
+type Env = { Variables: { accountId: string } };
 
 export const PATTERN_TABLES = `
   CREATE TABLE IF NOT EXISTS wallet_topups (
@@ -82,15 +82,15 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   const auth = authenticate(deps.apiKeys) as unknown as MiddlewareHandler<Env>;
   const keyed = idempotency({ store: deps.store, scope: (c) => c.var.accountId });
   // One schema per body (app/schemas.ts), checked before any key is claimed or row written.
-  const topUp = validBody(TopUpRequest, { what: "top-up" }) as unknown as MiddlewareHandler<Env>;
-  const amountBody = validBody(AmountRequest, { what: "amount" }) as unknown as MiddlewareHandler<Env>;
-  const product = validBody(ProductRequest, { what: "product" }) as unknown as MiddlewareHandler<Env>;
-  const cartItem = validBody(CartItemRequest, { what: "cart item" }) as unknown as MiddlewareHandler<Env>;
+  const topUp = validBody(TopUpRequest, { what: "top-up" });
+  const amountBody = validBody(AmountRequest, { what: "amount" });
+  const product = validBody(ProductRequest, { what: "product" });
+  const cartItem = validBody(CartItemRequest, { what: "cart item" });
 
   // --- Wallet top-ups: a caller-chosen id and ON CONFLICT DO NOTHING ---
   app.post("/v1/wallets/:wallet/topups", limit, auth, validIds("wallet"), topUp, async (c) => {
     const wallet = c.req.param("wallet");
-    const { id, amount_cents: amount } = c.var.body as { id: string; amount_cents: number };
+    const { id, amount_cents: amount } = c.var.body;
     const inserted = await deps.db.query(
       `INSERT INTO wallet_topups (id, account_id, wallet_id, amount_cents) VALUES ($1, $2, $3, $4)
        ON CONFLICT (account_id, id) DO NOTHING RETURNING id`,
@@ -130,7 +130,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
 
   // --- Orders: created with a key; shipped with a conditional write ---
   app.post("/v1/orders", limit, auth, amountBody, keyed, async (c) => {
-    const amount = c.var.body.amount_cents as number;
+    const amount = c.var.body.amount_cents;
     const id = `ord_${randomBytes(10).toString("hex")}`;
     await c.var.idempotency.tx.query(
       "INSERT INTO orders (id, account_id, amount_cents, status) VALUES ($1, $2, $3, 'paid')",
@@ -180,7 +180,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
 
   app.put("/v1/products/:id", limit, auth, validIds("id"), product, async (c) => {
     const id = c.req.param("id");
-    const price = c.var.body.price_cents as number;
+    const price = c.var.body.price_cents;
     const ifMatch = c.req.header("if-match");
     if (!ifMatch) {
       // Creating a product needs no version; changing one does.
@@ -227,7 +227,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   // --- Cart quantities: say the result, not the change ---
   app.put("/v1/carts/:cart/items/:item", limit, auth, validIds("cart", "item"), cartItem, async (c) => {
     const { cart, item } = c.req.param();
-    const qty = c.var.body.qty as number;
+    const qty = c.var.body.qty;
     await deps.db.query(
       `INSERT INTO cart_items (account_id, cart_id, item_id, qty) VALUES ($1, $2, $3, $4)
        ON CONFLICT (account_id, cart_id, item_id) DO UPDATE SET qty = EXCLUDED.qty`,
@@ -251,7 +251,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   app.post("/v1/payments/:id/refunds", limit, auth, amountBody, keyed, async (c) => {
     const tx = c.var.idempotency.tx;
     const paymentId = c.req.param("id");
-    const amount = c.var.body.amount_cents as number;
+    const amount = c.var.body.amount_cents;
     // Lock the payment so two different refunds of it cannot both pass the check.
     const { rows } = await tx.query<{ amount_cents: string }>(
       "SELECT amount_cents FROM payments WHERE id = $1 AND account_id = $2 FOR UPDATE",

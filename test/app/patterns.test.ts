@@ -95,6 +95,58 @@ describe(`idempotent by design: each endpoint's repeat behaviour on ${backend.na
     expect(conflicts).toEqual([1, 0]);
   });
 
+  it("answers bad bodies and ids with a 400 naming the field and its rule, before any write", async () => {
+    const cases: Array<[string, string, unknown, string]> = [
+      [
+        "POST",
+        "/v1/wallets/w1/topups",
+        { id: "has space", amount_cents: 5 },
+        "Invalid top-up: id must be 1 to 64 letters, digits, _ or - (the top-up's id: chosen by you, unique in your account, reused on retries).",
+      ],
+      [
+        "POST",
+        "/v1/wallets/w1/topups",
+        { id: "t1" },
+        "Invalid top-up: amount_cents must be a whole number from 1 to 100000000.",
+      ],
+      [
+        "POST",
+        "/v1/wallets/w%20x/topups",
+        { id: "t1", amount_cents: 5 },
+        "The wallet id must be 1 to 64 letters, digits, _ or -.",
+      ],
+      [
+        "PUT",
+        "/v1/products/p1",
+        { price_cents: 0 },
+        "Invalid product: price_cents must be a whole number from 1 to 100000000.",
+      ],
+      [
+        "PUT",
+        "/v1/carts/c1/items/i1",
+        { qty: 1001 },
+        "Invalid cart item: qty must be a whole number from 0 to 1000 (the quantity you want, not a change).",
+      ],
+      [
+        "POST",
+        "/v1/orders",
+        { amount_cents: -1 },
+        "Invalid amount: amount_cents must be a whole number from 1 to 100000000.",
+      ],
+    ];
+    for (const [method, path, body, detail] of cases) {
+      const r = await call(method, path, body, { "idempotency-key": randomUUID() });
+      expect(r.status, `${method} ${path}`).toBe(400);
+      expect(await r.json()).toMatchObject({ type: "urn:idem:problem:invalid-body", detail });
+    }
+    const form = await fetch(`${svc.url}/v1/products/p1`, {
+      method: "PUT",
+      headers: { authorization: `Bearer ${KEY_2}`, "content-type": "application/x-www-form-urlencoded" },
+      body: "price_cents=5",
+    });
+    expect(form.status).toBe(415);
+  });
+
   it("order shipping is a conditional write: the second ship changes nothing", async () => {
     const order = await (
       await call("POST", "/v1/orders", { amount_cents: 1200 }, { "idempotency-key": randomUUID() })
