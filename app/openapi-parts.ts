@@ -95,8 +95,8 @@ export function idempotencyKeyParameter(required: boolean, retention: string): J
       "One key per intent: create it when the intent begins (a random UUID) and send it on every retry of " +
       "that intent. An RFC 8941 sf-string, quoted on the wire as the IETF draft has it " +
       '(`Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`); a bare token is accepted too and names ' +
-      `the same key. ${IdempotencyKeyValue.description} (inside the quotes, \`"\` is sent as \`\\"\` and ` +
-      "`\\` as `\\\\`). The length limits and the pattern are the key's own; the sf-string's quotes and " +
+      `the same key. The key: ${IdempotencyKeyValue.description}; inside the quotes, \`"\` is sent as ` +
+      "`\\\"` and `\\` as `\\\\`. The length limits and the pattern are the key's own; the sf-string's quotes and " +
       `escapes come on top. Kept for ${retention}; keys are per account.` +
       (required ? " Missing or invalid: 400." : " Optional here; invalid: 400."),
     schema: {
