@@ -66,10 +66,12 @@ export function parseBody<S extends TObject>(
   contentType: string | undefined,
   raw: string,
 ): Checked<Static<S>> {
-  if (bodyKind(contentType) !== "json") {
+  const kind = bodyKind(contentType);
+  if (kind === "form") {
     const fields = formFields(schema, raw);
     return fields.ok ? check(schema, fields.value) : fields;
   }
+  if (kind !== "json") return { ok: false, error: "the body must be JSON or form data" };
   let value: unknown;
   try {
     value = JSON.parse(raw);
