@@ -77,6 +77,7 @@ export function createApp(deps: AppDeps): Hono {
   const openapi = openApiDocument({
     ...deps,
     retentionMs: deps.store.retentionMs,
+    lockTimeoutMs: deps.store.lockTimeoutMs,
     playground: deps.playground && phases,
   });
   app.get("/openapi.json", (c) => c.json(openapi));

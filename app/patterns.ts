@@ -1,8 +1,8 @@
 /**
  * The spec's other ways to make a write safe to repeat, each with the tool that fits it:
  *
- * - wallet top-ups: the caller picks the top-up's id; `INSERT ... ON CONFLICT (id) DO NOTHING`, and the
- *   balance is the sum of top-ups, so a repeat adds nothing (no key needed);
+ * - wallet top-ups: the caller picks the top-up's id (unique per account); `INSERT ... ON CONFLICT
+ *   (account_id, id) DO NOTHING`, and the balance is the sum of top-ups, so a repeat adds nothing (no key);
  * - order shipping: a conditional write, `UPDATE ... WHERE status = 'paid'`, a one-way step;
  * - product prices: versions with `ETag` / `If-Match` (optimistic locking; 412 on a stale version);
  * - cart quantities: PUT the result ("quantity is 3"), not the change;
@@ -17,17 +17,28 @@ import type { Db, Tx } from "idem/postgres";
 import type { ApiKeys } from "./accounts.ts";
 import { authenticate, MAX_BODY_BYTES } from "./payments.ts";
 import { problem } from "./problems.ts";
+import { AmountRequest, CartItemRequest, ProductRequest, TopUpRequest } from "./schemas.ts";
+import { validBody, validIds } from "./validate.ts";
 
-type Env = { Variables: { accountId: string; body: Record<string, unknown> } };
+type Env = { Variables: { accountId: string } };
 
 export const PATTERN_TABLES = `
   CREATE TABLE IF NOT EXISTS wallet_topups (
-    id           text PRIMARY KEY,               -- chosen by the caller: a retry carries the same id
+    id           text NOT NULL,                  -- chosen by the caller: a retry carries the same id
     account_id   text NOT NULL,
     wallet_id    text NOT NULL,
     amount_cents bigint NOT NULL CHECK (amount_cents > 0),
     created_at   timestamptz NOT NULL DEFAULT now()
   );
+  -- Top-up ids are per account: one account can neither see nor take another's. Databases made before
+  -- had the id alone as primary key: dropped here (no lock taken, nothing done, once it is gone).
+  CREATE UNIQUE INDEX IF NOT EXISTS wallet_topups_account_id ON wallet_topups (account_id, id);
+  DO $$ BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint
+                WHERE conrelid = 'wallet_topups'::regclass AND conname = 'wallet_topups_pkey') THEN
+      ALTER TABLE wallet_topups DROP CONSTRAINT wallet_topups_pkey;
+    END IF;
+  END $$;
   CREATE INDEX IF NOT EXISTS wallet_topups_wallet ON wallet_topups (account_id, wallet_id);
   CREATE TABLE IF NOT EXISTS orders (
     id           text PRIMARY KEY,
@@ -60,30 +71,6 @@ export const PATTERN_TABLES = `
   CREATE INDEX IF NOT EXISTS refunds_payment ON refunds (payment_id);
 `;
 
-const ID = /^[A-Za-z0-9_-]{1,64}$/;
-
-function wholeCents(v: unknown, max = 100_000_000): number | undefined {
-  return typeof v === "number" && Number.isInteger(v) && v > 0 && v <= max ? v : undefined;
-}
-
-/** JSON object bodies only; anything else is a 400 (or 415) before any write. */
-const jsonBody: MiddlewareHandler<Env> = async function jsonBody(c, next) {
-  if (!/^application\/(.+\+)?json\b/i.test(c.req.header("content-type") ?? "")) {
-    return problem(415, "unsupported-media-type", "Send the body as application/json.");
-  }
-  let body: unknown;
-  try {
-    body = JSON.parse(await c.req.text());
-  } catch {
-    return problem(400, "invalid-body", "The body is not valid JSON.");
-  }
-  if (body === null || typeof body !== "object" || Array.isArray(body)) {
-    return problem(400, "invalid-body", "The body must be a JSON object.");
-  }
-  c.set("body", body as Record<string, unknown>);
-  await next();
-};
-
 const etagOf = (version: number) => `"v${version}"`;
 
 export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: ApiKeys }): Hono<Env> {
@@ -94,36 +81,28 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   });
   const auth = authenticate(deps.apiKeys) as unknown as MiddlewareHandler<Env>;
   const keyed = idempotency({ store: deps.store, scope: (c) => c.var.accountId });
-  const badId = (what: string) =>
-    problem(400, "invalid-body", `${what} must be 1-64 letters, digits, _ or -.`);
+  // One schema per body (app/schemas.ts), checked before any key is claimed or row written.
+  const topUp = validBody(TopUpRequest, { what: "top-up" });
+  const amountBody = validBody(AmountRequest, { what: "amount" });
+  const product = validBody(ProductRequest, { what: "product" });
+  const cartItem = validBody(CartItemRequest, { what: "cart item" });
 
   // --- Wallet top-ups: a caller-chosen id and ON CONFLICT DO NOTHING ---
-  app.post("/v1/wallets/:wallet/topups", limit, auth, jsonBody, async (c) => {
+  app.post("/v1/wallets/:wallet/topups", limit, auth, validIds("wallet"), topUp, async (c) => {
     const wallet = c.req.param("wallet");
-    const { id, amount_cents } = c.var.body;
-    if (!ID.test(wallet)) return badId("The wallet id");
-    if (typeof id !== "string" || !ID.test(id))
-      return badId("The top-up `id` (chosen by you, reused on retries)");
-    const amount = wholeCents(amount_cents);
-    if (!amount)
-      return problem(400, "invalid-body", "amount_cents must be a whole number from 1 to 100000000.");
+    const { id, amount_cents: amount } = c.var.body;
     const inserted = await deps.db.query(
       `INSERT INTO wallet_topups (id, account_id, wallet_id, amount_cents) VALUES ($1, $2, $3, $4)
-       ON CONFLICT (id) DO NOTHING RETURNING id`,
+       ON CONFLICT (account_id, id) DO NOTHING RETURNING id`,
       [id, c.var.accountId, wallet, amount],
     );
     if (inserted.rowCount === 0) {
-      const { rows } = await deps.db.query<{ account_id: string; wallet_id: string; amount_cents: string }>(
-        "SELECT account_id, wallet_id, amount_cents FROM wallet_topups WHERE id = $1",
-        [id],
+      const { rows } = await deps.db.query<{ wallet_id: string; amount_cents: string }>(
+        "SELECT wallet_id, amount_cents FROM wallet_topups WHERE account_id = $1 AND id = $2",
+        [c.var.accountId, id],
       );
       const r = rows[0];
-      if (
-        !r ||
-        r.account_id !== c.var.accountId ||
-        r.wallet_id !== wallet ||
-        Number(r.amount_cents) !== amount
-      ) {
+      if (!r || r.wallet_id !== wallet || Number(r.amount_cents) !== amount) {
         return problem(
           409,
           "topup-id-taken",
@@ -150,10 +129,8 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   });
 
   // --- Orders: created with a key; shipped with a conditional write ---
-  app.post("/v1/orders", limit, auth, jsonBody, keyed, async (c) => {
-    const amount = wholeCents(c.var.body.amount_cents);
-    if (!amount)
-      return problem(400, "invalid-body", "amount_cents must be a whole number from 1 to 100000000.");
+  app.post("/v1/orders", limit, auth, amountBody, keyed, async (c) => {
+    const amount = c.var.body.amount_cents;
     const id = `ord_${randomBytes(10).toString("hex")}`;
     await c.var.idempotency.tx.query(
       "INSERT INTO orders (id, account_id, amount_cents, status) VALUES ($1, $2, $3, 'paid')",
@@ -201,12 +178,9 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
     });
   });
 
-  app.put("/v1/products/:id", limit, auth, jsonBody, async (c) => {
+  app.put("/v1/products/:id", limit, auth, validIds("id"), product, async (c) => {
     const id = c.req.param("id");
-    if (!ID.test(id)) return badId("The product id");
-    const price = wholeCents(c.var.body.price_cents);
-    if (!price)
-      return problem(400, "invalid-body", "price_cents must be a whole number from 1 to 100000000.");
+    const price = c.var.body.price_cents;
     const ifMatch = c.req.header("if-match");
     if (!ifMatch) {
       // Creating a product needs no version; changing one does.
@@ -251,17 +225,9 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   });
 
   // --- Cart quantities: say the result, not the change ---
-  app.put("/v1/carts/:cart/items/:item", limit, auth, jsonBody, async (c) => {
+  app.put("/v1/carts/:cart/items/:item", limit, auth, validIds("cart", "item"), cartItem, async (c) => {
     const { cart, item } = c.req.param();
-    if (!ID.test(cart) || !ID.test(item)) return badId("Cart and item ids");
     const qty = c.var.body.qty;
-    if (typeof qty !== "number" || !Number.isInteger(qty) || qty < 0 || qty > 1000) {
-      return problem(
-        400,
-        "invalid-body",
-        "qty must be a whole number from 0 to 1000 (the quantity you want, not a change).",
-      );
-    }
     await deps.db.query(
       `INSERT INTO cart_items (account_id, cart_id, item_id, qty) VALUES ($1, $2, $3, $4)
        ON CONFLICT (account_id, cart_id, item_id) DO UPDATE SET qty = EXCLUDED.qty`,
@@ -282,12 +248,10 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
   });
 
   // --- Refunds: a new thing, so keyed; never more than what was paid ---
-  app.post("/v1/payments/:id/refunds", limit, auth, jsonBody, keyed, async (c) => {
+  app.post("/v1/payments/:id/refunds", limit, auth, amountBody, keyed, async (c) => {
     const tx = c.var.idempotency.tx;
     const paymentId = c.req.param("id");
-    const amount = wholeCents(c.var.body.amount_cents);
-    if (!amount)
-      return problem(400, "invalid-body", "amount_cents must be a whole number from 1 to 100000000.");
+    const amount = c.var.body.amount_cents;
     // Lock the payment so two different refunds of it cannot both pass the check.
     const { rows } = await tx.query<{ amount_cents: string }>(
       "SELECT amount_cents FROM payments WHERE id = $1 AND account_id = $2 FOR UPDATE",

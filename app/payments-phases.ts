@@ -9,9 +9,10 @@
  * A client that never retries after a crash is finished by the completer (`idem complete` with this
  * module: see `idemRunners`).
  */
+import { createHmac, randomBytes } from "node:crypto";
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { bodyKind, problemResponse, RetryableError } from "idem";
+import { problemResponse, RetryableError } from "idem";
 import { idempotentPhases } from "idem/hono";
 import {
   type Db,
@@ -24,23 +25,21 @@ import {
 } from "idem/postgres";
 import { chargeProvider } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
-import {
-  authenticate,
-  MAX_BODY_BYTES,
-  type PaymentInput,
-  parsePayment,
-  paymentReadRoutes,
-  toPayment,
-} from "./payments.ts";
+import { authenticate, MAX_BODY_BYTES, type PaymentInput, paymentReadRoutes, toPayment } from "./payments.ts";
 import { problem } from "./problems.ts";
+import { type PhasesPaymentInput, PhasesPaymentRequest } from "./schemas.ts";
+import { validBody } from "./validate.ts";
 
-/** What the runner stores with the key (for the completer): the validated payment. */
+/**
+ * What the runner stores with the key (for the completer): the validated payment, with the card as the
+ * provider gets it (`providerCard`): never a card number in clear.
+ */
 export interface PaymentJob extends PaymentInput {
-  /** Card number or token; the simulator declines chosen ones. */
+  /** A card token (or a public test card number); the simulator declines chosen ones. */
   card?: string;
 }
 type PaymentData = { chargeId: string };
-type Env = { Variables: { accountId: string; payment: PaymentJob } };
+type Env = { Variables: { accountId: string; body: PhasesPaymentInput; payment: PaymentJob } };
 
 export interface PaymentPhasesOptions {
   store: PostgresStore;
@@ -60,6 +59,20 @@ export const PAYMENTS_RUNNER = "payments";
 
 /** The card number the service's simulator declines (as Stripe's test card of that number does). */
 export const DECLINED_TEST_CARD = "4000000000000002";
+
+// Keyed per deployment (IDEM_CARD_TOKEN_KEY, shared by every instance); without it, per process.
+const cardTokenKey = process.env.IDEM_CARD_TOKEN_KEY || randomBytes(32).toString("hex");
+
+/**
+ * The card as stored with the key (for the completer, in `idem.keys.request`) and sent to the provider:
+ * a card number (12-19 digits) becomes `tok_<HMAC-SHA256 under IDEM_CARD_TOKEN_KEY, 24 hex>`, so the
+ * database holds no card number in clear; tokens and public test card numbers pass as they are (the
+ * simulator declines DECLINED_TEST_CARD by its number).
+ */
+export function providerCard(card: string): string {
+  if (card === DECLINED_TEST_CARD || !/^\d{12,19}$/.test(card)) return card;
+  return `tok_${createHmac("sha256", cardTokenKey).update(card).digest("hex").slice(0, 24)}`;
+}
 
 /** The payments state machine. Its name is stored with each key; the completer finds it by that name. */
 export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<PaymentJob, PaymentData> {
@@ -137,30 +150,10 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
   });
 }
 
-/** Like payments.ts's validation, plus an optional `card` (JSON or form). Nothing is claimed on a 4xx. */
-const validatePayment: MiddlewareHandler<Env> = async function validatePayment(c, next) {
-  const ct = c.req.header("content-type");
-  const kind = bodyKind(ct);
-  if (kind === "raw") {
-    return problem(415, "unsupported-media-type", "Send the body as application/json or form data.");
-  }
-  const raw = await c.req.text();
-  const parsed = parsePayment(ct, raw);
-  if (typeof parsed === "string") return problem(400, "invalid-body", `Invalid payment: ${parsed}.`);
-  let card: unknown;
-  try {
-    card = kind === "json" ? JSON.parse(raw).card : new URLSearchParams(raw).get("card");
-  } catch {
-    card = undefined;
-  }
-  if (
-    card !== undefined &&
-    card !== null &&
-    (typeof card !== "string" || !/^[A-Za-z0-9_]{1,64}$/.test(card))
-  ) {
-    return problem(400, "invalid-body", "Invalid payment: card must be 1 to 64 letters, digits or _.");
-  }
-  c.set("payment", typeof card === "string" ? { ...parsed, card } : parsed);
+/** The validated body as the runner's input: the card tokenized (`providerCard`). */
+const toJob: MiddlewareHandler<Env> = async function toJob(c, next) {
+  const { card, ...payment } = c.var.body;
+  c.set("payment", typeof card === "string" ? { ...payment, card: providerCard(card) } : payment);
   await next();
 };
 
@@ -178,7 +171,9 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
       onError: () => problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`),
     }),
     authenticate(deps.apiKeys),
-    validatePayment,
+    // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
+    validBody(PhasesPaymentRequest, { what: "payment", form: true }),
+    toJob,
     idempotentPhases<PaymentJob>({
       runner,
       scope: (c) => c.var.accountId,

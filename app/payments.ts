@@ -5,22 +5,20 @@ import { randomBytes } from "node:crypto";
 import type { MiddlewareHandler } from "hono";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { type AtomicStore, bodyKind } from "idem";
+import type { AtomicStore } from "idem";
 import { idempotency } from "idem/hono";
 import type { Db, Tx } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { problem } from "./problems.ts";
+import { type PaymentInput, PaymentRequest } from "./schemas.ts";
+import { validBody } from "./validate.ts";
 
-export interface PaymentInput {
-  amount_cents: number;
-  currency: string;
-}
+export type { PaymentInput };
 
-type Env = { Variables: { accountId: string; payment: PaymentInput } };
+type Env = { Variables: { accountId: string; body: PaymentInput } };
 
 export const MAX_BODY_BYTES = 16 * 1024;
-export const MAX_AMOUNT_CENTS = 100_000_000;
 
 export interface Payment {
   id: string;
@@ -56,54 +54,6 @@ export function authenticate(apiKeys: ApiKeys): MiddlewareHandler<Env> {
   };
 }
 
-/** Parse and check the body before the key is claimed: a bad request is answered 400 and saves nothing. */
-export function parsePayment(contentType: string | undefined, raw: string): PaymentInput | string {
-  let fields: Record<string, unknown>;
-  const kind = bodyKind(contentType);
-  if (kind === "json") {
-    try {
-      fields = JSON.parse(raw);
-    } catch {
-      return "the body is not valid JSON";
-    }
-    if (fields === null || typeof fields !== "object" || Array.isArray(fields))
-      return "the body must be a JSON object";
-  } else if (kind === "form") {
-    const f = Object.fromEntries(new URLSearchParams(raw));
-    fields = { ...f };
-    if (typeof f.amount_cents === "string" && /^\d{1,15}$/.test(f.amount_cents)) {
-      fields.amount_cents = Number(f.amount_cents);
-    }
-  } else {
-    return "send the body as application/json or application/x-www-form-urlencoded";
-  }
-  const amount = fields.amount_cents;
-  if (typeof amount !== "number" || !Number.isInteger(amount) || amount <= 0 || amount > MAX_AMOUNT_CENTS) {
-    return `amount_cents must be a whole number from 1 to ${MAX_AMOUNT_CENTS}`;
-  }
-  const currency = fields.currency;
-  if (typeof currency !== "string" || !/^[a-z]{3}$/.test(currency)) {
-    return 'currency must be a three-letter lower-case ISO 4217 code such as "eur"';
-  }
-  return { amount_cents: amount, currency };
-}
-
-const validatePayment: MiddlewareHandler<Env> = async function validatePayment(c, next) {
-  const ct = c.req.header("content-type");
-  const kind = bodyKind(ct);
-  if (kind === "raw") {
-    return problem(
-      415,
-      "unsupported-media-type",
-      "Send the body as application/json or application/x-www-form-urlencoded.",
-    );
-  }
-  const parsed = parsePayment(ct, await c.req.text());
-  if (typeof parsed === "string") return problem(400, "invalid-body", `Invalid payment: ${parsed}.`);
-  c.set("payment", parsed);
-  await next();
-};
-
 export async function insertPayment(
   tx: Pick<Db, "query"> | Tx,
   accountId: string,
@@ -132,10 +82,11 @@ export function paymentRoutes(deps: {
     "/v1/payments",
     bodyLimit({ maxSize: MAX_BODY_BYTES, onError: tooLarge }),
     authenticate(deps.apiKeys),
-    validatePayment,
+    // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
+    validBody(PaymentRequest, { what: "payment", form: true }),
     idempotency({ store: deps.store, scope: (c) => c.var.accountId, required: deps.requireKey ?? true }),
     async (c) => {
-      const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.payment);
+      const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.body);
       return c.json(payment, 201, { location: `/v1/payments/${payment.id}` });
     },
   );

@@ -5,8 +5,11 @@
  *
  *   POST /playground/api/pay    send one payment attempt as the demo account, with a chosen fault, and
  *                               report what the client saw (or that it saw nothing)
- *   GET  /playground/api/state  the key's row (recovery point, lease), its payment, the provider's
- *                               charges, the outbox and the emails sent
+ *   GET  /playground/api/state  the key as the store shows it (`store.inspect`: recovery point, lease),
+ *                               its payment, the demo account's provider charges, outbox and emails
+ *
+ * They show only the demo account's data, and never an internal error: a failure is logged and
+ * answered with a generic problem.
  *
  * Attempts without a server-side fault go to the service itself, in process, through every middleware,
  * exactly as a client's request would. The crash and slow-worker faults need crash points, which the
@@ -16,12 +19,27 @@
  */
 import { readFile } from "node:fs/promises";
 import { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { formatIdempotencyKey } from "idem";
 import type { Db, PhaseFaults, PostgresStore } from "idem/postgres";
 import { crashAt, listCharges, pauseAt } from "idem/testing";
+import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { DEMO_ACCOUNTS } from "./accounts.ts";
+import { MAX_BODY_BYTES } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { problem } from "./problems.ts";
+import {
+  PLAYGROUND_FAULTS,
+  type PlaygroundFault,
+  type PlaygroundPayInput,
+  PlaygroundPayRequest,
+} from "./schemas.ts";
+import { validBody } from "./validate.ts";
+
+export { PLAYGROUND_FAULTS, type PlaygroundFault };
+
+type Env = { Variables: { log?: Logger; body: PlaygroundPayInput } };
 
 export interface PlaygroundOptions {
   db: Db;
@@ -36,9 +54,6 @@ export interface PlaygroundOptions {
   /** How long the slow worker stalls (past its lease) before it carries on. Default: 2 × leaseMs + 1,000. */
   slowMs?: number;
 }
-
-export const PLAYGROUND_FAULTS = ["none", "lose-reply", "crash-after-charge", "slow-worker"] as const;
-export type PlaygroundFault = (typeof PLAYGROUND_FAULTS)[number];
 
 const ACCOUNT = DEMO_ACCOUNTS[0];
 const STATIC: Record<string, string> = {
@@ -68,8 +83,8 @@ export interface AttemptReport {
   ms: number;
 }
 
-export function playgroundRoutes(o: PlaygroundOptions): Hono {
-  const app = new Hono();
+export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
+  const app = new Hono<Env>();
   const leaseMs = o.leaseMs ?? 3_000;
   const slowMs = o.slowMs ?? 2 * leaseMs + 1_000;
   const dir = new URL("./playground/", import.meta.url);
@@ -83,32 +98,26 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
   app.get("/playground/playground.js", file("playground.js"));
   app.get("/playground/playground.css", file("playground.css"));
 
-  app.post("/playground/api/pay", async (c) => {
-    let input: Record<string, unknown>;
-    try {
-      input = await c.req.json();
-    } catch {
-      return problem(400, "invalid-body", "Send a JSON object.");
-    }
-    const key = input.key;
-    const amount = input.amount_cents;
-    const fault = (input.fault ?? "none") as PlaygroundFault;
-    const card = typeof input.card === "string" && input.card !== "" ? input.card : null;
-    if (typeof key !== "string" || !/^[\x21-\x7e]{1,200}$/.test(key) || /["\\]/.test(key)) {
-      return problem(400, "invalid-body", "key must be 1 to 200 visible ASCII characters, no quotes.");
-    }
-    if (typeof amount !== "number" || !Number.isInteger(amount) || amount < 1 || amount > 100_000_000) {
-      return problem(400, "invalid-body", "amount_cents must be a whole number from 1 to 100000000.");
-    }
-    if (!PLAYGROUND_FAULTS.includes(fault)) {
-      return problem(400, "invalid-body", `fault must be one of ${PLAYGROUND_FAULTS.join(", ")}.`);
-    }
+  const limit = bodyLimit({
+    maxSize: MAX_BODY_BYTES,
+    onError: () => problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`),
+  });
+  // A generic answer for anything unexpected: the error goes to the log, never to the page.
+  app.onError((err, c) => {
+    c.var.log?.error({ err }, "playground failed");
+    return problem(500, "internal-error", "The playground failed; see the service's log.");
+  });
+
+  app.post("/playground/api/pay", limit, validBody(PlaygroundPayRequest, { what: "attempt" }), async (c) => {
+    const { key, amount_cents: amount } = c.var.body;
+    const fault: PlaygroundFault = c.var.body.fault ?? "none";
+    const card = c.var.body.card ? c.var.body.card : null;
     const init: RequestInit = {
       method: "POST",
       headers: {
         authorization: `Bearer ${ACCOUNT.apiKey}`,
         "content-type": "application/json",
-        "idempotency-key": `"${key}"`,
+        "idempotency-key": formatIdempotencyKey(key),
       },
       body: JSON.stringify({ amount_cents: amount, currency: "eur", ...(card ? { card } : {}) }),
     };
@@ -125,7 +134,7 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
     let res: Response | undefined;
     if (fault === "crash-after-charge" || fault === "slow-worker") {
       report.via = "faulty worker";
-      res = await faultyAttempt(fault, key, init);
+      res = await faultyAttempt(fault, key, init, c.var.log);
     } else {
       res = await o.service(new Request("http://playground.internal/v1/payments", init));
     }
@@ -158,6 +167,7 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
     fault: "crash-after-charge" | "slow-worker",
     key: string,
     init: RequestInit,
+    log: Logger | undefined,
   ): Promise<Response | undefined> {
     let faults: PhaseFaults;
     if (fault === "crash-after-charge") {
@@ -175,7 +185,8 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
     let crashed = false;
     worker.onError((err) => {
       if (err.name !== "SimulatedCrashError") {
-        return problem(500, "internal-error", `The faulty worker failed: ${err.message}`);
+        log?.error({ err }, "playground: the faulty worker failed");
+        return problem(500, "internal-error", "The faulty worker failed; see the service's log.");
       }
       crashed = true; // like a dead process: no answer at all
       return new Response(null, { status: 500 });
@@ -189,45 +200,35 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
     const now = Date.now();
     const state: Record<string, unknown> = { now: new Date(now).toISOString(), account: ACCOUNT.id, key };
 
-    // The key's row (the newest, if the key was reused across a retention boundary).
+    // The key as the store shows it (the newest row, if the key was reused after it expired).
     let chargeId: string | null = null;
     if (key) {
-      const { rows } = await o.db.query<Record<string, unknown>>(
-        `SELECT recovery_point, status, lease_token, lease_until, runner, phase_data, created_at, updated_at
-           FROM ${schema}.keys WHERE scope = $1 AND key = $2 AND NOT marker ORDER BY bucket DESC LIMIT 1`,
-        [ACCOUNT.id, key],
-      );
-      const r = rows[0];
-      if (r) {
-        const until = r.lease_until ? new Date(r.lease_until as string).getTime() : null;
-        const data = (typeof r.phase_data === "string" ? JSON.parse(r.phase_data) : r.phase_data) as {
-          chargeId?: string;
-        } | null;
-        chargeId = data?.chargeId ?? null;
-        state.row = {
-          recovery_point: r.recovery_point,
-          status: r.status === null ? null : Number(r.status),
-          lease_token: r.lease_token ?? null,
-          lease_until: until === null ? null : new Date(until).toISOString(),
-          lease_left_ms: until === null ? null : until - now,
-          runner: r.runner ?? null,
-          phase_data: data,
-          created_at: iso(r.created_at),
-          updated_at: iso(r.updated_at),
-        };
-      } else state.row = null;
+      const k = await o.store.inspect(ACCOUNT.id, key);
+      chargeId = typeof k?.phaseData?.chargeId === "string" ? k.phaseData.chargeId : null;
+      state.row = k && {
+        recovery_point: k.recoveryPoint,
+        state: k.state,
+        status: k.saved?.status ?? null,
+        lease_token: k.lease?.token ?? null,
+        lease_until: k.lease ? k.lease.until.toISOString() : null,
+        lease_left_ms: k.lease ? k.lease.until.getTime() - now : null,
+        runner: k.runner,
+        phase_data: k.phaseData,
+        operation_ref: k.ref,
+        created_at: k.createdAt.toISOString(),
+        updated_at: k.updatedAt ? k.updatedAt.toISOString() : null,
+      };
     }
 
     // The provider's charges: this key's, and the demo account's latest.
     try {
-      const all = (await listCharges(o.providerUrl)).filter((ch) =>
-        ch.idempotency_key?.startsWith(`${ACCOUNT.id}:`),
-      );
+      const all = await listCharges(o.providerUrl, { scope: ACCOUNT.id });
       const mine = key ? all.filter((ch) => ch.idempotency_key === `${ACCOUNT.id}:${key}`) : [];
       state.charges = { total: all.length, forKey: mine, recent: all.slice(-8).reverse() };
       chargeId ??= mine.find((ch) => ch.status === "succeeded")?.id ?? null;
     } catch (err) {
-      state.charges = { error: `the provider at ${o.providerUrl} did not answer: ${(err as Error).message}` };
+      c.var.log?.error({ err }, "playground: the payment provider did not answer");
+      state.charges = { error: "the payment provider did not answer" };
     }
 
     // The payment made from this key's charge (its id is derived from the charge id).
@@ -252,8 +253,9 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
       ? (
           await o.db.query<Record<string, unknown>>(
             `SELECT id, topic, type, payload, attempts, published_at, created_at FROM ${schema}.outbox
-              WHERE topic = 'receipt-email' AND payload->>'payment' = $1 ORDER BY id`,
-            [paymentId],
+              WHERE topic = 'receipt-email' AND payload->>'payment' = $1 AND payload->>'account' = $2
+              ORDER BY id`,
+            [paymentId, ACCOUNT.id],
           )
         ).rows
       : [];
@@ -272,7 +274,7 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
       "SELECT to_regclass('sent_emails')::text AS t",
     );
     if (t[0]?.t) {
-      state.emails = { worker: true, ...(await sentEmails(o.db, paymentId)) };
+      state.emails = { worker: true, ...(await sentEmails(o.db, paymentId, c.var.log)) };
     } else {
       state.emails = { worker: false, total: 0, forKey: [], recent: [] };
     }
@@ -284,9 +286,9 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono {
 
 /**
  * The demo account's sent emails, as app/receipts.ts records them (message_id, payment_id, account_id,
- * amount_cents, sent_at); any other shape of the table is shown as it is.
+ * amount_cents, sent_at); with any other shape of the table, none (and the error is logged).
  */
-async function sentEmails(db: Db, paymentId: string | null) {
+async function sentEmails(db: Db, paymentId: string | null, log: Logger | undefined) {
   try {
     const [recent, total, forKey] = await Promise.all([
       db.query<Record<string, unknown>>(
@@ -297,8 +299,8 @@ async function sentEmails(db: Db, paymentId: string | null) {
         ACCOUNT.id,
       ]),
       db.query<Record<string, unknown>>(
-        "SELECT message_id, payment_id, amount_cents, sent_at FROM sent_emails WHERE payment_id = $1",
-        [paymentId ?? ""],
+        "SELECT message_id, payment_id, amount_cents, sent_at FROM sent_emails WHERE payment_id = $1 AND account_id = $2",
+        [paymentId ?? "", ACCOUNT.id],
       ),
     ]);
     const shape = (r: Record<string, unknown>) => ({
@@ -311,10 +313,9 @@ async function sentEmails(db: Db, paymentId: string | null) {
       forKey: forKey.rows.map(shape),
       recent: recent.rows.map(shape),
     };
-  } catch {
-    const { rows } = await db.query<Record<string, unknown>>("SELECT * FROM sent_emails LIMIT 200");
-    const forKey = paymentId ? rows.filter((r) => JSON.stringify(r).includes(paymentId)) : [];
-    return { total: rows.length, forKey, recent: rows.slice(-8).reverse() };
+  } catch (err) {
+    log?.error({ err }, "playground: the sent emails could not be read");
+    return { total: 0, forKey: [], recent: [], error: "the sent emails could not be read" };
   }
 }
 

@@ -1,6 +1,10 @@
 import { KeyInvalidError } from "./errors.ts";
 
+/** The key rule, in one place: 1..MAX_KEY_LENGTH visible ASCII characters (0x21-0x7E). */
 export const MAX_KEY_LENGTH = 255;
+/** The key's characters as a JSON Schema / ECMAScript pattern (OpenAPI documents and forms use it). */
+export const IDEMPOTENCY_KEY_PATTERN = "^[\\x21-\\x7E]+$";
+const KEY_CHARS = new RegExp(IDEMPOTENCY_KEY_PATTERN);
 
 /**
  * Parse an `Idempotency-Key` header value.
@@ -48,13 +52,10 @@ function checkKey(key: string): void {
   if (key.length === 0) throw new KeyInvalidError("it is empty");
   if (key.length > MAX_KEY_LENGTH)
     throw new KeyInvalidError(`it is longer than ${MAX_KEY_LENGTH} characters`);
-  for (let i = 0; i < key.length; i++) {
-    const c = key.charCodeAt(i);
-    if (c < 0x21 || c > 0x7e) {
-      throw new KeyInvalidError(
-        "it may only contain visible ASCII characters (no spaces, no control characters)",
-      );
-    }
+  if (!KEY_CHARS.test(key)) {
+    throw new KeyInvalidError(
+      "it may only contain visible ASCII characters (no spaces, no control characters)",
+    );
   }
 }
 

@@ -4,7 +4,9 @@ import {
   type AtomicRunOptions,
   type AtomicStore,
   type Claim,
+  encodeOperationRef,
   KeyInFlightError,
+  type KeyInspection,
   KeyMismatchError,
   type StoredResponse,
   type WorkResult,
@@ -394,6 +396,43 @@ export class PostgresStore implements AtomicStore<Tx> {
       },
       { begin: this.lockSql(claim.scope, claim.key) },
     );
+  }
+
+  // inspect: minimal version, replaced by the phases helper's at merge
+  /** One key as an operator sees it (its newest row, if it was reused after expiry), or null. */
+  async inspect(scope: string, key: string): Promise<KeyInspection | null> {
+    const { rows } = await this.db.query<Record<string, any>>(
+      `SELECT recovery_point, status, headers, octet_length(body) AS body_bytes, fingerprint, created_at,
+              updated_at, lease_token, lease_until, runner, phase_data
+         FROM ${this.schema}.keys WHERE scope = $1 AND key = $2 AND NOT marker ORDER BY bucket DESC LIMIT 1`,
+      [scope, key],
+    );
+    const r = rows[0];
+    if (!r) return null;
+    const json = (v: unknown) => (typeof v === "string" ? JSON.parse(v) : (v ?? null));
+    const createdAt = new Date(r.created_at);
+    return {
+      scope,
+      key,
+      ref: encodeOperationRef(scope, key),
+      state: r.recovery_point === "done" ? "done" : "in_progress",
+      recoveryPoint: r.recovery_point,
+      createdAt,
+      expiresAt: new Date(createdAt.getTime() + this.retentionMs),
+      updatedAt: r.updated_at ? new Date(r.updated_at) : null,
+      lease: r.lease_token ? { token: String(r.lease_token), until: new Date(r.lease_until) } : null,
+      fingerprint: Buffer.from(r.fingerprint).toString("hex"),
+      saved:
+        r.status === null
+          ? null
+          : {
+              status: Number(r.status),
+              headers: json(r.headers) ?? [],
+              bodyBytes: Number(r.body_bytes ?? 0),
+            },
+      runner: r.runner ?? null,
+      phaseData: json(r.phase_data),
+    };
   }
 }
 

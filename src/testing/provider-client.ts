@@ -103,9 +103,11 @@ export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeR
   });
 }
 
-/** `GET {url}/v1/charges`: every charge the provider made. */
-export async function listCharges(url: string): Promise<Charge[]> {
-  const res = await fetch(new URL("/v1/charges", url));
+/** `GET {url}/v1/charges`: every charge the provider made (with `scope`, only that scope's). */
+export async function listCharges(url: string, options: { scope?: string } = {}): Promise<Charge[]> {
+  const target = new URL("/v1/charges", url);
+  if (options.scope) target.searchParams.set("scope", options.scope);
+  const res = await fetch(target);
   if (!res.ok) throw new Error(`GET /v1/charges: HTTP ${res.status}`);
   return ((await res.json()) as { data: Charge[] }).data;
 }

@@ -7,6 +7,7 @@
  *       402 card declined (also remembered under the key); 422 the key was used with other parameters;
  *       400 a malformed request.
  *   GET  /v1/charges   every charge made, in order, with the idempotency key it received
+ *                      (`?scope=acct_1`: only those whose key is `acct_1:...`)
  *   GET  /v1/charges/:id
  *   POST /_sim/faults  {"rates": {...}, "next": ["timeout", ...]}   change the faults at run time
  *   POST /_sim/reset   forget every charge and key
@@ -251,7 +252,12 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     if (req.method === "POST" && path === "/v1/charges") return createCharge(req, res);
     if (req.method === "GET" && path === "/v1/charges") {
       const status = url.searchParams.get("status");
-      return send(res, 200, { data: status ? charges.filter((c) => c.status === status) : charges });
+      // ?scope=<scope>: only the charges whose key is `<scope>:...` (one account's, never another's).
+      const scope = url.searchParams.get("scope");
+      const data = charges.filter(
+        (c) => (!status || c.status === status) && (!scope || c.idempotency_key?.startsWith(`${scope}:`)),
+      );
+      return send(res, 200, { data });
     }
     const one = /^\/v1\/charges\/([^/]+)$/.exec(path);
     if (req.method === "GET" && one) {

@@ -178,6 +178,8 @@ describe("the OpenAPI document", () => {
         required: true,
         retentionSeconds,
         replayHeader: "Idempotent-Replayed",
+        // Phases payments: the server's 5 s bound; atomic routes: the store's duplicate wait.
+        answerWithinSeconds: name === "post /v1/payments" ? 5 : svc.store.lockTimeoutMs / 1000,
       });
       for (const code of ["400", "401", "409", "413", "415", "422"]) {
         const r = deref(doc, op.responses[code]);
@@ -209,6 +211,112 @@ describe("the OpenAPI document", () => {
     }) as Json;
     expect(atomic.paths["/v1/payments"].post["x-idempotency"].required).toBe(false);
     expect(atomic.paths["/v1/payments"].post.responses["402"]).toBeUndefined();
+    expect(atomic.paths["/v1/payments"].post.responses["409"]).toEqual({
+      $ref: "#/components/responses/InFlight",
+    });
+    const slowLock = openApiDocument({ retentionMs: 3_600_000, lockTimeoutMs: 12_000 }) as Json;
+    expect(slowLock.paths["/v1/orders"].post["x-idempotency"].answerWithinSeconds).toBe(12);
+    expect(slowLock.paths["/v1/payments"].post["x-idempotency"].answerWithinSeconds).toBe(5);
+  });
+
+  it("publishes the client/server contract: operation state, retry advice, the answer bound", () => {
+    const problem = doc.components.schemas.Problem as Json;
+    expect(problem.properties.operation_state).toMatchObject({
+      type: "string",
+      enum: ["none", "in_progress", "done", "failed_not_applied", "uncertain"],
+    });
+    expect(problem.properties.retry_same_key).toMatchObject({ type: "boolean" });
+    expect(problem.properties.safe_new_key).toMatchObject({ type: "boolean" });
+    expect(problem.properties.operation_ref).toMatchObject({ type: "string" });
+    const validate = validatorFor({ $ref: "#/components/schemas/Problem" });
+    const base = { type: "urn:idem:problem:operation-uncertain", title: "t", status: 409 };
+    expect(validate({ ...base, operation_state: "uncertain", operation_ref: "op_x" })).toBe(true);
+    expect(validate({ ...base, operation_state: "maybe" })).toBe(false);
+    expect(validate({ ...base, retry_same_key: "no" })).toBe(false);
+
+    const headers = doc.components.headers as Json;
+    expect(headers["Idempotency-Operation-State"].schema.enum).toEqual(
+      problem.properties.operation_state.enum,
+    );
+    expect(headers["Idempotency-Answer-Within"].schema).toMatchObject({ type: "integer" });
+    const payments = doc.paths["/v1/payments"].post as Json;
+    const conflict = deref(doc, payments.responses["409"]);
+    expect(conflict.description).toContain("urn:idem:problem:operation-uncertain");
+    expect(conflict.description).toContain("urn:idem:problem:idempotency-key-in-flight");
+    // Every reply of a keyed operation may carry the answer bound; its problems also the state.
+    for (const [path, item] of Object.entries<Json>(doc.paths)) {
+      for (const [method, op] of Object.entries<Json>(item)) {
+        if (!op["x-idempotency"].required) {
+          expect(op["x-idempotency"].answerWithinSeconds, `${method} ${path}`).toBeNull();
+          continue;
+        }
+        expect(op["x-idempotency"].answerWithinSeconds).toBeGreaterThan(0);
+        for (const [code, r] of Object.entries<Json>(op.responses)) {
+          if (code === "401" || code === "413" || code === "415") continue; // answered before the key is read
+          const reply = deref(doc, r);
+          expect(Object.keys(reply.headers ?? {}), `${method} ${path} ${code}`).toContain(
+            "Idempotency-Answer-Within",
+          );
+          if (reply.content?.["application/problem+json"])
+            expect(Object.keys(reply.headers), `${method} ${path} ${code}`).toContain(
+              "Idempotency-Operation-State",
+            );
+        }
+      }
+    }
+  });
+
+  it("declares the request schemas the server validates with: it accepts what they accept", async () => {
+    const declared = (doc.paths["/v1/payments"].post as Json).requestBody.content["application/json"].schema;
+    const validate = validatorFor(declared);
+    const schema = deref(doc, declared);
+    const bodies: unknown[] = [
+      { amount_cents: 1, currency: "eur" },
+      { amount_cents: 100_000_000, currency: "usd", card: "4242424242424242" },
+      { amount_cents: 10, currency: "eur", card: null },
+      { amount_cents: 0, currency: "eur" },
+      { amount_cents: 100_000_001, currency: "eur" },
+      { amount_cents: 5.5, currency: "eur" },
+      { amount_cents: "5", currency: "eur" },
+      { amount_cents: 5, currency: "EUR" },
+      { amount_cents: 5 },
+      { currency: "eur" },
+      { amount_cents: 5, currency: "eur", card: "not a card!" },
+      { amount_cents: 5, currency: "eur", card: "x".repeat(65) },
+    ];
+    for (const body of bodies) {
+      const res = await pay(svc.url, { key: `"${randomUUID()}"`, body: JSON.stringify(body) });
+      const answer = (await res.json()) as Json;
+      if (validate(body)) expect(res.status, JSON.stringify(body)).toBe(201);
+      else {
+        expect(res.status, JSON.stringify(body)).toBe(400);
+        expect(answer.type).toBe("urn:idem:problem:invalid-body");
+        // The detail names the field and its rule (the same schema's `description`).
+        const [field] = /amount_cents|currency|card/.exec(answer.detail) ?? [];
+        expect(field, answer.detail).toBeTruthy();
+        expect(answer.detail).toBe(
+          `Invalid payment: ${field} must be ${schema.properties[field!].description}.`,
+        );
+      }
+    }
+    // The form body is documented with the same schema, and is served.
+    expect(
+      (doc.paths["/v1/payments"].post as Json).requestBody.content["application/x-www-form-urlencoded"]
+        .schema,
+    ).toEqual(declared);
+    const form = await pay(svc.url, {
+      key: `"${randomUUID()}"`,
+      body: "amount_cents=1200&currency=eur&card=4242424242424242",
+      contentType: "application/x-www-form-urlencoded",
+    });
+    expect(form.status).toBe(201);
+    const twice = await pay(svc.url, {
+      key: `"${randomUUID()}"`,
+      body: "amount_cents=5000&amount_cents=100&currency=eur",
+      contentType: "application/x-www-form-urlencoded",
+    });
+    expect(twice.status).toBe(400);
+    expect((await twice.json()).detail).toBe("Invalid payment: amount_cents is given more than once.");
   });
 
   it("every reply the service sends to POST /v1/payments is one the document declares", async () => {
@@ -223,8 +331,14 @@ describe("the OpenAPI document", () => {
       const validate = validatorFor(media.schema);
       expect(validate(body), JSON.stringify(validate.errors)).toBe(true);
       for (const [name, h] of Object.entries<Json>(declared.headers ?? {})) {
-        if (deref(doc, h).required)
-          expect(res.headers.get(name), `${res.status}: header ${name}`).toBeTruthy();
+        const header = deref(doc, h);
+        const value = res.headers.get(name);
+        if (header.required) expect(value, `${res.status}: header ${name}`).toBeTruthy();
+        if (value !== null && header.schema) {
+          // A header the server sends must match its declared schema (integers arrive as text).
+          const typed = header.schema.type === "integer" ? Number(value) : value;
+          expect(ajv.validate(header.schema, typed), `${res.status}: ${name}: ${value}`).toBe(true);
+        }
       }
       for (const name of expectHeaders) expect(Object.keys(declared.headers ?? {})).toContain(name);
       return body;
@@ -281,11 +395,8 @@ describe("the OpenAPI document", () => {
     let busy: Response | undefined;
     for (let i = 0; i < 50 && !busy; i++) {
       await new Promise((r) => setTimeout(r, 100));
-      const n = await svc.count(
-        "SELECT count(*)::int AS n FROM idem.keys WHERE key = $1 AND recovery_point = 'charged'",
-        [slowKey],
-      );
-      if (n === 1)
+      const k = await svc.store.inspect("acct_demo_1", slowKey);
+      if (k?.recoveryPoint === "charged")
         busy = await pay(svc.url, {
           key: `"${slowKey}"`,
           body: JSON.stringify({ amount_cents: 1600, currency: "eur" }),

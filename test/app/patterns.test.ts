@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PATTERN_TABLES } from "../../app/patterns.ts";
 import { backends } from "../helpers/db.ts";
 import { KEY_1, KEY_2, pay, type RunningService, startService } from "./service.ts";
 
@@ -50,6 +51,100 @@ describe(`idempotent by design: each endpoint's repeat behaviour on ${backend.na
     expect(reused.status).toBe(409);
     const w = await (await call("GET", `/v1/wallets/${wallet}`)).json();
     expect(w.balance_cents).toBe(5300);
+  });
+
+  it("top-up ids are per account: another account neither learns of an id nor takes it", async () => {
+    const wallet = `w_${randomUUID().slice(0, 8)}`;
+    const id = `${wallet}-shared`;
+    const mine = await call("POST", `/v1/wallets/${wallet}/topups`, { id, amount_cents: 700 });
+    expect(mine.status).toBe(201);
+    // Account 2 picks the same id (same wallet name, another amount): its own top-up, not a 409.
+    const theirs = await call("POST", `/v1/wallets/${wallet}/topups`, { id, amount_cents: 50 }, {}, KEY_2);
+    expect(theirs.status).toBe(201);
+    expect(await theirs.json()).toMatchObject({ id, applied: true, balance_cents: 50 });
+    // Each account's retry is still recognised as its own repeat; balances stay apart.
+    const mineAgain = await call("POST", `/v1/wallets/${wallet}/topups`, { id, amount_cents: 700 });
+    expect(mineAgain.status).toBe(200);
+    const reuse = await call("POST", `/v1/wallets/${wallet}/topups`, { id, amount_cents: 1 }, {}, KEY_2);
+    expect(reuse.status).toBe(409);
+    expect((await (await call("GET", `/v1/wallets/${wallet}`)).json()).balance_cents).toBe(700);
+    expect(
+      (await (await call("GET", `/v1/wallets/${wallet}`, undefined, {}, KEY_2)).json()).balance_cents,
+    ).toBe(50);
+  });
+
+  it("a database made before (top-up id alone as primary key) is converted by the same DDL", async () => {
+    const schema = `old_${randomUUID().slice(0, 8)}`;
+    const conflicts = await svc.open.db.transaction(async (tx) => {
+      await tx.exec(`CREATE SCHEMA ${schema}; SET LOCAL search_path = ${schema};
+        CREATE TABLE wallet_topups (id text PRIMARY KEY, account_id text NOT NULL, wallet_id text NOT NULL,
+          amount_cents bigint NOT NULL CHECK (amount_cents > 0), created_at timestamptz NOT NULL DEFAULT now());
+        INSERT INTO wallet_topups (id, account_id, wallet_id, amount_cents) VALUES ('t1', 'acct_1', 'w', 5);`);
+      await tx.exec(PATTERN_TABLES);
+      await tx.exec(PATTERN_TABLES); // twice: a restart
+      const insert = (account: string) =>
+        tx.query(
+          `INSERT INTO wallet_topups (id, account_id, wallet_id, amount_cents) VALUES ('t1', $1, 'w', 5)
+           ON CONFLICT (account_id, id) DO NOTHING`,
+          [account],
+        );
+      const counts = [(await insert("acct_2")).rowCount, (await insert("acct_1")).rowCount];
+      await tx.exec(`SET LOCAL search_path = public; DROP SCHEMA ${schema} CASCADE`);
+      return counts;
+    });
+    expect(conflicts).toEqual([1, 0]);
+  });
+
+  it("answers bad bodies and ids with a 400 naming the field and its rule, before any write", async () => {
+    const cases: Array<[string, string, unknown, string]> = [
+      [
+        "POST",
+        "/v1/wallets/w1/topups",
+        { id: "has space", amount_cents: 5 },
+        "Invalid top-up: id must be 1 to 64 letters, digits, _ or - (the top-up's id: chosen by you, unique in your account, reused on retries).",
+      ],
+      [
+        "POST",
+        "/v1/wallets/w1/topups",
+        { id: "t1" },
+        "Invalid top-up: amount_cents must be a whole number from 1 to 100000000.",
+      ],
+      [
+        "POST",
+        "/v1/wallets/w%20x/topups",
+        { id: "t1", amount_cents: 5 },
+        "The wallet id must be 1 to 64 letters, digits, _ or -.",
+      ],
+      [
+        "PUT",
+        "/v1/products/p1",
+        { price_cents: 0 },
+        "Invalid product: price_cents must be a whole number from 1 to 100000000.",
+      ],
+      [
+        "PUT",
+        "/v1/carts/c1/items/i1",
+        { qty: 1001 },
+        "Invalid cart item: qty must be a whole number from 0 to 1000 (the quantity you want, not a change).",
+      ],
+      [
+        "POST",
+        "/v1/orders",
+        { amount_cents: -1 },
+        "Invalid amount: amount_cents must be a whole number from 1 to 100000000.",
+      ],
+    ];
+    for (const [method, path, body, detail] of cases) {
+      const r = await call(method, path, body, { "idempotency-key": randomUUID() });
+      expect(r.status, `${method} ${path}`).toBe(400);
+      expect(await r.json()).toMatchObject({ type: "urn:idem:problem:invalid-body", detail });
+    }
+    const form = await fetch(`${svc.url}/v1/products/p1`, {
+      method: "PUT",
+      headers: { authorization: `Bearer ${KEY_2}`, "content-type": "application/x-www-form-urlencoded" },
+      body: "price_cents=5",
+    });
+    expect(form.status).toBe(415);
   });
 
   it("order shipping is a conditional write: the second ship changes nothing", async () => {
