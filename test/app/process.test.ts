@@ -77,10 +77,23 @@ function npmStart(env: Record<string, string>): Promise<Started> {
   });
 }
 
-/** Node processes whose command line runs the service from this data directory's start. */
-async function serviceProcesses(): Promise<string[]> {
-  const { stdout } = await run("ps", ["-eo", "pid,ppid,args"]);
-  return stdout.split("\n").filter((l) => l.includes("app/main.ts") && !l.includes("ps -eo"));
+/** The pids of the processes `npm` started (its children). */
+async function childrenOf(pid: number): Promise<number[]> {
+  const { stdout } = await run("ps", ["-eo", "pid=,ppid="]);
+  return stdout
+    .split("\n")
+    .map((l) => l.trim().split(/\s+/).map(Number))
+    .filter(([, ppid]) => ppid === pid)
+    .map(([p]) => p!);
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 describe("the service process", () => {
@@ -104,8 +117,8 @@ describe("the service process", () => {
       provider.once("exit", (code) => reject(new Error(`provider exited ${code}: ${out}`)));
     });
     const svc = await npmStart({ PROVIDER_URL: providerUrl, LOG_LEVEL: "info" });
-    const before = await serviceProcesses();
-    expect(before.length).toBeGreaterThan(0);
+    const service = await childrenOf(svc.child.pid!);
+    expect(service.length).toBeGreaterThan(0);
 
     const paying = fetch(`${svc.url}/v1/payments`, {
       method: "POST",
@@ -126,8 +139,7 @@ describe("the service process", () => {
     expect(out).toContain("shutdown ended");
     expect(out.indexOf("shutdown began")).toBeLessThan(out.indexOf("shutdown ended"));
     await new Promise((r) => setTimeout(r, 200));
-    const after = await serviceProcesses();
-    for (const line of before) expect(after).not.toContain(line); // no orphaned node after npm exited
+    for (const pid of service) expect(alive(pid)).toBe(false); // no orphaned node after npm exited
   }, 120_000);
 
   it("names PORT when its port is taken, and PROVIDER_PORT when the simulator's is", async () => {
