@@ -3,7 +3,7 @@
  * (`startProvider`, and a classifying client `chargeProvider`), crash points for phases runners
  * (`crashAt`, `randomCrashes`, `pauseAt`), and a seeded generator.
  */
-export { SimulatedCrashError } from "../postgres/phases.ts";
+export { SimulatedCrashError } from "../postgres/phases/index.ts";
 export { type CountingFaults, combineFaults, crashAt, pauseAt, randomCrashes } from "./faults.ts";
 export { createRng, type Rng } from "./prng.ts";
 export {

@@ -4,7 +4,7 @@ import { completeCommand } from "../../src/cli/complete.ts";
 import { providerCommand } from "../../src/cli/provider.ts";
 import { CliError } from "../../src/cli/shared.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
-import { SimulatedCrashError } from "../../src/postgres/phases.ts";
+import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";

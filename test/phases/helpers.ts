@@ -12,8 +12,9 @@ import {
   jsonResponse,
   type PhaseContext,
   type PhaseFaults,
+  type PhaseStore,
   type PhasesOptions,
-} from "../../src/postgres/phases.ts";
+} from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
 import { chargeProvider } from "../../src/testing/provider-client.ts";
@@ -70,14 +71,17 @@ export interface RunnerOptions {
   /** The provider call's own timeout. Default 2,000 ms. */
   timeoutMs?: number;
   name?: string;
+  /** The answer bound. Default here: none (Infinity), so a slow machine never turns a result into a 409. */
+  answerWithinMs?: number;
 }
 
-export function paymentsRunner(store: PostgresStore, providerUrl: string, o: RunnerOptions = {}) {
+export function paymentsRunner(store: PhaseStore, providerUrl: string, o: RunnerOptions = {}) {
   return definePhases<PayInput, PayData>({
     store,
     name: o.name ?? "payments",
     leaseMs: LEASE_MS,
     heartbeatMs: o.heartbeatMs ?? 0,
+    answerWithinMs: o.answerWithinMs ?? Number.POSITIVE_INFINITY,
     faults: o.faults,
     onLeaseTakeover: o.onLeaseTakeover,
     phases: {
