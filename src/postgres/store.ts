@@ -5,11 +5,13 @@ import {
   type AtomicStore,
   type Claim,
   KeyInFlightError,
+  type KeyInspection,
   KeyMismatchError,
   type StoredResponse,
   type WorkResult,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
+import { inspectKey } from "./inspect.ts";
 import { checkSchemaName } from "./migrate.ts";
 import { Partitions } from "./partitions.ts";
 
@@ -122,6 +124,11 @@ export class PostgresStore implements AtomicStore<Tx> {
   async ensurePartitions(): Promise<void> {
     const b = this.partitions.bucketOf(this.clock());
     await this.partitions.ensure([b - 1, b, b + 1, b + 2]);
+  }
+
+  /** One key as an operator sees it (`KeyInspection`), or undefined when it is not live. */
+  inspect(scope: string, key: string): Promise<KeyInspection | undefined> {
+    return inspectKey(this, scope, key);
   }
 
   /**

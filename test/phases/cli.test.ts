@@ -98,10 +98,10 @@ describe.each(serverBackends.slice(0, 1))("idem complete on $name", (backend) =>
     }
     expect(code).toBe(0);
     expect(printed).toContain("completed");
-    const { rows } = await open.db.query(
-      "SELECT recovery_point FROM idem.keys WHERE key = 'cli-abandoned' AND NOT marker",
-    );
-    expect(rows).toEqual([{ recovery_point: "done" }]);
+    expect(await store.inspect("acct", "cli-abandoned")).toMatchObject({
+      state: "done",
+      recoveryPoint: "done",
+    });
     expect(provider.charges()).toHaveLength(1);
   });
 });

@@ -167,18 +167,12 @@ export async function openWorld(
       };
     },
     async point(scope, key) {
-      const { rows } = await db.query<{ recovery_point: string }>(
-        "SELECT recovery_point FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker",
-        [scope, key],
-      );
-      return rows[0]?.recovery_point;
+      return (await store.inspect(scope, key))?.recoveryPoint;
     },
     async lease(scope, key) {
-      const { rows } = await db.query<{ lease_token: string | null; updated_at: Date | null }>(
-        "SELECT lease_token, updated_at FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker",
-        [scope, key],
-      );
-      return rows[0]!;
+      const k = await store.inspect(scope, key);
+      if (!k) throw new Error(`no key ${scope}/${key}`);
+      return { lease_token: k.lease?.token ?? null, updated_at: k.updatedAt };
     },
     async close() {
       await provider.close();
