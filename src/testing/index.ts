@@ -14,5 +14,11 @@ export {
   type ProviderOptions,
   startProvider,
 } from "./provider.ts";
-export { type ChargeRequest, type ChargeResult, chargeProvider, listCharges } from "./provider-client.ts";
+export {
+  type ChargeRequest,
+  type ChargeResult,
+  chargeProvider,
+  findCharges,
+  listCharges,
+} from "./provider-client.ts";
 export * from "./verify/index.ts";

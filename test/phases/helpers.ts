@@ -17,7 +17,7 @@ import {
 } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
-import { chargeProvider } from "../../src/testing/provider-client.ts";
+import { chargeProvider, findCharges } from "../../src/testing/provider-client.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 
 export const LEASE_MS = 30_000;
@@ -73,6 +73,13 @@ export interface RunnerOptions {
   name?: string;
   /** The answer bound. Default here: none (Infinity), so a slow machine never turns a result into a 409. */
   answerWithinMs?: number;
+  /**
+   * A provider WITHOUT idempotency keys (`startProvider({ idempotency: false })`): the charge carries
+   * our reference, and the phase either looks its effect up by it ("search") or cannot ("none").
+   * Default: the provider dedups by our key.
+   */
+  noIdempotency?: "search" | "none";
+  maxLookupFailures?: number;
 }
 
 export function paymentsRunner(store: PhaseStore, providerUrl: string, o: RunnerOptions = {}) {
@@ -82,6 +89,7 @@ export function paymentsRunner(store: PhaseStore, providerUrl: string, o: Runner
     leaseMs: LEASE_MS,
     heartbeatMs: o.heartbeatMs ?? 0,
     answerWithinMs: o.answerWithinMs ?? Number.POSITIVE_INFINITY,
+    maxLookupFailures: o.maxLookupFailures,
     faults: o.faults,
     onLeaseTakeover: o.onLeaseTakeover,
     phases: {
@@ -91,7 +99,7 @@ export function paymentsRunner(store: PhaseStore, providerUrl: string, o: Runner
           const r = await chargeProvider(providerUrl, {
             amount: ctx.input.amount_cents,
             currency: ctx.input.currency,
-            idempotencyKey: ctx.idempotencyKey,
+            ...(o.noIdempotency ? { reference: ctx.idempotencyKey } : { idempotencyKey: ctx.idempotencyKey }),
             timeoutMs: o.timeoutMs ?? 2_000,
             signal: ctx.signal,
           });
@@ -100,6 +108,18 @@ export function paymentsRunner(store: PhaseStore, providerUrl: string, o: Runner
           if (r.kind === "rejected") return { response: jsonResponse(400, { error: r.message }) };
           throw new RetryableError(`provider: ${r.reason}`);
         },
+        ...(o.noIdempotency === "none" ? { idempotent: false } : {}),
+        ...(o.noIdempotency === "search"
+          ? {
+              lookup: async (ctx: PhaseContext<PayInput, PayData>) => {
+                const [charge] = await findCharges(providerUrl, ctx.idempotencyKey, { timeoutMs: 1_000 });
+                if (!charge) return undefined;
+                if (charge.status === "failed")
+                  return { response: jsonResponse(402, { error: "card declined" }) };
+                return { data: { chargeId: charge.id } };
+              },
+            }
+          : {}),
         next: "charged",
       },
       charged: {
@@ -148,7 +168,9 @@ export async function openWorld(
     now,
     runner: (o) => paymentsRunner(store, provider.url, o),
     async counts(key) {
-      const charges = provider.charges().filter((c) => !key || c.idempotency_key?.endsWith(`:${key}`));
+      const charges = provider
+        .charges()
+        .filter((c) => !key || c.idempotency_key?.endsWith(`:${key}`) || c.reference?.endsWith(`:${key}`));
       return {
         charges: charges.filter((c) => c.status === "succeeded").length,
         declined: charges.filter((c) => c.status === "failed").length,
