@@ -37,6 +37,14 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "drop expired key partitions (retention)",
       run: async () => (await import("./sweep.ts")).sweepCommand,
     },
+    keys: {
+      summary: "inspect, list and settle idempotency keys (support cases)",
+      run: async () => (await import("./keys.ts")).keysCommand,
+    },
+    audit: {
+      summary: "check invariants on a database; exit 1 on violations",
+      run: async () => (await import("./audit.ts")).auditCommand,
+    },
     accounts: {
       summary: "create an account and print its API key",
       run: async () => (await import("./serve.ts")).accountsCommand,

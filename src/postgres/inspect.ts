@@ -58,3 +58,25 @@ export async function inspectKey(
     phaseData: r.phase_data,
   };
 }
+
+/** The unfinished keys (claimed, not done, not in review) of one keys table, oldest activity first. */
+export async function unfinishedKeys(
+  table: KeyTable,
+  options: { limit?: number } = {},
+): Promise<KeyInspection[]> {
+  const since = liveSince(table, table.clock());
+  // Served by the partial index keys_unfinished.
+  const { rows } = await table.db.query<{ scope: string; key: string }>(
+    `SELECT scope, key FROM ${table.schema}.keys
+      WHERE recovery_point <> 'done' AND NOT marker AND needs_review_at IS NULL
+        AND bucket >= $1 AND created_at > $2::timestamptz
+      ORDER BY updated_at LIMIT $3`,
+    [since.bucket, since.iso, Math.max(1, Math.floor(options.limit ?? 100))],
+  );
+  const out: KeyInspection[] = [];
+  for (const r of rows) {
+    const k = await inspectKey(table, r.scope, r.key);
+    if (k) out.push(k);
+  }
+  return out;
+}
