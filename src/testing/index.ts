@@ -21,4 +21,10 @@ export {
   findCharges,
   listCharges,
 } from "./provider-client.ts";
+export {
+  type StagingFaultOptions,
+  StagingFaultsInProductionError,
+  stagingFaults,
+  stagingFaultsFromEnv,
+} from "./staging.ts";
 export * from "./verify/index.ts";
