@@ -1,5 +1,5 @@
 import { Hono } from "hono";
-import type { Db, PostgresStore } from "idem/postgres";
+import { type Db, type PostgresStore, reviewGauge } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
@@ -37,7 +37,12 @@ export interface AppDeps {
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
 export function createApp(deps: AppDeps): Hono {
   const logger = deps.logger ?? createLogger();
-  const metrics = deps.metrics ?? createMetrics(() => outboxLagSeconds(deps.db));
+  const metrics =
+    deps.metrics ??
+    createMetrics(
+      () => outboxLagSeconds(deps.db),
+      async () => (await reviewGauge(deps.store)).open,
+    );
   const app = new Hono();
   app.use("*", observe(logger, metrics));
 

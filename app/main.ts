@@ -15,7 +15,7 @@
  */
 import { serve } from "@hono/node-server";
 import { cleanInbox } from "idem/messaging";
-import { complete, PostgresStore } from "idem/postgres";
+import { complete, PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
@@ -63,7 +63,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     providerUrl = provider.url;
   }
 
-  const metrics = createMetrics();
+  const metrics = createMetrics(undefined, async () => (await reviewGauge(store)).open);
   const app = createApp({
     db,
     store,
