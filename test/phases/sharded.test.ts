@@ -55,6 +55,9 @@ describe.each(serverOrEmbedded)("phases on a ShardedStore on $name", (backend) =
     expect([a.response.status, b.response.status]).toEqual([201, 201]);
     expect(text(a.response)).not.toBe(text(b.response)); // two accounts, two charges
     expect([await rowsOf(0, "k"), await rowsOf(1, "k")]).toEqual([1, 1]);
+    // inspect routes by scope too: each account's key is found on its own shard.
+    expect(await store.inspect("acct-1", "k")).toMatchObject({ state: "done", saved: { status: 201 } });
+    expect(await store.shards.eu2!.inspect("acct-1", "k")).toBeUndefined();
     const again = await runner.run(claimOf("acct-1", "k", pay), pay);
     expect(again.kind).toBe("replayed");
     expect(text(again.response)).toBe(text(a.response));
