@@ -9,6 +9,7 @@ import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { playgroundRoutes } from "./playground.ts";
 import { problem } from "./problems.ts";
+import { type Regions, regionRouting } from "./regions.ts";
 
 export interface AppDeps {
   db: Db;
@@ -32,6 +33,8 @@ export interface AppDeps {
    * pay as the demo account without an API key: only with the demo accounts, never otherwise. Default: false.
    */
   playground?: boolean;
+  /** Run as one of several regions (app/regions.ts): writes go to the account's home region. */
+  regions?: Regions;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
@@ -60,6 +63,7 @@ export function createApp(deps: AppDeps): Hono {
     return c.body(await metrics.registry.metrics());
   });
 
+  if (deps.regions) app.use("/v1/*", regionRouting(deps.regions, deps.apiKeys));
   if ((deps.paymentsMode ?? "phases") === "phases") {
     if (!deps.providerUrl) throw new Error("phases mode needs providerUrl (PROVIDER_URL)");
     app.route(

@@ -12,6 +12,7 @@
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
  *   LOG_LEVEL             pino level (default info)
+ *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
  */
 import { serve } from "@hono/node-server";
 import { cleanInbox } from "idem/messaging";
@@ -23,6 +24,7 @@ import { openDatabase, prepareSchema } from "./database.ts";
 import { createLogger, createMetrics } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
+import { regionsFromEnv } from "./regions.ts";
 
 export async function start(env: NodeJS.ProcessEnv = process.env) {
   const port = Number(env.PORT ?? 3000);
@@ -76,6 +78,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     metrics,
     // The playground pays as the demo account without an API key: only where the demo accounts exist.
     playground: demo,
+    regions: regionsFromEnv(env),
   });
   const server = serve({ fetch: app.fetch, port, hostname: env.HOST ?? "127.0.0.1" });
   await new Promise<void>((resolve, reject) => {
