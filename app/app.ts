@@ -1,5 +1,5 @@
 import { Hono } from "hono";
-import type { Db, PostgresStore } from "idem/postgres";
+import { type Db, type PostgresStore, reviewGauge } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { metricsRoutes } from "./metrics-route.ts";
@@ -10,6 +10,7 @@ import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { playgroundRoutes } from "./playground.ts";
 import { problem } from "./problems.ts";
+import { type Regions, regionRouting } from "./regions.ts";
 
 export interface AppDeps {
   db: Db;
@@ -38,12 +39,19 @@ export interface AppDeps {
    * pay as the demo account without an API key: only with the demo accounts, never otherwise. Default: false.
    */
   playground?: boolean;
+  /** Run as one of several regions (app/regions.ts): writes go to the account's home region. */
+  regions?: Regions;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
 export function createApp(deps: AppDeps): Hono {
   const logger = deps.logger ?? createLogger();
-  const metrics = deps.metrics ?? createMetrics(() => outboxLagSeconds(deps.db));
+  const metrics =
+    deps.metrics ??
+    createMetrics(
+      () => outboxLagSeconds(deps.db),
+      async () => (await reviewGauge(deps.store)).open,
+    );
   const app = new Hono();
   app.use("*", observe(logger, metrics));
 
@@ -59,6 +67,7 @@ export function createApp(deps: AppDeps): Hono {
   const metricsEndpoint = deps.metricsEndpoint ?? {};
   if (metricsEndpoint) app.route("/", metricsRoutes(metrics, metricsEndpoint.token));
 
+  if (deps.regions) app.use("/v1/*", regionRouting(deps.regions, deps.apiKeys));
   if ((deps.paymentsMode ?? "phases") === "phases") {
     if (!deps.providerUrl) throw new Error("phases mode needs providerUrl (PROVIDER_URL)");
     app.route(

@@ -15,10 +15,11 @@
  *   IDEM_METRICS_TOKEN    require `Authorization: Bearer <token>` on /metrics
  *   LOG_LEVEL             pino level (default info)
  * HTTP limits and the shutdown drain: see app/server.ts (IDEM_HTTP_*, IDEM_DRAIN_MS).
+ *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
  */
 import { Hono } from "hono";
 import { cleanInbox } from "idem/messaging";
-import { complete, PostgresStore } from "idem/postgres";
+import { complete, PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
@@ -27,6 +28,7 @@ import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
+import { regionsFromEnv } from "./regions.ts";
 import { drain, httpLimitsFromEnv, listen as listenHttp, portFrom, portInUse } from "./server.ts";
 
 export async function start(env: NodeJS.ProcessEnv = process.env) {
@@ -76,7 +78,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     providerUrl = provider.url;
   }
 
-  const metrics = createMetrics();
+  const metrics = createMetrics(undefined, async () => (await reviewGauge(store)).open);
   const app = createApp({
     db,
     store,
@@ -90,6 +92,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     // The playground pays as the demo account without an API key: only where the demo accounts exist.
     playground: demo,
     metricsEndpoint: metricsPort === undefined ? { token: env.IDEM_METRICS_TOKEN } : false,
+    regions: regionsFromEnv(env),
   });
   const server = await listenHttp(app.fetch, { port, host, limits, setting: "PORT" });
   let metricsServer: Awaited<ReturnType<typeof listenHttp>> | undefined;

@@ -33,10 +33,14 @@ export interface Metrics {
   leaseTakeovers: Counter;
   completerRuns: Counter<"result">;
   outboxLag: Gauge;
+  keysNeedingReview: Gauge;
 }
 
-/** The service's metrics. `outboxLagSeconds` is read at scrape time. */
-export function createMetrics(outboxLagSeconds?: () => Promise<number>): Metrics {
+/** The service's metrics. `outboxLagSeconds` and `openReviews` are read at scrape time. */
+export function createMetrics(
+  outboxLagSeconds?: () => Promise<number>,
+  openReviews?: () => Promise<number>,
+): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
   return {
@@ -71,6 +75,14 @@ export function createMetrics(outboxLagSeconds?: () => Promise<number>): Metrics
       registers: [registry],
       async collect() {
         if (outboxLagSeconds) this.set(await outboxLagSeconds().catch(() => Number.NaN));
+      },
+    }),
+    keysNeedingReview: new Gauge({
+      name: "idem_keys_needs_review",
+      help: "Phases-mode keys whose outcome is unknown, waiting for a person (idem keys list --state needs_review)",
+      registers: [registry],
+      async collect() {
+        if (openReviews) this.set(await openReviews().catch(() => Number.NaN));
       },
     }),
   };

@@ -23,7 +23,7 @@ import {
   type PostgresStore,
   writeOutbox,
 } from "idem/postgres";
-import { chargeProvider } from "idem/testing";
+import { chargeProvider, findCharges } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
 import { authenticate, MAX_BODY_BYTES, type PaymentInput, paymentReadRoutes, toPayment } from "./payments.ts";
 import { problem } from "./problems.ts";
@@ -53,6 +53,16 @@ export interface PaymentPhasesOptions {
   faults?: PhaseFaults;
   /** Called when a key is taken over from a worker whose lease expired (metrics). */
   onLeaseTakeover?: () => void;
+  /**
+   * Whether the provider dedups by `Idempotency-Key`. `false` (a provider without idempotency keys,
+   * e.g. `idem provider` with `idempotency: false`): the charge carries our reference instead, and after
+   * an unknown outcome the runner searches for it before charging again; what it cannot settle goes to
+   * review (`idem keys list --state needs_review`). Default: true (PROVIDER_IDEMPOTENCY=false for
+   * `idemRunners`).
+   */
+  providerIdempotency?: boolean;
+  /** Called when a payment's outcome is unknown and it goes to review (metrics, alerts). */
+  onNeedsReview?: () => void;
 }
 
 export const PAYMENTS_RUNNER = "payments";
@@ -76,12 +86,14 @@ export function providerCard(card: string): string {
 
 /** The payments state machine. Its name is stored with each key; the completer finds it by that name. */
 export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<PaymentJob, PaymentData> {
+  const dedup = o.providerIdempotency ?? true;
   return definePhases<PaymentJob, PaymentData>({
     store: o.store,
     name: PAYMENTS_RUNNER,
     leaseMs: o.leaseMs,
     faults: o.faults,
     onLeaseTakeover: o.onLeaseTakeover,
+    onNeedsReview: o.onNeedsReview,
     phases: {
       started: {
         external: async (ctx) => {
@@ -89,7 +101,9 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
             amount: ctx.input.amount_cents,
             currency: ctx.input.currency,
             card: ctx.input.card,
-            idempotencyKey: ctx.idempotencyKey, // OUR key, passed downstream: a repeat costs nothing
+            // OUR key, passed downstream: a repeat costs nothing. Without provider idempotency it is
+            // only our reference, which `lookup` searches by.
+            ...(dedup ? { idempotencyKey: ctx.idempotencyKey } : { reference: ctx.idempotencyKey }),
             timeoutMs: o.providerTimeoutMs ?? 10_000,
             signal: ctx.signal,
           });
@@ -114,6 +128,18 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
               );
           }
         },
+        ...(dedup
+          ? {}
+          : {
+              lookup: async (ctx) => {
+                const [charge] = await findCharges(o.providerUrl, ctx.idempotencyKey, { timeoutMs: 5_000 });
+                if (!charge) return undefined; // sure it did not charge: the runner charges again
+                if (charge.status === "failed") {
+                  return { response: problemResponse(402, "card-declined", "The card was declined.") };
+                }
+                return { data: { chargeId: charge.id } };
+              },
+            }),
         next: "charged",
       },
       charged: {
@@ -190,5 +216,6 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
  */
 export function idemRunners(deps: { store: PostgresStore }): PhasesRunner<any, any>[] {
   const providerUrl = process.env.PROVIDER_URL || "http://127.0.0.1:4100";
-  return [paymentPhasesRunner({ store: deps.store, providerUrl })];
+  const providerIdempotency = process.env.PROVIDER_IDEMPOTENCY !== "false";
+  return [paymentPhasesRunner({ store: deps.store, providerUrl, providerIdempotency })];
 }

@@ -205,19 +205,21 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
     if (key) {
       const k = await o.store.inspect(ACCOUNT.id, key);
       chargeId = typeof k?.phaseData?.chargeId === "string" ? k.phaseData.chargeId : null;
-      state.row = k && {
-        recovery_point: k.recoveryPoint,
-        state: k.state,
-        status: k.saved?.status ?? null,
-        lease_token: k.lease?.token ?? null,
-        lease_until: k.lease ? k.lease.until.toISOString() : null,
-        lease_left_ms: k.lease ? k.lease.until.getTime() - now : null,
-        runner: k.runner,
-        phase_data: k.phaseData,
-        operation_ref: k.ref,
-        created_at: k.createdAt.toISOString(),
-        updated_at: k.updatedAt ? k.updatedAt.toISOString() : null,
-      };
+      state.row = k
+        ? {
+            recovery_point: k.recoveryPoint,
+            state: k.state,
+            status: k.saved?.status ?? null,
+            lease_token: k.lease?.token ?? null,
+            lease_until: k.lease ? k.lease.until.toISOString() : null,
+            lease_left_ms: k.lease ? k.lease.until.getTime() - now : null,
+            runner: k.runner,
+            phase_data: k.phaseData,
+            operation_ref: k.ref,
+            created_at: k.createdAt.toISOString(),
+            updated_at: k.updatedAt ? k.updatedAt.toISOString() : null,
+          }
+        : null;
     }
 
     // The provider's charges: this key's, and the demo account's latest.

@@ -18,7 +18,7 @@ import type { Db, Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { writeOutbox } from "../src/postgres/outbox.ts";
-import { definePhases, jsonResponse } from "../src/postgres/phases.ts";
+import { definePhases, jsonResponse } from "../src/postgres/phases/index.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { chargeProvider, listCharges } from "../src/testing/provider-client.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";

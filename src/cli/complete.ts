@@ -2,7 +2,7 @@ import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { type CompleteReport, complete } from "../postgres/complete.ts";
 import type { Db } from "../postgres/db.ts";
-import type { PhasesRunner } from "../postgres/phases.ts";
+import type { PhasesRunner } from "../postgres/phases/index.ts";
 import type { PostgresStore } from "../postgres/store.ts";
 import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
 

@@ -36,6 +36,14 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "drop expired key partitions (retention)",
       run: async () => (await import("./sweep.ts")).sweepCommand,
     },
+    keys: {
+      summary: "inspect, list and settle idempotency keys (support cases)",
+      run: async () => (await import("./keys.ts")).keysCommand,
+    },
+    audit: {
+      summary: "check invariants on a database; exit 1 on violations",
+      run: async () => (await import("./audit.ts")).auditCommand,
+    },
   };
 
 export const USAGE = `usage: idem <command> [options]   (idem <command> --help for its options)

@@ -13,6 +13,7 @@ export const ProblemCode = {
   BodyTooLarge: "body-too-large",
   Unauthorized: "unauthorized",
   NotFound: "not-found",
+  OperationUncertain: "operation-uncertain",
 } as const;
 export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];
 
@@ -96,8 +97,30 @@ export class RetryableError extends IdemError {
   }
 }
 
+/**
+ * An external call of this operation started and its outcome cannot be established (the provider
+ * neither dedups nor can be asked, or the key waits for a person: `needs_review`). Never retry it
+ * automatically, with either key: hand `operationRef` to a person (`idem keys inspect --ref`).
+ */
+export class OperationUncertainError extends IdemError {
+  override name = "OperationUncertainError";
+  /** The opaque reference of the key row (`encodeOperationRef`). */
+  readonly operationRef: string;
+  constructor(operationRef: string, detail?: string) {
+    super(
+      ProblemCode.OperationUncertain,
+      409,
+      detail ??
+        "The outcome of this operation is unknown and waits for a person; do not retry it, with this key or another.",
+    );
+    this.operationRef = operationRef;
+  }
+}
+
 export const isIdemError = (e: unknown): e is IdemError => e instanceof IdemError;
 export const isKeyInFlightError = (e: unknown): e is KeyInFlightError => e instanceof KeyInFlightError;
 export const isKeyMismatchError = (e: unknown): e is KeyMismatchError => e instanceof KeyMismatchError;
 export const isLeaseLostError = (e: unknown): e is LeaseLostError => e instanceof LeaseLostError;
+export const isOperationUncertainError = (e: unknown): e is OperationUncertainError =>
+  e instanceof OperationUncertainError;
 export const isRetryableError = (e: unknown): e is RetryableError => e instanceof RetryableError;

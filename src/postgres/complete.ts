@@ -6,13 +6,18 @@
  *
  * Run it periodically (`idem complete`, or a timer in the service).
  */
-import { type AtomicOutcome, isKeyInFlightError, isLeaseLostError, isRetryableError } from "../core/index.ts";
-import type { PhasesRunner } from "./phases.ts";
-import type { PostgresStore } from "./store.ts";
+import {
+  type AtomicOutcome,
+  isKeyInFlightError,
+  isLeaseLostError,
+  isOperationUncertainError,
+  isRetryableError,
+} from "../core/index.ts";
+import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "./phases/index.ts";
 
 export interface CompleteOptions {
-  /** The store holding the keys. Required. */
-  store: PostgresStore;
+  /** The store holding the keys: a `PostgresStore`, or a `ShardedStore` (every shard is scanned). Required. */
+  store: KeyTable | ShardedKeyTables;
   /** The runners that may own unfinished keys, matched by `name`. Keys of unknown runners are skipped. */
   runners: ReadonlyArray<PhasesRunner<any, any>> | Record<string, PhasesRunner<any, any>>;
   /**
@@ -34,6 +39,7 @@ export type CompleteResult =
   | "in-flight" // a worker holds a live lease on it again
   | "retryable" // a transient failure; the lease was freed and the next run tries again
   | "lost" // our lease was taken over while we worked
+  | "needs-review" // its outcome cannot be established: it now waits for a person (idem keys list)
   | "failed" // the runner threw something else (the lease was freed)
   | "no-runner" // no runner with the key's runner name was given
   | "pending"; // dry run
@@ -62,6 +68,7 @@ interface Abandoned {
   runner: string | null;
   request: unknown;
   recovery_point: string;
+  updated_at: Date;
 }
 
 export async function complete(options: CompleteOptions): Promise<CompleteReport> {
@@ -72,27 +79,12 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
     : Object.values(options.runners);
   for (const r of list) byName.set(r.name, r);
 
-  const now = store.clock();
-  const oldest = now - store.retentionMs;
-  const s = store.schema;
-  // Served by the partial index keys_unfinished: only rows still in progress are ever scanned.
-  const { rows } = await store.db.query<Abandoned>(
-    `SELECT scope, key, fingerprint, runner, request, recovery_point
-       FROM ${s}.keys
-      WHERE recovery_point <> 'done' AND NOT marker
-        AND updated_at <= $1::timestamptz
-        AND (lease_until IS NULL OR lease_until <= $2::timestamptz)
-        AND bucket >= $3 AND created_at > $4::timestamptz
-      ORDER BY updated_at
-      LIMIT $5`,
-    [
-      new Date(now - (options.olderThanMs ?? 60_000)).toISOString(),
-      new Date(now).toISOString(),
-      store.partitions.bucketOf(oldest),
-      new Date(oldest).toISOString(),
-      Math.max(1, Math.floor(options.limit ?? 100)),
-    ],
-  );
+  const limit = Math.max(1, Math.floor(options.limit ?? 100));
+  const rows: Abandoned[] = [];
+  for (const table of tablesOf(store))
+    rows.push(...(await scan(table, options.olderThanMs ?? 60_000, limit)));
+  rows.sort((a, b) => a.updated_at.getTime() - b.updated_at.getTime());
+  rows.splice(limit);
 
   const counts: Record<CompleteResult, number> = {
     completed: 0,
@@ -100,6 +92,7 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
     "in-flight": 0,
     retryable: 0,
     lost: 0,
+    "needs-review": 0,
     failed: 0,
     "no-runner": 0,
     pending: 0,
@@ -115,7 +108,11 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
     else {
       try {
         const claim = { scope: row.scope, key: row.key, fingerprint: new Uint8Array(row.fingerprint) };
-        const out: AtomicOutcome = await runner.run(claim, row.request);
+        // The key resumes with its stored input whatever is passed; no answer bound: there is no
+        // client to answer early.
+        const out: AtomicOutcome = await runner.run(claim, row.request, {
+          answerWithinMs: Number.POSITIVE_INFINITY,
+        });
         entry = {
           ...base,
           result: out.kind === "replayed" ? "replayed" : "completed",
@@ -128,7 +125,9 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
             ? "retryable"
             : isLeaseLostError(err)
               ? "lost"
-              : "failed";
+              : isOperationUncertainError(err)
+                ? "needs-review"
+                : "failed";
         entry = { ...base, result, error: String((err as Error)?.message ?? err) };
       }
     }
@@ -142,4 +141,30 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
   });
   await Promise.all(workers);
   return { found: rows.length, results, counts };
+}
+
+/** The unfinished keys of one table whose lease is free or expired, idle for `olderThanMs`. */
+async function scan(table: KeyTable, olderThanMs: number, limit: number): Promise<Abandoned[]> {
+  const now = table.clock();
+  const oldest = now - table.retentionMs;
+  // Served by the partial index keys_unfinished: only rows still in progress are ever scanned. Keys in
+  // review wait for a person, never for the completer.
+  const { rows } = await table.db.query<Abandoned>(
+    `SELECT scope, key, fingerprint, runner, request, recovery_point, updated_at
+       FROM ${table.schema}.keys
+      WHERE recovery_point <> 'done' AND NOT marker AND needs_review_at IS NULL
+        AND updated_at <= $1::timestamptz
+        AND (lease_until IS NULL OR lease_until <= $2::timestamptz)
+        AND bucket >= $3 AND created_at > $4::timestamptz
+      ORDER BY updated_at
+      LIMIT $5`,
+    [
+      new Date(now - olderThanMs).toISOString(),
+      new Date(now).toISOString(),
+      table.partitions.bucketOf(oldest),
+      new Date(oldest).toISOString(),
+      limit,
+    ],
+  );
+  return rows.map((r) => ({ ...r, updated_at: new Date(r.updated_at) }));
 }

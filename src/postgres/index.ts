@@ -18,15 +18,26 @@ export {
   definePhases,
   type ExternalPhase,
   jsonResponse,
+  type KeyTable,
   type LocalPhase,
+  MAX_IN_FLIGHT_RETRY_AFTER_S,
+  NoOpenReviewError,
+  openReviews,
   type Phase,
   type PhaseContext,
   type PhaseFaults,
   type PhaseStep,
+  type PhaseStore,
   type PhasesOptions,
   PhasesRunner,
+  type Review,
+  type RunOptions,
+  reviewGauge,
+  type Settlement,
+  type ShardedKeyTables,
   SimulatedCrashError,
-} from "./phases.ts";
+  settleKey,
+} from "./phases/index.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
 export {
   CompactWithoutRebuildError,

@@ -13,7 +13,14 @@
  * its live keys (and its data) along, or wait out the retention window before taking writes there.
  */
 import { createHash } from "node:crypto";
-import type { AtomicOutcome, AtomicRunOptions, AtomicStore, Claim, WorkResult } from "../core/index.ts";
+import type {
+  AtomicOutcome,
+  AtomicRunOptions,
+  AtomicStore,
+  Claim,
+  KeyInspection,
+  WorkResult,
+} from "../core/index.ts";
 import type { Tx } from "./db.ts";
 import type { PostgresStore } from "./store.ts";
 
@@ -79,6 +86,11 @@ export class ShardedStore implements AtomicStore<Tx> {
     options?: AtomicRunOptions<Tx>,
   ): Promise<AtomicOutcome> {
     return this.shardOf(claim.scope).atomic(claim, work, options);
+  }
+
+  /** One key as an operator sees it, read on its scope's shard (`PostgresStore.inspect`). */
+  inspect(scope: string, key: string): Promise<KeyInspection | undefined> {
+    return this.shardOf(scope).inspect(scope, key);
   }
 
   /**

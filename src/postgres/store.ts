@@ -12,6 +12,7 @@ import {
   type WorkResult,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
+import { inspectKey } from "./inspect.ts";
 import { checkSchemaName } from "./migrate.ts";
 import { Partitions } from "./partitions.ts";
 
@@ -50,20 +51,6 @@ export interface KeyRow {
   body: Uint8Array | null;
   /** Compact storage (atomic-mode lookups only): the created resource's id; `headers` and `body` are NULL. */
   resource_id?: string | null;
-  /** Phases mode only (read with `lookup(..., { phases: true })`): the lease and what earlier phases saved. */
-  lease_token?: string | null;
-  lease_until?: Date | null;
-  phase_data?: Record<string, unknown> | null;
-}
-
-/** The extra columns a phases-mode claim writes along with the key row (see sql/0002_phases.sql). */
-export interface PhaseClaimColumns {
-  recoveryPoint: string;
-  leaseToken: string;
-  leaseUntil: Date;
-  runner: string;
-  /** JSON text of the runner's input, kept for the completer. */
-  request: string;
 }
 
 export const RECOVERY_DONE = "done";
@@ -77,11 +64,6 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
 /** The SQLSTATE of a driver error, if it has one. */
 export function sqlState(err: unknown): string | undefined {
   return (err as { code?: string })?.code;
-}
-
-/** The insert hit a bucket that has no partition yet (a clock far from the partitions made at start-up). */
-function isMissingPartition(err: unknown): boolean {
-  return sqlState(err) === "23514" && /no partition/.test(String((err as Error).message));
 }
 
 /**
@@ -145,6 +127,11 @@ export class PostgresStore implements AtomicStore<Tx> {
     await this.partitions.ensure([b - 1, b, b + 1, b + 2]);
   }
 
+  /** One key as an operator sees it (`KeyInspection`), or undefined when it is not live. */
+  inspect(scope: string, key: string): Promise<KeyInspection | undefined> {
+    return inspectKey(this, scope, key);
+  }
+
   /**
    * Retention: drop the partitions whose keys are all past the window. Returns the dropped buckets.
    * Run it periodically (`idem sweep`); it also creates the partitions ahead.
@@ -154,19 +141,15 @@ export class PostgresStore implements AtomicStore<Tx> {
     return { dropped: await this.partitions.dropExpired(this.clock(), this.retentionMs) };
   }
 
-  /**
-   * The live (unexpired) row of a key, or undefined. `phases: true` also reads the lease and the phase
-   * data (phases mode); atomic mode reads only what a replay needs.
-   */
+  /** The live (unexpired) row of a key, or undefined (what a replay needs). */
   async lookup(
     q: { query: Db["query"] },
     scope: string,
     key: string,
     nowMs: number,
-    options: { phases?: boolean } = {},
   ): Promise<KeyRow | undefined> {
     const oldest = nowMs - this.retentionMs;
-    const { rows } = await q.query<KeyRow>(options.phases ? this.sql.lookupPhases : this.sql.lookup, [
+    const { rows } = await q.query<KeyRow>(this.sql.lookup, [
       scope,
       key,
       this.partitions.bucketOf(oldest),
@@ -220,80 +203,6 @@ export class PostgresStore implements AtomicStore<Tx> {
     // A done row never changes: its answer is final, and the transaction has nothing left to do.
     tx.readOnlyDone?.();
     return replay;
-  }
-
-  /**
-   * Where a claim made at `now` goes: its bucket, and whether it also marks the previous bucket (claims
-   * in the first `boundaryOverlapMs` of a partition do, unless a retry turned markers off).
-   */
-  placement(now: number, withMarker: boolean): { bucket: number; marker: boolean } {
-    const bucket = this.partitions.bucketOf(now);
-    return { bucket, marker: withMarker && now - this.partitions.startOf(bucket) < this.boundaryOverlapMs };
-  }
-
-  /**
-   * Insert a phases-mode claim's key row, with its lease (and its boundary marker). Returns true when
-   * every row went in; false on a conflict, after which the caller must roll back (with a marker, one of
-   * the two rows may have gone in) and look the key up again.
-   */
-  async insertClaim(
-    q: { query: Db["query"] },
-    claim: Claim,
-    at: { bucket: number; marker: boolean; createdAt: string },
-    phase: PhaseClaimColumns,
-  ): Promise<boolean> {
-    const params: unknown[] = [at.bucket, claim.scope, claim.key, claim.fingerprint, at.createdAt];
-    params.push(phase.recoveryPoint, phase.leaseToken, phase.leaseUntil.toISOString());
-    params.push(phase.runner, phase.request);
-    if (at.marker) params.push(at.bucket - 1);
-    const r = await q.query(at.marker ? this.sql.claimPhasesWithMarker : this.sql.claimPhases, params);
-    return r.rows.length === (at.marker ? 2 : 1);
-  }
-
-  /**
-   * Phases mode's first statement: look the key up and, only when no live row exists, claim it with our
-   * lease, in one round trip (no boundary marker: callers use `insertClaim` in a transaction for claims
-   * that need one). Returns the existing row, or `claimed: true`, or neither when a concurrent claim won
-   * the insert (look it up again).
-   */
-  async lookupOrClaimPhases(
-    claim: Claim,
-    at: { bucket: number; createdAt: string; nowMs: number },
-    phase: PhaseClaimColumns,
-    options: { asyncCommit?: boolean } = {},
-  ): Promise<{ row: KeyRow | undefined; claimed: boolean }> {
-    const oldest = at.nowMs - this.retentionMs;
-    const { rows } = await this.db.query<KeyRow & { claimed: number; found: boolean }>(
-      options.asyncCommit ? this.sql.lookupOrClaimPhasesAsync : this.sql.lookupOrClaimPhases,
-      [
-        at.bucket,
-        claim.scope,
-        claim.key,
-        claim.fingerprint,
-        at.createdAt,
-        phase.recoveryPoint,
-        phase.leaseToken,
-        phase.leaseUntil.toISOString(),
-        phase.runner,
-        phase.request,
-        this.partitions.bucketOf(oldest),
-        new Date(oldest).toISOString(),
-      ],
-    );
-    const r = rows[0]!;
-    return { row: r.found ? r : undefined, claimed: Number(r.claimed) === 1 };
-  }
-
-  /** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
-  async withPartitions<T>(fn: () => Promise<T>): Promise<T> {
-    try {
-      return await fn();
-    } catch (err) {
-      if (!isMissingPartition(err)) throw err;
-      const b = this.partitions.bucketOf(this.clock());
-      await this.partitions.ensure([b - 1, b, b + 1]);
-      return fn();
-    }
   }
 
   /**
@@ -397,43 +306,6 @@ export class PostgresStore implements AtomicStore<Tx> {
       { begin: this.lockSql(claim.scope, claim.key) },
     );
   }
-
-  // inspect: minimal version, replaced by the phases helper's at merge
-  /** One key as an operator sees it (its newest row, if it was reused after expiry), or null. */
-  async inspect(scope: string, key: string): Promise<KeyInspection | null> {
-    const { rows } = await this.db.query<Record<string, any>>(
-      `SELECT recovery_point, status, headers, octet_length(body) AS body_bytes, fingerprint, created_at,
-              updated_at, lease_token, lease_until, runner, phase_data
-         FROM ${this.schema}.keys WHERE scope = $1 AND key = $2 AND NOT marker ORDER BY bucket DESC LIMIT 1`,
-      [scope, key],
-    );
-    const r = rows[0];
-    if (!r) return null;
-    const json = (v: unknown) => (typeof v === "string" ? JSON.parse(v) : (v ?? null));
-    const createdAt = new Date(r.created_at);
-    return {
-      scope,
-      key,
-      ref: encodeOperationRef(scope, key),
-      state: r.recovery_point === "done" ? "done" : "in_progress",
-      recoveryPoint: r.recovery_point,
-      createdAt,
-      expiresAt: new Date(createdAt.getTime() + this.retentionMs),
-      updatedAt: r.updated_at ? new Date(r.updated_at) : null,
-      lease: r.lease_token ? { token: String(r.lease_token), until: new Date(r.lease_until) } : null,
-      fingerprint: Buffer.from(r.fingerprint).toString("hex"),
-      saved:
-        r.status === null
-          ? null
-          : {
-              status: Number(r.status),
-              headers: json(r.headers) ?? [],
-              bodyBytes: Number(r.body_bytes ?? 0),
-            },
-      runner: r.runner ?? null,
-      phaseData: json(r.phase_data),
-    };
-  }
 }
 
 /** Thrown inside a transaction to roll it back and carry the unsaved response out. */
@@ -465,44 +337,10 @@ function statements(s: string) {
   const lookupWhere = `FROM ${s}.keys
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
               ORDER BY bucket DESC LIMIT 1`;
-  // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row.
-  const lookupOrClaim = `WITH found AS (
-              SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
-                     lease_token::text AS lease_token, lease_until, phase_data
-                FROM ${s}.keys
-               WHERE scope = $2 AND key = $3 AND NOT marker AND bucket >= $11 AND created_at > $12::timestamptz
-               ORDER BY bucket DESC LIMIT 1
-            ), claimed AS (
-              INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
-                                     lease_until, runner, request, updated_at)
-              SELECT $1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz
-               WHERE NOT EXISTS (SELECT 1 FROM found)
-              ON CONFLICT DO NOTHING RETURNING 1
-            )
-            SELECT f.*, f.bucket IS NOT NULL AS found, (SELECT count(*) FROM claimed)::int AS claimed
-              FROM (VALUES (1)) AS one (x) LEFT JOIN found f ON true`;
   return {
     lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
-    lookupPhases: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
-                          lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
     insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
                                         resource_id)
                  VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)`,
-    claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
-                                         lease_until, runner, request, updated_at)
-            VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)
-            ON CONFLICT DO NOTHING RETURNING marker`,
-    lookupOrClaimPhases: lookupOrClaim,
-    // The same, committed without waiting for the WAL flush (see the phases runner's
-    // `asyncRecoveryPoints`): set_config(..., true) is local to this statement's own transaction.
-    lookupOrClaimPhasesAsync: lookupOrClaim.replace(
-      "AS claimed\n",
-      "AS claimed, set_config('synchronous_commit', 'off', true) AS async_commit\n",
-    ),
-    claimPhasesWithMarker: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
-                                                   lease_until, runner, request, updated_at, marker)
-            VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz, false),
-                   ($11, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz, true)
-            ON CONFLICT DO NOTHING RETURNING marker`,
   };
 }

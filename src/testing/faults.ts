@@ -5,7 +5,7 @@
  * Points the runner names: after-claim, before-phase, after-external, before-commit, after-commit
  * (plus any `ctx.crash("name")` a phase adds). `phase` narrows a point to one phase.
  */
-import type { CrashInfo, CrashPointName, PhaseFaults } from "../postgres/phases.ts";
+import type { CrashInfo, CrashPointName, PhaseFaults } from "../postgres/phases/index.ts";
 import { createRng } from "./prng.ts";
 
 export interface CountingFaults extends PhaseFaults {

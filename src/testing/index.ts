@@ -3,7 +3,7 @@
  * (`startProvider`, and a classifying client `chargeProvider`), crash points for phases runners
  * (`crashAt`, `randomCrashes`, `pauseAt`), and a seeded generator.
  */
-export { SimulatedCrashError } from "../postgres/phases.ts";
+export { SimulatedCrashError } from "../postgres/phases/index.ts";
 export { type CountingFaults, combineFaults, crashAt, pauseAt, randomCrashes } from "./faults.ts";
 export { createRng, type Rng } from "./prng.ts";
 export {
@@ -14,5 +14,17 @@ export {
   type ProviderOptions,
   startProvider,
 } from "./provider.ts";
-export { type ChargeRequest, type ChargeResult, chargeProvider, listCharges } from "./provider-client.ts";
+export {
+  type ChargeRequest,
+  type ChargeResult,
+  chargeProvider,
+  findCharges,
+  listCharges,
+} from "./provider-client.ts";
+export {
+  type StagingFaultOptions,
+  StagingFaultsInProductionError,
+  stagingFaults,
+  stagingFaultsFromEnv,
+} from "./staging.ts";
 export * from "./verify/index.ts";

@@ -20,7 +20,12 @@ export interface ChargeRequest {
   currency: string;
   card?: string;
   /** Sent as `Idempotency-Key`: derive it from your own key (a phase's `ctx.idempotencyKey`). */
-  idempotencyKey: string;
+  idempotencyKey?: string;
+  /**
+   * Your own id for the payment, stored with the charge and searchable (`findCharges`): what a provider
+   * without idempotency keys offers instead. Use `ctx.idempotencyKey`.
+   */
+  reference?: string;
   /** Give up after this long (a transient result). Default: 10,000 ms: keep it well under the lease. */
   timeoutMs?: number;
   /** Abort early (e.g. a phase's `ctx.signal`: the lease was lost). */
@@ -33,7 +38,12 @@ const agent = new Agent({ keepAlive: true, maxSockets: 256 });
 
 /** `POST {url}/v1/charges`, classified. Never throws for HTTP or network failures. */
 export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeResult> {
-  const body = JSON.stringify({ amount: req.amount, currency: req.currency, card: req.card ?? null });
+  const body = JSON.stringify({
+    amount: req.amount,
+    currency: req.currency,
+    card: req.card ?? null,
+    ...(req.reference ? { reference: req.reference } : {}),
+  });
   const target = new URL("/v1/charges", url);
   return new Promise<ChargeResult>((resolve) => {
     let settled = false;
@@ -47,8 +57,8 @@ export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeR
     const headers: Record<string, string> = {
       "content-type": "application/json",
       "content-length": String(Buffer.byteLength(body)),
-      "idempotency-key": req.idempotencyKey,
     };
+    if (req.idempotencyKey) headers["idempotency-key"] = req.idempotencyKey;
     if (req.fault) headers["x-fault"] = req.fault;
     const r = request(target, { method: "POST", headers, agent }, (res) => {
       const chunks: Buffer[] = [];
@@ -101,6 +111,24 @@ export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeR
     req.signal?.addEventListener("abort", onAbort, { once: true });
     r.end(body);
   });
+}
+
+/**
+ * `GET {url}/v1/charges?reference=...`: the charges made with this reference, oldest first. Throws
+ * when the provider cannot answer (a 5xx, a timeout): then nobody can tell yet whether it charged.
+ */
+export async function findCharges(
+  url: string,
+  reference: string,
+  options: { timeoutMs?: number; signal?: AbortSignal } = {},
+): Promise<Charge[]> {
+  const target = new URL("/v1/charges", url);
+  target.searchParams.set("reference", reference);
+  const timeout = AbortSignal.timeout(options.timeoutMs ?? 5_000);
+  const signal = options.signal ? AbortSignal.any([options.signal, timeout]) : timeout;
+  const res = await fetch(target, { signal });
+  if (!res.ok) throw new Error(`the provider's search answered HTTP ${res.status}`);
+  return ((await res.json()) as { data: Charge[] }).data;
 }
 
 /** `GET {url}/v1/charges`: every charge the provider made (with `scope`, only that scope's). */

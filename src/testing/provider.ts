@@ -2,12 +2,16 @@
  * A payment-provider simulator: an HTTP server that behaves like a card processor, for tests, demos and
  * benchmarks of code that charges cards exactly once.
  *
- *   POST /v1/charges   {"amount": 5000, "currency": "eur", "card": "4242"}  with `Idempotency-Key`
+ *   POST /v1/charges   {"amount": 5000, "currency": "eur", "card": "4242", "reference": "acct:k1"}
+ *       with `Idempotency-Key`
  *       200 the charge; a repeat of the key returns the same charge (`Idempotent-Replayed: true`);
  *       402 card declined (also remembered under the key); 422 the key was used with other parameters;
- *       400 a malformed request.
+ *       400 a malformed request. With `idempotency: false` the key is ignored: every request charges.
  *   GET  /v1/charges   every charge made, in order, with the idempotency key it received
  *                      (`?scope=acct_1`: only those whose key is `acct_1:...`)
+ *   GET  /v1/charges?reference=acct:k1   the charges made with that reference (your own id for the
+ *       payment): how a caller finds out, after a lost reply, whether a provider WITHOUT idempotency
+ *       keys charged. `setSearch(false)` makes it answer 503 (the search is down).
  *   GET  /v1/charges/:id
  *   POST /_sim/faults  {"rates": {...}, "next": ["timeout", ...]}   change the faults at run time
  *   POST /_sim/reset   forget every charge and key
@@ -17,6 +21,8 @@
  *   timeout  the request is held without an answer until the client gives up; nothing is charged
  *   500/503  an error answer; nothing is charged
  *   drop     the charge IS made, then the connection is cut before the reply (a lost reply)
+ *   late     the charge IS made, then the reply is held until the client gives up (a timeout after
+ *            the provider charged)
  *   decline  the card is declined (final: 402)
  */
 import { randomInt } from "node:crypto";
@@ -24,8 +30,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { createRng, type Rng } from "./prng.ts";
 
-export type ProviderFault = "timeout" | "500" | "503" | "drop" | "decline";
-const FAULTS: readonly ProviderFault[] = ["timeout", "500", "503", "drop", "decline"];
+export type ProviderFault = "timeout" | "500" | "503" | "drop" | "late" | "decline";
+const FAULTS: readonly ProviderFault[] = ["timeout", "500", "503", "drop", "late", "decline"];
 
 /** Probabilities (0..1) of each random fault per charge request. */
 export interface FaultRates {
@@ -56,6 +62,12 @@ export interface ProviderOptions {
   faults?: FaultRates;
   /** The longest a `timeout` fault holds a request before cutting it. Default: 60,000 ms. */
   hangMs?: number;
+  /**
+   * Whether a repeated `Idempotency-Key` returns the first result. `false` models a provider without
+   * idempotency keys: every request charges, and the only way to learn what happened to a lost reply
+   * is to search by `reference`. Default: true.
+   */
+  idempotency?: boolean;
 }
 
 export interface Charge {
@@ -65,6 +77,8 @@ export interface Charge {
   card: string | null;
   /** The `Idempotency-Key` the provider received, or null. */
   idempotency_key: string | null;
+  /** The caller's own reference for the payment (searchable), or null. */
+  reference: string | null;
   status: "succeeded" | "failed";
   failure_code: string | null;
   /** Order of creation, from 1. */
@@ -84,6 +98,8 @@ export interface Provider {
   setFaults(rates: FaultRates): void;
   /** Apply these faults to the next charge requests, one each, before any random ones. */
   failNext(...faults: ProviderFault[]): void;
+  /** Make the search by reference answer 503 (`false`), or work again (`true`). */
+  setSearch(available: boolean): void;
   /** Forget every charge, key and scripted fault (the generator keeps going). */
   reset(): void;
   close(): Promise<void>;
@@ -140,6 +156,8 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
   let charges: Charge[] = [];
   let byKey = new Map<string, Saved>();
   let received = 0;
+  let searchAvailable = true;
+  const dedup = options.idempotency ?? true;
 
   const latency = (req: IncomingMessage): number => {
     const header = Number(req.headers["x-latency-ms"]);
@@ -164,7 +182,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
 
   async function createCharge(req: IncomingMessage, res: ServerResponse): Promise<void> {
     received++;
-    let input: { amount?: unknown; currency?: unknown; card?: unknown };
+    let input: { amount?: unknown; currency?: unknown; card?: unknown; reference?: unknown };
     try {
       input = JSON.parse(await readBody(req));
     } catch {
@@ -172,6 +190,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     }
     const { amount, currency } = input;
     const card = input.card === undefined || input.card === null ? null : String(input.card);
+    const reference = typeof input.reference === "string" && input.reference ? input.reference : null;
     if (typeof amount !== "number" || !Number.isInteger(amount) || amount <= 0) {
       return send(
         res,
@@ -184,6 +203,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     }
     const keyHeader = req.headers["idempotency-key"];
     const key = typeof keyHeader === "string" && keyHeader.length > 0 ? keyHeader : null;
+    const dedupKey = dedup ? key : null;
     const fault = faultFor(req);
     const wait = latency(req);
     if (wait > 0) await sleep(wait);
@@ -207,7 +227,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     // The check and the creation run with no await in between, so concurrent repeats of a key
     // (Node runs one callback at a time) always find the first one's result.
     const params = JSON.stringify([amount, currency, card]);
-    const saved = key ? byKey.get(key) : undefined;
+    const saved = dedupKey ? byKey.get(dedupKey) : undefined;
     if (saved) {
       if (saved.params !== params) {
         return send(
@@ -226,6 +246,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       currency,
       card,
       idempotency_key: key,
+      reference,
       status: declined ? "failed" : "succeeded",
       failure_code: declined ? "card_declined" : null,
       seq: charges.length + 1,
@@ -238,9 +259,21 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
         ? errorBody("card_error", "card_declined", "Your card was declined.", { charge: charge.id })
         : charge,
     );
-    if (key) byKey.set(key, { params, status, body });
+    if (dedupKey) byKey.set(dedupKey, { params, status, body });
     if (fault === "drop") {
       res.destroy(); // charged, but the reply is lost
+      return;
+    }
+    if (fault === "late") {
+      // Charged, but the reply comes after the client gave up (it never reads it).
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, hangMs);
+        res.once("close", () => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+      if (!res.destroyed) send(res, status, body);
       return;
     }
     send(res, status, body);
@@ -254,8 +287,15 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       const status = url.searchParams.get("status");
       // ?scope=<scope>: only the charges whose key is `<scope>:...` (one account's, never another's).
       const scope = url.searchParams.get("scope");
+      const reference = url.searchParams.get("reference");
+      if (reference !== null && !searchAvailable) {
+        return send(res, 503, errorBody("api_error", "search_unavailable", "Search is down; retry."));
+      }
       const data = charges.filter(
-        (c) => (!status || c.status === status) && (!scope || c.idempotency_key?.startsWith(`${scope}:`)),
+        (c) =>
+          (!status || c.status === status) &&
+          (!scope || c.idempotency_key?.startsWith(`${scope}:`)) &&
+          (reference === null || c.reference === reference),
       );
       return send(res, 200, { data });
     }
@@ -287,6 +327,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     byKey = new Map();
     scripted = [];
     received = 0;
+    searchAvailable = true;
   }
 
   const server: Server = createServer((req, res) => {
@@ -307,6 +348,9 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     port: address.port,
     charges: () => charges.map((c) => ({ ...c })),
     requests: () => received,
+    setSearch(available) {
+      searchAvailable = available;
+    },
     setFaults(r) {
       rates = { ...r };
     },

@@ -4,7 +4,7 @@ import { completeCommand } from "../../src/cli/complete.ts";
 import { providerCommand } from "../../src/cli/provider.ts";
 import { CliError } from "../../src/cli/shared.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
-import { SimulatedCrashError } from "../../src/postgres/phases.ts";
+import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";
@@ -98,10 +98,10 @@ describe.each(serverBackends.slice(0, 1))("idem complete on $name", (backend) =>
     }
     expect(code).toBe(0);
     expect(printed).toContain("completed");
-    const { rows } = await open.db.query(
-      "SELECT recovery_point FROM idem.keys WHERE key = 'cli-abandoned' AND NOT marker",
-    );
-    expect(rows).toEqual([{ recovery_point: "done" }]);
+    expect(await store.inspect("acct", "cli-abandoned")).toMatchObject({
+      state: "done",
+      recoveryPoint: "done",
+    });
     expect(provider.charges()).toHaveLength(1);
   });
 });

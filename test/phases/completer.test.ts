@@ -4,7 +4,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { complete } from "../../src/postgres/complete.ts";
-import { SimulatedCrashError } from "../../src/postgres/phases.ts";
+import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { claimOf, LEASE_MS, openWorld, serverOrEmbedded, type World } from "./helpers.ts";
 

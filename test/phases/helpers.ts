@@ -12,11 +12,12 @@ import {
   jsonResponse,
   type PhaseContext,
   type PhaseFaults,
+  type PhaseStore,
   type PhasesOptions,
-} from "../../src/postgres/phases.ts";
+} from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
-import { chargeProvider } from "../../src/testing/provider-client.ts";
+import { chargeProvider, findCharges } from "../../src/testing/provider-client.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 
 export const LEASE_MS = 30_000;
@@ -70,14 +71,25 @@ export interface RunnerOptions {
   /** The provider call's own timeout. Default 2,000 ms. */
   timeoutMs?: number;
   name?: string;
+  /** The answer bound. Default here: none (Infinity), so a slow machine never turns a result into a 409. */
+  answerWithinMs?: number;
+  /**
+   * A provider WITHOUT idempotency keys (`startProvider({ idempotency: false })`): the charge carries
+   * our reference, and the phase either looks its effect up by it ("search") or cannot ("none").
+   * Default: the provider dedups by our key.
+   */
+  noIdempotency?: "search" | "none";
+  maxLookupFailures?: number;
 }
 
-export function paymentsRunner(store: PostgresStore, providerUrl: string, o: RunnerOptions = {}) {
+export function paymentsRunner(store: PhaseStore, providerUrl: string, o: RunnerOptions = {}) {
   return definePhases<PayInput, PayData>({
     store,
     name: o.name ?? "payments",
     leaseMs: LEASE_MS,
     heartbeatMs: o.heartbeatMs ?? 0,
+    answerWithinMs: o.answerWithinMs ?? Number.POSITIVE_INFINITY,
+    maxLookupFailures: o.maxLookupFailures,
     faults: o.faults,
     onLeaseTakeover: o.onLeaseTakeover,
     phases: {
@@ -87,7 +99,7 @@ export function paymentsRunner(store: PostgresStore, providerUrl: string, o: Run
           const r = await chargeProvider(providerUrl, {
             amount: ctx.input.amount_cents,
             currency: ctx.input.currency,
-            idempotencyKey: ctx.idempotencyKey,
+            ...(o.noIdempotency ? { reference: ctx.idempotencyKey } : { idempotencyKey: ctx.idempotencyKey }),
             timeoutMs: o.timeoutMs ?? 2_000,
             signal: ctx.signal,
           });
@@ -96,6 +108,18 @@ export function paymentsRunner(store: PostgresStore, providerUrl: string, o: Run
           if (r.kind === "rejected") return { response: jsonResponse(400, { error: r.message }) };
           throw new RetryableError(`provider: ${r.reason}`);
         },
+        ...(o.noIdempotency === "none" ? { idempotent: false } : {}),
+        ...(o.noIdempotency === "search"
+          ? {
+              lookup: async (ctx: PhaseContext<PayInput, PayData>) => {
+                const [charge] = await findCharges(providerUrl, ctx.idempotencyKey, { timeoutMs: 1_000 });
+                if (!charge) return undefined;
+                if (charge.status === "failed")
+                  return { response: jsonResponse(402, { error: "card declined" }) };
+                return { data: { chargeId: charge.id } };
+              },
+            }
+          : {}),
         next: "charged",
       },
       charged: {
@@ -144,7 +168,9 @@ export async function openWorld(
     now,
     runner: (o) => paymentsRunner(store, provider.url, o),
     async counts(key) {
-      const charges = provider.charges().filter((c) => !key || c.idempotency_key?.endsWith(`:${key}`));
+      const charges = provider
+        .charges()
+        .filter((c) => !key || c.idempotency_key?.endsWith(`:${key}`) || c.reference?.endsWith(`:${key}`));
       return {
         charges: charges.filter((c) => c.status === "succeeded").length,
         declined: charges.filter((c) => c.status === "failed").length,
@@ -163,18 +189,12 @@ export async function openWorld(
       };
     },
     async point(scope, key) {
-      const { rows } = await db.query<{ recovery_point: string }>(
-        "SELECT recovery_point FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker",
-        [scope, key],
-      );
-      return rows[0]?.recovery_point;
+      return (await store.inspect(scope, key))?.recoveryPoint;
     },
     async lease(scope, key) {
-      const { rows } = await db.query<{ lease_token: string | null; updated_at: Date | null }>(
-        "SELECT lease_token, updated_at FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker",
-        [scope, key],
-      );
-      return rows[0]!;
+      const k = await store.inspect(scope, key);
+      if (!k) throw new Error(`no key ${scope}/${key}`);
+      return { lease_token: k.lease?.token ?? null, updated_at: k.updatedAt };
     },
     async close() {
       await provider.close();

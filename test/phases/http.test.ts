@@ -131,4 +131,30 @@ describe.each(backends)("payments in phases mode over HTTP on $name", (backend) 
     expect((await post(app, "http-bad", { amount_cents: -1, currency: "eur" })).status).toBe(400);
     expect((await post(app, "http-bad", { amount_cents: 100, currency: "eur" })).status).toBe(201);
   });
+
+  it("a provider without idempotency keys: a timeout after it charged is found by reference, one charge", async () => {
+    const plain = await startProvider({ seed: 6, idempotency: false });
+    try {
+      const app = new Hono();
+      app.route(
+        "/",
+        paymentPhasesRoutes({
+          db: open.db,
+          store,
+          apiKeys,
+          providerUrl: plain.url,
+          providerIdempotency: false,
+          providerTimeoutMs: 300,
+        }),
+      );
+      plain.failNext("late");
+      const first = await post(app, "http-no-dedup", { amount_cents: 777, currency: "eur" });
+      expect(first.status).toBe(201);
+      const again = await post(app, "http-no-dedup", { amount_cents: 777, currency: "eur" });
+      expect(again.headers.get("idempotent-replayed")).toBe("true");
+      expect(plain.charges().filter((c) => c.reference === `${ACCOUNT}:http-no-dedup`)).toHaveLength(1);
+    } finally {
+      await plain.close();
+    }
+  });
 });

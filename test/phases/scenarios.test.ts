@@ -10,7 +10,7 @@ import {
   isLeaseLostError,
   isRetryableError,
 } from "../../src/core/index.ts";
-import { MAX_IN_FLIGHT_RETRY_AFTER_S, SimulatedCrashError } from "../../src/postgres/phases.ts";
+import { MAX_IN_FLIGHT_RETRY_AFTER_S, SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt, pauseAt } from "../../src/testing/faults.ts";
 import { listCharges } from "../../src/testing/provider-client.ts";
 import { backends } from "../helpers/db.ts";

@@ -1,0 +1,82 @@
+/**
+ * `store.inspect(scope, key)`: one key as an operator, a support case or a test sees it, read through
+ * the store's API so that nobody needs the keys table's internal columns (`marker`, `bucket`).
+ */
+import { encodeOperationRef, type KeyInspection } from "../core/index.ts";
+import type { KeyTable } from "./phases/key-table.ts";
+import { liveSince } from "./phases/key-table.ts";
+
+interface InspectRow {
+  created_at: Date;
+  updated_at: Date | null;
+  recovery_point: string;
+  status: number | null;
+  headers: Array<[string, string]> | null;
+  body_bytes: number | null;
+  fingerprint: Uint8Array;
+  lease_token: string | null;
+  lease_until: Date | null;
+  runner: string | null;
+  phase_data: Record<string, unknown> | null;
+  needs_review_at: Date | null;
+}
+
+/** The live key row of (scope, key) in one keys table, or undefined when none (never claimed, or expired). */
+export async function inspectKey(
+  table: KeyTable,
+  scope: string,
+  key: string,
+): Promise<KeyInspection | undefined> {
+  const since = liveSince(table, table.clock());
+  const { rows } = await table.db.query<InspectRow>(
+    `SELECT created_at, updated_at, recovery_point, status, headers, octet_length(body) AS body_bytes,
+            fingerprint, lease_token::text AS lease_token, lease_until, runner, phase_data, needs_review_at
+       FROM ${table.schema}.keys
+      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
+      ORDER BY bucket DESC LIMIT 1`,
+    [scope, key, since.bucket, since.iso],
+  );
+  const r = rows[0];
+  if (!r) return undefined;
+  const createdAt = new Date(r.created_at);
+  return {
+    scope,
+    key,
+    ref: encodeOperationRef(scope, key),
+    state: r.needs_review_at ? "needs_review" : r.recovery_point === "done" ? "done" : "in_progress",
+    recoveryPoint: r.recovery_point,
+    createdAt,
+    expiresAt: new Date(createdAt.getTime() + table.retentionMs),
+    updatedAt: r.updated_at ? new Date(r.updated_at) : null,
+    lease: r.lease_token && r.lease_until ? { token: r.lease_token, until: new Date(r.lease_until) } : null,
+    fingerprint: Buffer.from(r.fingerprint).toString("hex"),
+    saved:
+      r.status === null
+        ? null
+        : { status: Number(r.status), headers: r.headers ?? [], bodyBytes: Number(r.body_bytes ?? 0) },
+    runner: r.runner,
+    phaseData: r.phase_data,
+  };
+}
+
+/** The unfinished keys (claimed, not done, not in review) of one keys table, oldest activity first. */
+export async function unfinishedKeys(
+  table: KeyTable,
+  options: { limit?: number } = {},
+): Promise<KeyInspection[]> {
+  const since = liveSince(table, table.clock());
+  // Served by the partial index keys_unfinished.
+  const { rows } = await table.db.query<{ scope: string; key: string }>(
+    `SELECT scope, key FROM ${table.schema}.keys
+      WHERE recovery_point <> 'done' AND NOT marker AND needs_review_at IS NULL
+        AND bucket >= $1 AND created_at > $2::timestamptz
+      ORDER BY updated_at LIMIT $3`,
+    [since.bucket, since.iso, Math.max(1, Math.floor(options.limit ?? 100))],
+  );
+  const out: KeyInspection[] = [];
+  for (const r of rows) {
+    const k = await inspectKey(table, r.scope, r.key);
+    if (k) out.push(k);
+  }
+  return out;
+}

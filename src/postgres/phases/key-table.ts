@@ -1,0 +1,84 @@
+/**
+ * What phases mode needs of a store: the keys table of the database a scope's keys live in. A
+ * `PostgresStore` is one such table; a `ShardedStore` routes each scope to one of its shards'. The
+ * runner and the completer reach the store through this interface only.
+ */
+import type { AtomicStore } from "../../core/index.ts";
+import type { Db, Tx } from "../db.ts";
+import type { Partitions } from "../partitions.ts";
+import { sqlState } from "../store.ts";
+
+/** One database's keys table, as phases mode uses it (a `PostgresStore` is one). */
+export interface KeyTable {
+  readonly db: Db;
+  readonly schema: string;
+  /** How long a key is kept, in ms; after it the same key is new. */
+  readonly retentionMs: number;
+  /** How long a local phase waits for a row lock before it gives up (retryable). */
+  readonly lockTimeoutMs: number;
+  /** Claims made this soon after a partition starts also mark the previous partition. */
+  readonly boundaryOverlapMs: number;
+  /** The clock leases are measured by, in epoch ms. */
+  readonly clock: () => number;
+  readonly partitions: Pick<Partitions, "bucketOf" | "startOf" | "ensure">;
+}
+
+/** Several keys tables, one per shard, with the scope's route (a `ShardedStore` is one). */
+export interface ShardedKeyTables {
+  readonly retentionMs: number;
+  readonly shards: Readonly<Record<string, KeyTable>>;
+  shardOf(scope: string): KeyTable;
+}
+
+/**
+ * The store a phases runner works on: the store HTTP adapters hand to the engine (`AtomicStore`), whose
+ * keys table(s) the runner writes. `PostgresStore` and `ShardedStore` both are.
+ */
+export type PhaseStore = AtomicStore<Tx> & (KeyTable | ShardedKeyTables);
+
+function isSharded(store: KeyTable | ShardedKeyTables): store is ShardedKeyTables {
+  return typeof (store as ShardedKeyTables).shardOf === "function";
+}
+
+/** The keys table of a scope. */
+export function tableFor(store: KeyTable | ShardedKeyTables, scope: string): KeyTable {
+  return isSharded(store) ? store.shardOf(scope) : store;
+}
+
+/** Every keys table of a store (the completer, reviews and gauges scan them all). */
+export function tablesOf(store: KeyTable | ShardedKeyTables): KeyTable[] {
+  return isSharded(store) ? Object.values(store.shards) : [store];
+}
+
+/**
+ * Where a claim made at `now` goes: its bucket, and whether it also marks the previous bucket (claims
+ * in the first `boundaryOverlapMs` of a partition do, unless a retry turned markers off).
+ */
+export function placement(
+  table: KeyTable,
+  now: number,
+  withMarker: boolean,
+): { bucket: number; marker: boolean } {
+  const bucket = table.partitions.bucketOf(now);
+  const first = now - table.partitions.startOf(bucket) < table.boundaryOverlapMs;
+  return { bucket, marker: withMarker && first };
+}
+
+/** The oldest live creation time at `now`, and its bucket: rows older than it are expired. */
+export function liveSince(table: KeyTable, now: number): { bucket: number; iso: string } {
+  const oldest = now - table.retentionMs;
+  return { bucket: table.partitions.bucketOf(oldest), iso: new Date(oldest).toISOString() };
+}
+
+/** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
+export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    // 23514 "no partition of relation ... found for row": a clock far from the partitions made at start.
+    if (!(sqlState(err) === "23514" && /no partition/.test(String((err as Error).message)))) throw err;
+    const b = table.partitions.bucketOf(table.clock());
+    await table.partitions.ensure([b - 1, b, b + 1]);
+    return fn();
+  }
+}

@@ -1,0 +1,91 @@
+/**
+ * A worker's hold on one key: a random token plus an expiry, renewed by a heartbeat while an external
+ * call runs, and the fence (`AND lease_token = mine`) every write carries.
+ */
+
+import type { Claim } from "../../core/index.ts";
+import { LeaseLostError } from "../../core/index.ts";
+import type { KeyTable } from "./key-table.ts";
+import type { PhaseSql } from "./sql.ts";
+
+/** This worker's hold on one key. */
+export interface Lease<I, D> {
+  /** The keys table of the claim's scope. */
+  table: KeyTable;
+  sql: PhaseSql;
+  claim: Claim;
+  bucket: number;
+  token: string;
+  point: string;
+  data: Partial<D>;
+  createdAt: Date;
+  /** The key's stored input (the first request's). */
+  input: I;
+  /** Set when an external call of the current phase may have begun before (sql/0007). */
+  attempted: boolean;
+}
+
+/**
+ * The `Retry-After` (seconds) of a 409 while a worker holds the lease: the time left on the lease, at
+ * most MAX_IN_FLIGHT_RETRY_AFTER_S. A live holder usually finishes within a second or two (and renews
+ * its lease while it works, so the time left says little about when it ends); a hint as long as the
+ * whole lease would make a client with a shorter deadline give up on a double-tap at once. A crashed
+ * holder's key is taken over as soon as its lease runs out, which such short retries notice.
+ */
+export const MAX_IN_FLIGHT_RETRY_AFTER_S = 2;
+
+export function retryAfter(until: Date | string | null | undefined, now: number): number {
+  if (!until) return 1;
+  const left = Math.ceil((new Date(until).getTime() - now) / 1000);
+  return Math.min(MAX_IN_FLIGHT_RETRY_AFTER_S, Math.max(1, left));
+}
+
+/** $1..$4 of every fenced statement: the row, and our token. */
+export function fence(lease: Lease<unknown, unknown>): [string, string, number, string] {
+  return [lease.claim.scope, lease.claim.key, lease.bucket, lease.token];
+}
+
+export function nowIso(table: KeyTable): string {
+  return new Date(table.clock()).toISOString();
+}
+
+/** Free the lease at once (a retry need not wait for it to expire). */
+export async function release(lease: Lease<unknown, unknown>): Promise<void> {
+  await lease.table.db.query(lease.sql.release, [...fence(lease), nowIso(lease.table)]);
+}
+
+/**
+ * Renew the lease every `heartbeatMs` until the returned function is called. A renewal that finds
+ * another token aborts `lost`: whatever this worker was doing is then not recorded. A renewal that fails
+ * (database unreachable) is tried again at the next beat; the fence still guards the write that follows.
+ */
+export function heartbeat(
+  lease: Lease<unknown, unknown>,
+  leaseMs: number,
+  heartbeatMs: number,
+  lost: AbortController,
+): () => void {
+  if (!(heartbeatMs > 0)) return () => {};
+  let busy = false;
+  const timer = setInterval(() => {
+    if (busy || lost.signal.aborted) return;
+    busy = true;
+    const until = new Date(lease.table.clock() + leaseMs).toISOString();
+    lease.table.db
+      .query(lease.sql.renew, [...fence(lease), until])
+      .then(
+        (r) => {
+          if (r.rowCount === 0) {
+            clearInterval(timer);
+            lost.abort(new LeaseLostError());
+          }
+        },
+        () => {},
+      )
+      .finally(() => {
+        busy = false;
+      });
+  }, heartbeatMs);
+  timer.unref?.();
+  return () => clearInterval(timer);
+}

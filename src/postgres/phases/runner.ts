@@ -1,0 +1,397 @@
+/**
+ * The phases runner (recovery points): for requests whose work calls other systems, which no ROLLBACK
+ * can undo. See index.ts for an example and the timeline of a key.
+ */
+import {
+  type AtomicOutcome,
+  type Claim,
+  DEFAULT_REPLAYED_HEADERS,
+  encodeOperationRef,
+  filterHeaders,
+  isSaved,
+  KeyInFlightError,
+  LeaseLostError,
+  OperationUncertainError,
+  RetryableError,
+  type SavePolicy,
+  type StoredResponse,
+} from "../../core/index.ts";
+import { RECOVERY_DONE, sqlState } from "../store.ts";
+import { acquire, type ClaimSettings } from "./claim.ts";
+import {
+  type CrashInfo,
+  type CrashPointName,
+  crashPoint,
+  type PhaseFaults,
+  SimulatedCrashError,
+} from "./faults.ts";
+import { type PhaseStore, tableFor } from "./key-table.ts";
+import { fence, heartbeat, type Lease, nowIso, release, retryAfter } from "./lease.ts";
+import { markForReview } from "./review.ts";
+import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
+
+/** Carries an unsaved answer out of a local transaction, rolling it back. */
+class Unsaved {
+  constructor(readonly response: StoredResponse) {}
+}
+
+/** Options of one `run`. */
+export interface RunOptions {
+  /**
+   * The client's signal: if it is already aborted nothing is claimed, but once the lease is taken it is
+   * ignored, so a hang-up never leaves a phase half-done or a lease held.
+   */
+  signal?: AbortSignal;
+  /** This call's answer bound, in ms (see `PhasesOptions.answerWithinMs`). */
+  answerWithinMs?: number;
+}
+
+export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Record<string, unknown>> {
+  readonly store: PhaseStore;
+  readonly name: string;
+  readonly first: string;
+  readonly leaseMs: number;
+  readonly heartbeatMs: number;
+  readonly answerWithinMs: number;
+  private readonly phases: Record<string, Phase<I, D>>;
+  private readonly policy: SavePolicy;
+  private readonly replayHeaders: readonly string[];
+  private readonly faults: PhaseFaults | undefined;
+  private readonly options: PhasesOptions<I, D>;
+  private readonly claimSettings: ClaimSettings;
+  private readonly maxLookupFailures: number;
+
+  constructor(options: PhasesOptions<I, D>) {
+    const names = Object.keys(options.phases);
+    if (names.length === 0) throw new Error("definePhases: give at least one phase");
+    if (RECOVERY_DONE in options.phases) throw new Error(`definePhases: "${RECOVERY_DONE}" is reserved`);
+    this.options = options;
+    this.store = options.store;
+    this.name = options.name;
+    this.phases = options.phases;
+    this.first = options.first ?? names[0]!;
+    if (!(this.first in this.phases)) throw new Error(`definePhases: no phase named "${this.first}"`);
+    for (const [name, p] of Object.entries(this.phases)) {
+      if (p.next !== undefined && !(p.next in this.phases)) {
+        throw new Error(`definePhases: phase "${name}" goes on to "${p.next}", which is not a phase`);
+      }
+    }
+    this.leaseMs = options.leaseMs ?? 30_000;
+    this.heartbeatMs = options.heartbeatMs ?? Math.floor(this.leaseMs / 3);
+    this.answerWithinMs = options.answerWithinMs ?? 5_000;
+    this.maxLookupFailures = Math.max(1, options.maxLookupFailures ?? 5);
+    this.policy = { saveStatuses: options.saveStatuses, saveServerErrors: options.saveServerErrors };
+    this.replayHeaders = options.replayHeaders ?? DEFAULT_REPLAYED_HEADERS;
+    this.faults = options.faults;
+    this.claimSettings = {
+      name: this.name,
+      first: this.first,
+      leaseMs: this.leaseMs,
+      asyncRecoveryPoints: options.asyncRecoveryPoints ?? true,
+      onLeaseTakeover: options.onLeaseTakeover,
+    };
+  }
+
+  /**
+   * Run (or resume, or replay) the request under `claim`. Returns the same outcomes as atomic mode, or
+   * throws: `KeyMismatchError` (another request under this key; no lease is taken), `KeyInFlightError`
+   * (another worker holds a live lease, or this request's phases are still running at the answer
+   * bound: they go on in the background), `OperationUncertainError` (the key is in review),
+   * `LeaseLostError` (this worker's lease was taken over: it stopped and wrote nothing more),
+   * `RetryableError` (transient; the lease was freed), or whatever a phase threw (the lease was freed
+   * too). `input` must be JSON: it is stored with a new key, and a key that exists resumes with ITS
+   * stored input, whatever this call passes.
+   */
+  async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
+    const started = performance.now();
+    const table = tableFor(this.store, claim.scope);
+    const got = await acquire<I, D>(this.claimSettings, table, claim, input, options.signal);
+    if ("kind" in got) return got;
+    const driving = this.drive(got);
+    const bound = options.answerWithinMs ?? this.answerWithinMs;
+    if (!(bound < Number.POSITIVE_INFINITY)) return driving;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const early = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => {
+          // The phases go on, holding (and renewing) the lease; the retry replays what they end in.
+          driving.catch((err) =>
+            this.options.onBackgroundError?.(err, { scope: claim.scope, key: claim.key }),
+          );
+          const now = table.clock();
+          reject(new KeyInFlightError(retryAfter(new Date(now + this.leaseMs), now)));
+        },
+        Math.max(0, bound - (performance.now() - started)),
+      );
+    });
+    try {
+      return await Promise.race([driving, early]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  // ---- running the phases --------------------------------------------------------------------------
+
+  private async drive(lease: Lease<I, D>): Promise<AtomicOutcome> {
+    const lost = new AbortController();
+    const ctx = this.context(lease, lost.signal);
+    try {
+      await this.crashPoint("after-claim", lease);
+      for (;;) {
+        const phase = this.phases[lease.point];
+        if (!phase) throw new Error(`phases "${this.name}": the key is at "${lease.point}", not a phase`);
+        await this.crashPoint("before-phase", lease);
+        const outcome =
+          "external" in phase
+            ? await this.runExternal(phase, lease, ctx, lost)
+            : await this.runLocal(phase, lease, ctx);
+        if (outcome) return outcome;
+      }
+    } catch (err) {
+      // A crash frees nothing (a dead process cannot); a lost lease is not ours to free; a key sent to
+      // review has no lease left.
+      if (
+        err instanceof SimulatedCrashError ||
+        err instanceof LeaseLostError ||
+        err instanceof OperationUncertainError
+      ) {
+        throw err;
+      }
+      // Anything else: free the lease at once, so that the retry need not wait for it to expire. Our own
+      // statement, never tied to the client's signal: a hang-up cannot cancel it.
+      try {
+        await release(lease);
+      } catch (releaseError) {
+        throw new AggregateError([err, releaseError], "the phase failed and freeing its lease failed too");
+      }
+      if (sqlState(err) === "55P03" || sqlState(err) === "40001" || sqlState(err) === "40P01") {
+        throw new RetryableError("The database was busy; retry with the same key.", { cause: err });
+      }
+      throw err;
+    }
+  }
+
+  private async runExternal(
+    phase: ExternalPhase<I, D>,
+    lease: Lease<I, D>,
+    ctx: PhaseContext<I, D>,
+    lost: AbortController,
+  ): Promise<AtomicOutcome | undefined> {
+    // A system without idempotency keys: never call it twice blindly.
+    const careful = !(phase.idempotent ?? phase.lookup === undefined);
+    if (careful && lease.attempted) {
+      const found = await this.lookUp(phase, lease, ctx, "a call may have reached the provider");
+      if (found) return this.record(phase, lease, found);
+    }
+    if (careful) {
+      // Durable (never asynchronous): a crash must not forget that a call may have begun.
+      const r = await lease.table.db.query(lease.sql.attempt, [...fence(lease), nowIso(lease.table)]);
+      if (r.rowCount !== 1) throw new LeaseLostError();
+      lease.attempted = true;
+    }
+    const stop = heartbeat(lease, this.leaseMs, this.heartbeatMs, lost);
+    let step: PhaseStep<D> | undefined;
+    try {
+      step = await phase.external(ctx);
+    } catch (err) {
+      if (lost.signal.aborted) throw new LeaseLostError();
+      if (!careful) throw err;
+      // The outcome is unknown (a timeout may come after the provider acted): look before anything else.
+      const found = await this.lookUp(
+        phase,
+        lease,
+        ctx,
+        `the call failed (${String((err as Error)?.message ?? err)})`,
+      );
+      if (found) step = found;
+      else throw err; // not there: the lease is freed, the next attempt looks again before it calls
+    } finally {
+      stop();
+    }
+    // The heartbeat saw another token: whatever the call returned, this worker records nothing.
+    if (lost.signal.aborted) throw new LeaseLostError();
+    await this.crashPoint("after-external", lease);
+    return this.record(phase, lease, step);
+  }
+
+  /**
+   * Ask the phase's `lookup` for the effect of an earlier call. Returns the step found, or undefined
+   * when the system is sure there is none. Without a lookup, or after too many that could not tell,
+   * the key goes to review and `OperationUncertainError` is thrown; a lookup that cannot tell frees
+   * the lease and throws `RetryableError`.
+   */
+  private async lookUp(
+    phase: ExternalPhase<I, D>,
+    lease: Lease<I, D>,
+    ctx: PhaseContext<I, D>,
+    why: string,
+  ): Promise<PhaseStep<D> | undefined> {
+    if (!phase.lookup) return this.toReview(lease, `${why}; the phase has no lookup`);
+    try {
+      return (await phase.lookup(ctx)) ?? undefined;
+    } catch (err) {
+      const message = String((err as Error)?.message ?? err);
+      const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, [
+        ...fence(lease),
+        nowIso(lease.table),
+      ]);
+      if (r.rows.length === 0) throw new LeaseLostError();
+      if (Number(r.rows[0]!.lookup_failures) >= this.maxLookupFailures) {
+        return this.toReview(lease, `${why}; ${this.maxLookupFailures} lookups could not tell (${message})`);
+      }
+      throw new RetryableError(`Could not find out whether the call took effect (${message}); retry later.`, {
+        cause: err,
+      });
+    }
+  }
+
+  private async toReview(lease: Lease<I, D>, reason: string): Promise<never> {
+    if (!(await markForReview(lease as Lease<unknown, unknown>, reason))) throw new LeaseLostError();
+    const { scope, key } = lease.claim;
+    this.options.onNeedsReview?.({ scope, key, point: lease.point, reason });
+    throw new OperationUncertainError(encodeOperationRef(scope, key));
+  }
+
+  /** Record what an external phase (or its lookup) returned: the answer, or the next point. */
+  private async record(
+    phase: ExternalPhase<I, D>,
+    lease: Lease<I, D>,
+    step: PhaseStep<D> | undefined,
+  ): Promise<AtomicOutcome | undefined> {
+    const db = lease.table.db;
+    if (step?.response) {
+      if (!isSaved(step.response.status, this.policy)) {
+        await release(lease);
+        return this.executed(lease, step.response, false);
+      }
+      const r = await db.query(lease.sql.finish, this.finishParams(lease, step));
+      if (r.rowCount !== 1) throw new LeaseLostError();
+      return this.executed(lease, step.response, true);
+    }
+    const next = this.nextOf(lease.point, phase, step);
+    const advance = this.claimSettings.asyncRecoveryPoints ? lease.sql.advanceAsync : lease.sql.advance;
+    const r = await db.query(advance, this.advanceParams(lease, next, step?.data));
+    if (r.rowCount !== 1) throw new LeaseLostError();
+    lease.point = next;
+    lease.attempted = false;
+    Object.assign(lease.data, step?.data);
+    return undefined;
+  }
+
+  private async runLocal(
+    phase: LocalPhase<I, D>,
+    lease: Lease<I, D>,
+    ctx: PhaseContext<I, D>,
+  ): Promise<AtomicOutcome | undefined> {
+    const { table, sql } = lease;
+    let result: { next: string; data: Partial<D> | undefined } | { response: StoredResponse };
+    try {
+      result = await table.db.transaction(
+        async (tx) => {
+          // The fence: lock our key row only if the token is still ours. A stale worker stops here,
+          // before its business writes; a takeover that comes later waits for this commit.
+          const locked = await tx.query(sql.lock, fence(lease));
+          if (locked.rows.length === 0) throw new LeaseLostError();
+          const step = await phase.local(ctx, tx);
+          // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
+          // (one round trip on a pipelining driver), still fenced by the token.
+          if (step?.response) {
+            if (!isSaved(step.response.status, this.policy)) throw new Unsaved(step.response);
+            await this.crashPoint("before-commit", lease);
+            tx.final(sql.finish, this.finishParams(lease, step));
+            return { response: step.response };
+          }
+          const next = this.nextOf(lease.point, phase, step);
+          await this.crashPoint("before-commit", lease);
+          tx.final(sql.advance, this.advanceParams(lease, next, step?.data));
+          return { next, data: step?.data };
+        },
+        { begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(table.lockTimeoutMs))}ms'` },
+      );
+    } catch (err) {
+      if (!(err instanceof Unsaved)) throw err;
+      // Not a final answer: the phase's writes rolled back; free the lease and answer this caller only.
+      await release(lease);
+      return this.executed(lease, err.response, false);
+    }
+    await this.crashPoint("after-commit", lease);
+    if ("response" in result) return this.executed(lease, result.response, true);
+    lease.point = result.next;
+    Object.assign(lease.data, result.data);
+    return undefined;
+  }
+
+  // ---- helpers -------------------------------------------------------------------------------------
+
+  private context(lease: Lease<I, D>, signal: AbortSignal): PhaseContext<I, D> {
+    const { scope, key } = lease.claim;
+    return {
+      scope,
+      key,
+      idempotencyKey: `${scope}:${key}`,
+      input: lease.input,
+      signal,
+      get data() {
+        return lease.data;
+      },
+      get phase() {
+        return lease.point;
+      },
+      crash: (point: string) => this.crashPoint(point, lease),
+    };
+  }
+
+  private crashPoint(point: CrashPointName, lease: Lease<I, D>): Promise<void> {
+    const info: CrashInfo = { point, phase: lease.point, scope: lease.claim.scope, key: lease.claim.key };
+    return crashPoint(this.faults, info);
+  }
+
+  private nextOf(point: string, phase: Phase<I, D>, step: PhaseStep<D> | undefined): string {
+    const next = step?.next ?? phase.next;
+    if (next === undefined) {
+      throw new Error(`phases "${this.name}": phase "${point}" returned no response and has no next phase`);
+    }
+    if (!(next in this.phases)) throw new Error(`phases "${this.name}": "${next}" is not a phase`);
+    return next;
+  }
+
+  private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
+    const now = lease.table.clock();
+    return [
+      ...fence(lease),
+      next,
+      JSON.stringify(data ?? {}),
+      new Date(now + this.leaseMs).toISOString(), // a fresh lease for the next phase
+      new Date(now).toISOString(),
+    ];
+  }
+
+  private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
+    const saved = step.response;
+    return [
+      ...fence(lease),
+      saved.status,
+      JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
+      saved.body,
+      JSON.stringify(step.data ?? {}),
+      nowIso(lease.table),
+    ];
+  }
+
+  private executed(lease: Lease<I, D>, response: StoredResponse, saved: boolean): AtomicOutcome {
+    return {
+      kind: "executed",
+      response,
+      saved,
+      expiresAt: new Date(lease.createdAt.getTime() + lease.table.retentionMs),
+    };
+  }
+}
+
+/** Define a phases runner (see index.ts). */
+export function definePhases<I = unknown, D extends Record<string, unknown> = Record<string, unknown>>(
+  options: PhasesOptions<I, D>,
+): PhasesRunner<I, D> {
+  return new PhasesRunner<I, D>(options);
+}

@@ -1,0 +1,59 @@
+/** `store.inspect(scope, key)`: what an operator sees of one key, through the store's API. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { decodeOperationRef } from "../../src/core/index.ts";
+import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
+import { crashAt } from "../../src/testing/faults.ts";
+import { claimOf, openWorld, serverOrEmbedded, text, type World } from "./helpers.ts";
+
+const DAY = 86_400_000;
+
+describe.each(serverOrEmbedded)("inspect on $name", (backend) => {
+  let w: World;
+  beforeAll(async () => {
+    w = await openWorld(backend, {}, { retentionMs: DAY });
+  });
+  afterAll(async () => {
+    await w?.close();
+  });
+
+  it("shows an unfinished key's point, lease and runner, then its saved answer once done", async () => {
+    const pay = { amount_cents: 800, currency: "eur" };
+    const c = claimOf("acct", "inspect-me", pay);
+    const claimedAt = w.now.ms;
+    await expect(w.runner({ faults: crashAt("after-external") }).run(c, pay)).rejects.toBeInstanceOf(
+      SimulatedCrashError,
+    );
+    const open = await w.store.inspect("acct", "inspect-me");
+    expect(open).toMatchObject({
+      scope: "acct",
+      key: "inspect-me",
+      state: "in_progress",
+      recoveryPoint: "started",
+      runner: "payments",
+      saved: null,
+      fingerprint: Buffer.from(c.fingerprint).toString("hex"),
+      createdAt: new Date(claimedAt),
+      expiresAt: new Date(claimedAt + DAY),
+    });
+    expect(open?.lease?.until.getTime()).toBeGreaterThan(w.now.ms);
+    expect(decodeOperationRef(open!.ref)).toEqual({ scope: "acct", key: "inspect-me" });
+
+    w.now.ms += 31_000;
+    const out = await w.runner().run(c, pay);
+    const done = await w.store.inspect("acct", "inspect-me");
+    expect(done).toMatchObject({ state: "done", recoveryPoint: "done", lease: null });
+    expect(done?.saved).toEqual({
+      status: 201,
+      headers: [["content-type", "application/json"]],
+      bodyBytes: text(out.response).length,
+    });
+    expect(done?.phaseData).toMatchObject({ chargeId: JSON.parse(text(out.response)).charge });
+  });
+
+  it("knows nothing of a key never claimed, of another scope's key, or of an expired one", async () => {
+    expect(await w.store.inspect("acct", "never")).toBeUndefined();
+    expect(await w.store.inspect("other-acct", "inspect-me")).toBeUndefined();
+    w.now.ms += DAY + 1;
+    expect(await w.store.inspect("acct", "inspect-me")).toBeUndefined();
+  });
+});

@@ -1,0 +1,173 @@
+/** `idem keys` (inspect, list, settle) and `idem audit`, through the dispatcher, with its exit codes. */
+import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { main } from "../../src/cli/main.ts";
+import { encodeOperationRef } from "../../src/core/index.ts";
+import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
+import { crashAt } from "../../src/testing/faults.ts";
+import { serverBackends } from "../helpers/db.ts";
+import { claimOf, openWorld, type World } from "./helpers.ts";
+
+const PAY = { amount_cents: 1_100, currency: "eur" };
+
+async function idem(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
+  const log = vi.spyOn(console, "log").mockImplementation(() => {});
+  const error = vi.spyOn(console, "error").mockImplementation(() => {});
+  try {
+    const code = await main(argv);
+    const text = (m: typeof log) => m.mock.calls.map((c) => c.map(String).join(" ")).join("\n");
+    return { code, out: text(log), err: text(error) };
+  } finally {
+    log.mockRestore();
+    error.mockRestore();
+  }
+}
+
+describe.each(serverBackends.slice(0, 1))("idem keys and idem audit on $name", (backend) => {
+  let w: World;
+  let url: string;
+  beforeAll(async () => {
+    w = await openWorld(backend, { idempotency: false });
+    url = w.open.url!;
+    // Keys made an hour ago by the database's own clock: one done, one abandoned, one in review.
+    w.now.ms = Date.now() - 3_600_000;
+    await w.runner({ noIdempotency: "search" }).run(claimOf("acct", "paid", PAY), PAY);
+    await expect(
+      w
+        .runner({ noIdempotency: "search", faults: crashAt("after-claim") })
+        .run(claimOf("acct", "stuck", PAY), PAY),
+    ).rejects.toBeInstanceOf(SimulatedCrashError);
+    w.provider.failNext("late");
+    await expect(
+      w.runner({ noIdempotency: "none", timeoutMs: 300 }).run(claimOf("acct", "unknown", PAY), PAY),
+    ).rejects.toMatchObject({ code: "operation-uncertain" });
+  });
+  afterAll(async () => {
+    await w?.close();
+  });
+
+  it("inspect: by scope and key or by operation_ref, as text or JSON; 1 for no such key, 2 for bad usage", async () => {
+    const text = await idem("keys", "inspect", "acct", "paid", "--database-url", url);
+    expect(text.code).toBe(0);
+    expect(text.out).toMatch(/state\s+done/);
+    expect(text.out).toMatch(/saved answer\s+201, \d+ bytes/);
+    const byRef = await idem(
+      "keys",
+      "inspect",
+      "--ref",
+      encodeOperationRef("acct", "stuck"),
+      "--json",
+      "--database-url",
+      url,
+    );
+    expect(byRef.code).toBe(0);
+    expect(JSON.parse(byRef.out)).toMatchObject({
+      scope: "acct",
+      key: "stuck",
+      state: "in_progress",
+      recoveryPoint: "started",
+    });
+    expect((await idem("keys", "inspect", "acct", "nope", "--database-url", url)).code).toBe(1);
+    const bad = await idem("keys", "inspect", "--ref", "not-a-ref", "--database-url", url);
+    expect(bad.code).toBe(2);
+    expect(bad.err).toContain("op_");
+  });
+
+  it("list: keys waiting for a person, and unfinished keys", async () => {
+    const review = await idem("keys", "list", "--state", "needs_review", "--json", "--database-url", url);
+    expect(review.code).toBe(0);
+    expect(JSON.parse(review.out)).toMatchObject([
+      { scope: "acct", key: "unknown", recoveryPoint: "started" },
+    ]);
+    const unfinished = await idem("keys", "list", "--state", "unfinished", "--json", "--database-url", url);
+    expect(JSON.parse(unfinished.out).map((k: { key: string }) => k.key)).toEqual(["stuck"]);
+    expect((await idem("keys", "list", "--state", "everything", "--database-url", url)).code).toBe(2);
+  });
+
+  it("audit: built-in checks and the user's own SQL; exit 1 on violations, metrics written", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "idem-audit-"));
+    const checks = join(dir, "checks.sql");
+    await writeFile(
+      checks,
+      `-- name: payment-has-receipt
+-- every payment has its receipt event
+SELECT p.id FROM payments p
+  LEFT JOIN idem.outbox o ON o.aggregate_id = p.charge_id AND o.topic = 'receipt-email'
+ WHERE o.id IS NULL;
+`,
+    );
+    await w.db.query(
+      "INSERT INTO payments (charge_id, scope, key, amount_cents) VALUES ('ch_by_hand', 'acct', 'x', 1)",
+    );
+    const metrics = join(dir, "idem.prom");
+    const run = await idem(
+      "audit",
+      "--sql",
+      checks,
+      "--review-max-hours",
+      "0.5",
+      "--metrics",
+      metrics,
+      "--database-url",
+      url,
+    );
+    expect(run.code).toBe(1);
+    expect(run.out).toMatch(/ok\s+one-answer-per-key/);
+    expect(run.out).toMatch(/VIOLATED\s+unfinished-past-leases.*\(1 row/);
+    expect(run.out).toContain('"key":"stuck"');
+    expect(run.out).toMatch(/VIOLATED\s+review-too-old.*\(1 row/);
+    expect(run.out).toMatch(/VIOLATED\s+payment-has-receipt.*\(1 row/);
+    expect(await readFile(metrics, "utf8")).toContain('idem_audit_violations{check="payment-has-receipt"} 1');
+
+    await writeFile(checks, "-- name: nothing-wrong\nSELECT 1 WHERE false\n");
+    expect((await idem("audit", "--no-builtin", "--sql", checks, "--database-url", url)).code).toBe(0);
+    await writeFile(checks, "SELECT 1\n");
+    expect((await idem("audit", "--sql", checks, "--database-url", url)).code).toBe(2);
+  });
+
+  it("settle: refused without a note; recorded with one; the key then replays the settled answer", async () => {
+    expect(
+      (await idem("keys", "settle", "acct", "unknown", "--answer", "402", "--database-url", url)).code,
+    ).toBe(2);
+    const done = await idem(
+      "keys",
+      "settle",
+      "acct",
+      "unknown",
+      "--answer",
+      "402",
+      "--body",
+      '{"error":"refunded"}',
+      "--note",
+      "charge refunded by hand",
+      "--by",
+      "ops",
+      "--database-url",
+      url,
+    );
+    expect(done.code).toBe(0);
+    expect(done.out).toContain("settled acct unknown by ops");
+    expect(
+      (
+        await idem(
+          "keys",
+          "settle",
+          "acct",
+          "unknown",
+          "--resume",
+          "started",
+          "--note",
+          "again",
+          "--database-url",
+          url,
+        )
+      ).code,
+    ).toBe(1);
+    const after = await idem("keys", "list", "--state", "needs_review", "--json", "--database-url", url);
+    expect(JSON.parse(after.out)).toEqual([]);
+    const out = await w.runner({ noIdempotency: "none" }).run(claimOf("acct", "unknown", PAY), PAY);
+    expect(out).toMatchObject({ kind: "replayed", response: { status: 402 } });
+  });
+});
