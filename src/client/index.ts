@@ -4,6 +4,21 @@
  * store `idem/client/postgres`.
  */
 export {
+  answerWithinMs,
+  classifyNetworkError,
+  defaultRetryPredicate,
+  expiresAt,
+  IN_FLIGHT_PROBLEM,
+  isInFlight,
+  isUncertain,
+  type NetworkFailure,
+  OperationState,
+  type RetryPredicate,
+  readAnswer,
+  type ServerAnswer,
+  UNCERTAIN_PROBLEM,
+} from "./answer.ts";
+export {
   type BackoffOptions,
   backoffCeilingMs,
   DEFAULT_BACKOFF_BASE_MS,
@@ -16,17 +31,20 @@ export {
   CircuitBreaker,
   type CircuitBreakerOptions,
   CircuitState,
-  DEFAULT_BREAKER_CONSECUTIVE_FAILURES,
+  DEFAULT_BREAKER_FAILURE_RATE,
   DEFAULT_BREAKER_OPEN_MS,
+  DEFAULT_BREAKER_WINDOW,
   DEFAULT_FAILURE_STATUSES,
 } from "./breaker.ts";
 export { DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_RATIO, RetryBudget, type RetryBudgetOptions } from "./budget.ts";
 export {
+  ANSWER_WITHIN_MARGIN_MS,
   type CallOptions,
   type ClientOptions,
   createClient,
   DEFAULT_DEADLINE_MS,
   DEFAULT_KEY_HEADER,
+  DEFAULT_KEY_RETENTION_MS,
   DEFAULT_MAX_ATTEMPTS,
   DEFAULT_PER_TRY_TIMEOUT_MS,
   DEFAULT_RETRY_STATUSES,
@@ -39,6 +57,7 @@ export * from "./errors.ts";
 export type { AttemptEvent, CallInfo, ClientHooks, DoneEvent, GiveUpEvent, WaitEvent } from "./events.ts";
 export { type IdempotentFetch, type WithIdempotencyOptions, withIdempotency } from "./fetch-wrapper.ts";
 export {
+  type IntentAnswer,
   type IntentRecord,
   type IntentRef,
   IntentStatus,
