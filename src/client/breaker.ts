@@ -7,7 +7,11 @@
  * over the last N attempts or over a span of time) is the statistically fiddly part, and cockatiel's
  * `ConsecutiveBreaker`, `CountBreaker` and `SamplingBreaker` do it well, are widely used and are tested
  * (the sampling one keeps rotating sub-windows rather than a timestamp per call). We feed them our
- * outcomes through their small `IBreaker` interface.
+ * outcomes through their small `IBreaker` interface. The default is a `SamplingBreaker` (a failure
+ * rate over the last 10 s with a minimum volume), not a count in a row: a run of failures that are
+ * really one burst of bad luck (many calls failing at the same instant) must not open the circuit,
+ * while a server nobody can reach still opens it within a second under any real traffic. Which
+ * failures count at all (a lost reply does not) is decided by the attempt loop, via `answer.ts`.
  *
  * What is written here and why: the open / half-open / closed state machine. cockatiel's
  * `CircuitBreakerPolicy` lets exactly one probe through while half-open and makes every other caller
