@@ -41,21 +41,6 @@ import {
   Settings,
 } from "./options.ts";
 
-export {
-  ANSWER_WITHIN_MARGIN_MS,
-  type CallOptions,
-  type ClientOptions,
-  DEFAULT_DEADLINE_MS,
-  DEFAULT_KEY_HEADER,
-  DEFAULT_KEY_RETENTION_MS,
-  DEFAULT_MAX_ATTEMPTS,
-  DEFAULT_PER_TRY_TIMEOUT_MS,
-  DEFAULT_RETRY_STATUSES,
-  type FetchLike,
-  type RequestOptions,
-  type RetryOptions,
-} from "./options.ts";
-
 const NO_POST_OPTIONS: RequestOptions & { intent?: IntentRef } = NO_OPTIONS as RequestOptions;
 
 export class IdemClient {

@@ -36,6 +36,16 @@ export class IdemClientError extends Error {
   }
 }
 
+/** An error about one intent, named by `intentId`. */
+export class IntentError extends IdemClientError {
+  override name = "IntentError";
+  readonly intentId: string;
+  constructor(code: ClientErrorCode, intentId: string, message: string) {
+    super(code, message);
+    this.intentId = intentId;
+  }
+}
+
 /** What a give-up error knows about the call it ended. */
 export interface GiveUpDetails {
   /** The intent's id. */
@@ -204,41 +214,41 @@ export class OperationUncertainError extends IdemClientError {
  * run the operation again, so nothing was sent. Find out what happened another way, then
  * `abandon()` the intent (or begin a new one if it never took effect).
  */
-export class IntentExpiredError extends IdemClientError {
+export class IntentExpiredError extends IntentError {
   override name = "IntentExpiredError";
-  readonly intentId: string;
   /** When the key expired (ISO 8601). */
   readonly expiresAt: string;
   constructor(intentId: string, expiresAt: string) {
     super(
       ClientErrorCode.intentExpired,
+      intentId,
       `Intent ${JSON.stringify(intentId)}: its key expired on the server at ${expiresAt}; not sent, since the server would take it as new`,
     );
-    this.intentId = intentId;
     this.expiresAt = expiresAt;
   }
 }
 
 /** `retryWithNewKey` on an intent whose last answer did not say `safe_new_key: true`. */
-export class NewKeyNotSafeError extends IdemClientError {
+export class NewKeyNotSafeError extends IntentError {
   override name = "NewKeyNotSafeError";
-  readonly intentId: string;
   constructor(intentId: string) {
     super(
       ClientErrorCode.newKeyNotSafe,
+      intentId,
       `Intent ${JSON.stringify(intentId)}: the server never said a new key is safe (safe_new_key), so a new key could duplicate it`,
     );
-    this.intentId = intentId;
   }
 }
 
 /** `resume(id)` or `request(id, ...)` named an intent the store does not have. */
-export class IntentNotFoundError extends IdemClientError {
+export class IntentNotFoundError extends IntentError {
   override name = "IntentNotFoundError";
-  readonly intentId: string;
   constructor(intentId: string) {
-    super(ClientErrorCode.intentNotFound, `No intent with id ${JSON.stringify(intentId)} in the store`);
-    this.intentId = intentId;
+    super(
+      ClientErrorCode.intentNotFound,
+      intentId,
+      `No intent with id ${JSON.stringify(intentId)} in the store`,
+    );
   }
 }
 
@@ -246,28 +256,26 @@ export class IntentNotFoundError extends IdemClientError {
  * The intent is already bound to a different request (method, URL or body). One intent is one side
  * effect: a new request needs a new intent (a server would answer 422 to the reused key anyway).
  */
-export class IntentConflictError extends IdemClientError {
+export class IntentConflictError extends IntentError {
   override name = "IntentConflictError";
-  readonly intentId: string;
   constructor(intentId: string, what: string) {
     super(
       ClientErrorCode.intentConflict,
+      intentId,
       `Intent ${JSON.stringify(intentId)} was begun for another request (${what} differs); begin a new intent`,
     );
-    this.intentId = intentId;
   }
 }
 
 /** `resume(id)` on an intent that never recorded a request (it was begun but nothing was sent). */
-export class IntentHasNoRequestError extends IdemClientError {
+export class IntentHasNoRequestError extends IntentError {
   override name = "IntentHasNoRequestError";
-  readonly intentId: string;
   constructor(intentId: string) {
     super(
       ClientErrorCode.intentHasNoRequest,
+      intentId,
       `Intent ${JSON.stringify(intentId)} has no recorded request to resume; call request() with it`,
     );
-    this.intentId = intentId;
   }
 }
 

@@ -37,22 +37,7 @@ export {
   DEFAULT_FAILURE_STATUSES,
 } from "./breaker.ts";
 export { DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_RATIO, RetryBudget, type RetryBudgetOptions } from "./budget.ts";
-export {
-  ANSWER_WITHIN_MARGIN_MS,
-  type CallOptions,
-  type ClientOptions,
-  createClient,
-  DEFAULT_DEADLINE_MS,
-  DEFAULT_KEY_HEADER,
-  DEFAULT_KEY_RETENTION_MS,
-  DEFAULT_MAX_ATTEMPTS,
-  DEFAULT_PER_TRY_TIMEOUT_MS,
-  DEFAULT_RETRY_STATUSES,
-  type FetchLike,
-  IdemClient,
-  type RequestOptions,
-  type RetryOptions,
-} from "./client.ts";
+export { createClient, IdemClient } from "./client.ts";
 export * from "./errors.ts";
 export type { AttemptEvent, CallInfo, ClientHooks, DoneEvent, GiveUpEvent, WaitEvent } from "./events.ts";
 export { type IdempotentFetch, type WithIdempotencyOptions, withIdempotency } from "./fetch-wrapper.ts";
@@ -72,4 +57,18 @@ export {
   type LocalStorageIntentStoreOptions,
   type StorageLike,
 } from "./local-storage-store.ts";
+export {
+  ANSWER_WITHIN_MARGIN_MS,
+  type CallOptions,
+  type ClientOptions,
+  DEFAULT_DEADLINE_MS,
+  DEFAULT_KEY_HEADER,
+  DEFAULT_KEY_RETENTION_MS,
+  DEFAULT_MAX_ATTEMPTS,
+  DEFAULT_PER_TRY_TIMEOUT_MS,
+  DEFAULT_RETRY_STATUSES,
+  type FetchLike,
+  type RequestOptions,
+  type RetryOptions,
+} from "./options.ts";
 export { parseRetryAfter, retryAfterFrom } from "./retry-after.ts";

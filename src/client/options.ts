@@ -160,21 +160,17 @@ export class Settings {
     this.perTryMs = options.perTryTimeoutMs ?? DEFAULT_PER_TRY_TIMEOUT_MS;
     this.keyRetentionMs = options.keyRetentionMs ?? DEFAULT_KEY_RETENTION_MS;
     this.random = this.retry.random ?? Math.random;
-    this.budget =
-      options.budget === false
-        ? undefined
-        : options.budget instanceof RetryBudget
-          ? options.budget
-          : new RetryBudget(options.budget);
-    this.breaker =
-      options.breaker === false
-        ? undefined
-        : options.breaker instanceof CircuitBreaker
-          ? options.breaker
-          : new CircuitBreaker(options.breaker);
+    this.budget = own(options.budget, RetryBudget);
+    this.breaker = own(options.breaker, CircuitBreaker);
     this.on = options.on ?? {};
     this.giveUpWithResponse = options.giveUpWith === "response";
   }
+}
+
+/** A shared instance as given, `false` as none, options (or nothing) as a new instance. */
+function own<T, O>(given: T | O | false | undefined, Kind: new (options?: O) => T): T | undefined {
+  if (given === false) return undefined;
+  return given instanceof Kind ? given : new Kind(given as O | undefined);
 }
 
 export function defaultStore(options: ClientOptions): IntentStore {
