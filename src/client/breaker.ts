@@ -82,7 +82,7 @@ export interface CircuitBreakerOptions {
 
 export const DEFAULT_BREAKER_FAILURE_RATE = 0.5;
 export const DEFAULT_BREAKER_OPEN_MS = 5_000;
-export const DEFAULT_BREAKER_WINDOW: BreakerWindow = { ms: 10_000, minimumAttempts: 10 };
+export const DEFAULT_BREAKER_WINDOW: BreakerWindow = Object.freeze({ ms: 10_000, minimumAttempts: 10 });
 export const DEFAULT_FAILURE_STATUSES: readonly number[] = [500, 502, 503, 504];
 
 /** Permission to send one attempt. Report exactly one verdict (later calls are ignored). */
