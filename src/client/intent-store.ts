@@ -11,7 +11,10 @@ import { newIdempotencyKey } from "./key.ts";
 
 /** Where an intent stands. */
 export const IntentStatus = {
-  /** No final answer yet. It may or may not have taken effect: resending it with its key is safe. */
+  /**
+   * No final answer yet. It may or may not have taken effect: resending it with its key is safe
+   * until the server forgets the key (`expiresAt`).
+   */
   pending: "pending",
   /**
    * A final answer (2xx or a final 4xx such as 402 or 422) arrived; `outcome.status` holds it.
