@@ -7,7 +7,11 @@
  * over the last N attempts or over a span of time) is the statistically fiddly part, and cockatiel's
  * `ConsecutiveBreaker`, `CountBreaker` and `SamplingBreaker` do it well, are widely used and are tested
  * (the sampling one keeps rotating sub-windows rather than a timestamp per call). We feed them our
- * outcomes through their small `IBreaker` interface.
+ * outcomes through their small `IBreaker` interface. The default is a `SamplingBreaker` (a failure
+ * rate over the last 10 s with a minimum volume), not a count in a row: a run of failures that are
+ * really one burst of bad luck (many calls failing at the same instant) must not open the circuit,
+ * while a server nobody can reach still opens it within a second under any real traffic. Which
+ * failures count at all (a lost reply does not) is decided by the attempt loop, via `answer.ts`.
  *
  * What is written here and why: the open / half-open / closed state machine. cockatiel's
  * `CircuitBreakerPolicy` lets exactly one probe through while half-open and makes every other caller
@@ -39,39 +43,46 @@ export type BreakerWindow =
   | {
       /** How many milliseconds of recent attempts the rate is computed over. */
       ms: number;
-      /** Fewest attempts per second before the rate may open the circuit. Default: 5 failures/s' worth. */
+      /**
+       * Fewest attempts in the window before the rate may open the circuit (the minimum volume).
+       * Default: 5 failures per second's worth, cockatiel's default. Ignored when `minimumRps` is set.
+       */
+      minimumAttempts?: number;
+      /** The same minimum as attempts per second over the window. */
       minimumRps?: number;
     };
 
 export interface CircuitBreakerOptions {
   /**
-   * Open after this many failed attempts in a row. Default 5. Ignored when `failureRate` is set.
+   * Open after this many failed attempts in a row, instead of on a rate (used only when
+   * `failureRate` is not set). Default: unset (the rate is used).
    */
   consecutiveFailures?: number;
   /**
-   * Open when more than this share of the attempts in `window` failed (0 < rate < 1).
-   * Default: unset (the consecutive count is used).
+   * Open when more than this share of the attempts in `window` failed (0 < rate < 1). Default 0.5.
    */
   failureRate?: number;
-  /** The window `failureRate` is measured over. Default `{ attempts: 20 }`. */
+  /** The window `failureRate` is measured over. Default `{ ms: 10_000, minimumAttempts: 10 }`. */
   window?: BreakerWindow;
   /** How long the circuit stays open before probes are let through. Default 5,000 ms. */
   openMs?: number;
   /** How many probe attempts may be in flight at once while half-open. Default 1. */
   halfOpenProbes?: number;
   /**
-   * HTTP statuses that count as failures (a network error or per-try timeout always does).
-   * Default 500, 502, 503, 504. 408, 409 and 429 come from a server that is up and answering, so
-   * by default they count as successes for the breaker (the retry loop still retries them).
+   * HTTP statuses that count as failures. Default 500, 502, 503, 504. 408, 409 and 429 come from a
+   * server that is up and answering, so by default they count as successes (the retry loop still
+   * retries them). Of network errors, a connection refused (or any failure to reach the server) and
+   * a per-try timeout count as failures; a reply lost after the request was sent (socket closed,
+   * `UND_ERR_SOCKET`/`ECONNRESET`) counts as neither, so many replies lost at once cannot open it.
    */
   failureStatuses?: readonly number[];
   /** Called on every state change. Default: none. */
   onStateChange?: (change: { from: CircuitState; to: CircuitState }) => void;
 }
 
-export const DEFAULT_BREAKER_CONSECUTIVE_FAILURES = 5;
+export const DEFAULT_BREAKER_FAILURE_RATE = 0.5;
 export const DEFAULT_BREAKER_OPEN_MS = 5_000;
-export const DEFAULT_BREAKER_WINDOW: BreakerWindow = { attempts: 20 };
+export const DEFAULT_BREAKER_WINDOW: BreakerWindow = Object.freeze({ ms: 10_000, minimumAttempts: 10 });
 export const DEFAULT_FAILURE_STATUSES: readonly number[] = [500, 502, 503, 504];
 
 /** Permission to send one attempt. Report exactly one verdict (later calls are ignored). */
@@ -208,19 +219,23 @@ class Permit implements BreakerPermit {
 }
 
 function strategyFor(options: CircuitBreakerOptions): IBreaker {
-  if (options.failureRate === undefined) {
-    return new ConsecutiveBreaker(options.consecutiveFailures ?? DEFAULT_BREAKER_CONSECUTIVE_FAILURES);
+  if (options.failureRate === undefined && options.consecutiveFailures !== undefined) {
+    return new ConsecutiveBreaker(options.consecutiveFailures);
   }
+  const threshold = options.failureRate ?? DEFAULT_BREAKER_FAILURE_RATE;
   const window = options.window ?? DEFAULT_BREAKER_WINDOW;
   if ("ms" in window) {
+    const minimumRps =
+      window.minimumRps ??
+      (window.minimumAttempts !== undefined ? window.minimumAttempts / (window.ms / 1000) : undefined);
     return new SamplingBreaker({
-      threshold: options.failureRate,
+      threshold,
       duration: window.ms,
-      ...(window.minimumRps !== undefined && { minimumRps: window.minimumRps }),
+      ...(minimumRps !== undefined && { minimumRps }),
     });
   }
   return new CountBreaker({
-    threshold: options.failureRate,
+    threshold,
     size: window.attempts,
     ...(window.minimumAttempts !== undefined && { minimumNumberOfCalls: window.minimumAttempts }),
   });

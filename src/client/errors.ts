@@ -7,6 +7,8 @@
  * the idempotency key, the number of attempts made, and the last response or error seen.
  */
 
+import type { OperationState } from "./answer.ts";
+
 /** Stable error codes. Match on these, not on messages. */
 export const ClientErrorCode = {
   deadlineExceeded: "IDEM_DEADLINE_EXCEEDED",
@@ -18,6 +20,9 @@ export const ClientErrorCode = {
   intentConflict: "IDEM_INTENT_CONFLICT",
   intentHasNoRequest: "IDEM_INTENT_HAS_NO_REQUEST",
   unreplayableBody: "IDEM_UNREPLAYABLE_BODY",
+  operationUncertain: "IDEM_OPERATION_UNCERTAIN",
+  intentExpired: "IDEM_INTENT_EXPIRED",
+  newKeyNotSafe: "IDEM_NEW_KEY_NOT_SAFE",
 } as const;
 export type ClientErrorCode = (typeof ClientErrorCode)[keyof typeof ClientErrorCode];
 
@@ -28,6 +33,16 @@ export class IdemClientError extends Error {
   constructor(code: ClientErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.code = code;
+  }
+}
+
+/** An error about one intent, named by `intentId`. */
+export class IntentError extends IdemClientError {
+  override name = "IntentError";
+  readonly intentId: string;
+  constructor(code: ClientErrorCode, intentId: string, message: string) {
+    super(code, message);
+    this.intentId = intentId;
   }
 }
 
@@ -46,6 +61,12 @@ export interface GiveUpDetails {
   lastResponse?: Response;
   /** The last network error or per-try timeout, if the last attempt got no response. */
   lastError?: unknown;
+  /** The operation's state, as the last response reported it (problem body or header). */
+  operationState?: OperationState;
+  /** The last response said a new key cannot duplicate the operation (see `retryWithNewKey`). */
+  safeNewKey?: boolean;
+  /** The server's reference of the operation, for an operator. */
+  operationRef?: string;
 }
 
 /**
@@ -59,6 +80,9 @@ export class GiveUpError extends IdemClientError {
   readonly attempts: number;
   readonly lastResponse?: Response;
   readonly lastError?: unknown;
+  readonly operationState?: OperationState;
+  readonly safeNewKey?: boolean;
+  readonly operationRef?: string;
   constructor(code: ClientErrorCode, message: string, details: GiveUpDetails, cause = details.lastError) {
     super(code, message, { cause });
     this.intentId = details.intentId;
@@ -66,6 +90,9 @@ export class GiveUpError extends IdemClientError {
     this.attempts = details.attempts;
     if (details.lastResponse) this.lastResponse = details.lastResponse;
     if (details.lastError !== undefined) this.lastError = details.lastError;
+    if (details.operationState !== undefined) this.operationState = details.operationState;
+    if (details.safeNewKey !== undefined) this.safeNewKey = details.safeNewKey;
+    if (details.operationRef !== undefined) this.operationRef = details.operationRef;
   }
 }
 
@@ -150,13 +177,78 @@ export class CallAbortedError extends GiveUpError {
   }
 }
 
-/** `resume(id)` or `request(id, ...)` named an intent the store does not have. */
-export class IntentNotFoundError extends IdemClientError {
-  override name = "IntentNotFoundError";
+/**
+ * The server answered `operation_state: "uncertain"`: an external call started and whether it took
+ * effect cannot be established. The client does not retry it (with this key or a new one) and
+ * marks the intent `uncertain`. Hand `operationRef` to a person (`idem keys inspect --ref ...`).
+ * Not a {@link GiveUpError}: resending later is not the fix.
+ */
+export class OperationUncertainError extends IdemClientError {
+  override name = "OperationUncertainError";
   readonly intentId: string;
+  readonly key: string;
+  readonly attempts: number;
+  /** Always `"uncertain"` (here so that every give-up event's error carries a state). */
+  readonly operationState: OperationState = "uncertain";
+  /** The server's reference of the operation (empty when the server sent none). */
+  readonly operationRef: string;
+  /** The uncertain answer itself (body read into memory). */
+  readonly lastResponse?: Response;
+  constructor(details: GiveUpDetails) {
+    super(
+      ClientErrorCode.operationUncertain,
+      `The server cannot establish whether intent ${JSON.stringify(details.intentId)} took effect` +
+        `${details.operationRef ? ` (operation ${details.operationRef})` : ""}; not retried: a person must look`,
+    );
+    this.intentId = details.intentId;
+    this.key = details.key;
+    this.attempts = details.attempts;
+    this.operationRef = details.operationRef ?? "";
+    if (details.lastResponse) this.lastResponse = details.lastResponse;
+  }
+}
+
+/**
+ * The intent's key has outlived the server's retention (its `Idempotency-Expires`, or the intent's
+ * age past `keyRetentionMs` when no answer said): the server would take the key as new and could
+ * run the operation again, so nothing was sent. Find out what happened another way, then
+ * `abandon()` the intent (or begin a new one if it never took effect).
+ */
+export class IntentExpiredError extends IntentError {
+  override name = "IntentExpiredError";
+  /** When the key expired (ISO 8601). */
+  readonly expiresAt: string;
+  constructor(intentId: string, expiresAt: string) {
+    super(
+      ClientErrorCode.intentExpired,
+      intentId,
+      `Intent ${JSON.stringify(intentId)}: its key expired on the server at ${expiresAt}; not sent, since the server would take it as new`,
+    );
+    this.expiresAt = expiresAt;
+  }
+}
+
+/** `retryWithNewKey` on an intent whose last answer did not say `safe_new_key: true`. */
+export class NewKeyNotSafeError extends IntentError {
+  override name = "NewKeyNotSafeError";
   constructor(intentId: string) {
-    super(ClientErrorCode.intentNotFound, `No intent with id ${JSON.stringify(intentId)} in the store`);
-    this.intentId = intentId;
+    super(
+      ClientErrorCode.newKeyNotSafe,
+      intentId,
+      `Intent ${JSON.stringify(intentId)}: the server never said a new key is safe (safe_new_key), so a new key could duplicate it`,
+    );
+  }
+}
+
+/** `resume(id)` or `request(id, ...)` named an intent the store does not have. */
+export class IntentNotFoundError extends IntentError {
+  override name = "IntentNotFoundError";
+  constructor(intentId: string) {
+    super(
+      ClientErrorCode.intentNotFound,
+      intentId,
+      `No intent with id ${JSON.stringify(intentId)} in the store`,
+    );
   }
 }
 
@@ -164,28 +256,26 @@ export class IntentNotFoundError extends IdemClientError {
  * The intent is already bound to a different request (method, URL or body). One intent is one side
  * effect: a new request needs a new intent (a server would answer 422 to the reused key anyway).
  */
-export class IntentConflictError extends IdemClientError {
+export class IntentConflictError extends IntentError {
   override name = "IntentConflictError";
-  readonly intentId: string;
   constructor(intentId: string, what: string) {
     super(
       ClientErrorCode.intentConflict,
+      intentId,
       `Intent ${JSON.stringify(intentId)} was begun for another request (${what} differs); begin a new intent`,
     );
-    this.intentId = intentId;
   }
 }
 
 /** `resume(id)` on an intent that never recorded a request (it was begun but nothing was sent). */
-export class IntentHasNoRequestError extends IdemClientError {
+export class IntentHasNoRequestError extends IntentError {
   override name = "IntentHasNoRequestError";
-  readonly intentId: string;
   constructor(intentId: string) {
     super(
       ClientErrorCode.intentHasNoRequest,
+      intentId,
       `Intent ${JSON.stringify(intentId)} has no recorded request to resume; call request() with it`,
     );
-    this.intentId = intentId;
   }
 }
 
@@ -244,5 +334,11 @@ export const isIntentConflictError = (e: unknown): e is IntentConflictError =>
   hasCode(e, [ClientErrorCode.intentConflict]);
 export const isIntentHasNoRequestError = (e: unknown): e is IntentHasNoRequestError =>
   hasCode(e, [ClientErrorCode.intentHasNoRequest]);
+export const isOperationUncertainError = (e: unknown): e is OperationUncertainError =>
+  hasCode(e, [ClientErrorCode.operationUncertain]);
+export const isIntentExpiredError = (e: unknown): e is IntentExpiredError =>
+  hasCode(e, [ClientErrorCode.intentExpired]);
+export const isNewKeyNotSafeError = (e: unknown): e is NewKeyNotSafeError =>
+  hasCode(e, [ClientErrorCode.newKeyNotSafe]);
 export const isUnreplayableBodyError = (e: unknown): e is UnreplayableBodyError =>
   hasCode(e, [ClientErrorCode.unreplayableBody]);

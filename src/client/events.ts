@@ -3,7 +3,8 @@
  * log line can be matched with the server's. A hook that throws is ignored: observing a call must
  * never change how it ends.
  */
-import type { GiveUpError } from "./errors.ts";
+import type { OperationState } from "./answer.ts";
+import type { GiveUpError, OperationUncertainError } from "./errors.ts";
 
 export interface CallInfo {
   /** The intent's id (absent for keyless calls: GET and other safe methods through the fetch wrapper). */
@@ -25,6 +26,8 @@ export interface AttemptEvent extends CallInfo {
   error?: unknown;
   /** Whether this outcome may change on a retry (a final answer is not retryable). */
   retryable: boolean;
+  /** The operation's state, when the response reported one (problem body or header). */
+  operationState?: OperationState;
 }
 
 /** Before each wait between attempts. */
@@ -36,12 +39,17 @@ export interface WaitEvent extends CallInfo {
   source: "retry-after" | "backoff";
   status?: number;
   error?: unknown;
+  operationState?: OperationState;
 }
 
-/** When a call ends without a final answer. */
+/**
+ * When a call ends without a final answer: given up (a `GiveUpError`, the intent stays pending) or
+ * stopped on an uncertain operation (`OperationUncertainError`). `error.operationState` and
+ * `error.operationRef` carry what the server said.
+ */
 export interface GiveUpEvent extends CallInfo {
   attempts: number;
-  error: GiveUpError;
+  error: GiveUpError | OperationUncertainError;
 }
 
 /** When a final answer arrives (2xx, or a final 4xx such as 402 or 422). */
@@ -49,6 +57,8 @@ export interface DoneEvent extends CallInfo {
   attempts: number;
   status: number;
   durationMs: number;
+  /** The operation's state, when the answer was a problem that reported one. */
+  operationState?: OperationState;
 }
 
 /** Listeners. Each is optional. Default: none. */

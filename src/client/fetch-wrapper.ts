@@ -9,13 +9,8 @@
  * Unlike `createClient`, a call that gives up after receiving a response returns that response, as
  * fetch would; calls that got no response still throw the typed errors.
  */
-import {
-  type ClientOptions,
-  createClient,
-  DEFAULT_KEY_HEADER,
-  type FetchLike,
-  type IdemClient,
-} from "./client.ts";
+import { createClient, type IdemClient } from "./client.ts";
+import { type ClientOptions, DEFAULT_KEY_HEADER, type FetchLike } from "./options.ts";
 
 export interface WithIdempotencyOptions extends Omit<ClientOptions, "fetch"> {
   /** Methods that get a key (and an intent). Default `["POST", "PATCH"]`. */

@@ -4,6 +4,21 @@
  * store `idem/client/postgres`.
  */
 export {
+  answerWithinMs,
+  classifyNetworkError,
+  defaultRetryPredicate,
+  expiresAt,
+  IN_FLIGHT_PROBLEM,
+  isInFlight,
+  isUncertain,
+  type NetworkFailure,
+  OperationState,
+  type RetryPredicate,
+  readAnswer,
+  type ServerAnswer,
+  UNCERTAIN_PROBLEM,
+} from "./answer.ts";
+export {
   type BackoffOptions,
   backoffCeilingMs,
   DEFAULT_BACKOFF_BASE_MS,
@@ -16,29 +31,18 @@ export {
   CircuitBreaker,
   type CircuitBreakerOptions,
   CircuitState,
-  DEFAULT_BREAKER_CONSECUTIVE_FAILURES,
+  DEFAULT_BREAKER_FAILURE_RATE,
   DEFAULT_BREAKER_OPEN_MS,
+  DEFAULT_BREAKER_WINDOW,
   DEFAULT_FAILURE_STATUSES,
 } from "./breaker.ts";
 export { DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_RATIO, RetryBudget, type RetryBudgetOptions } from "./budget.ts";
-export {
-  type CallOptions,
-  type ClientOptions,
-  createClient,
-  DEFAULT_DEADLINE_MS,
-  DEFAULT_KEY_HEADER,
-  DEFAULT_MAX_ATTEMPTS,
-  DEFAULT_PER_TRY_TIMEOUT_MS,
-  DEFAULT_RETRY_STATUSES,
-  type FetchLike,
-  IdemClient,
-  type RequestOptions,
-  type RetryOptions,
-} from "./client.ts";
+export { createClient, IdemClient } from "./client.ts";
 export * from "./errors.ts";
 export type { AttemptEvent, CallInfo, ClientHooks, DoneEvent, GiveUpEvent, WaitEvent } from "./events.ts";
 export { type IdempotentFetch, type WithIdempotencyOptions, withIdempotency } from "./fetch-wrapper.ts";
 export {
+  type IntentAnswer,
   type IntentRecord,
   type IntentRef,
   IntentStatus,
@@ -53,4 +57,18 @@ export {
   type LocalStorageIntentStoreOptions,
   type StorageLike,
 } from "./local-storage-store.ts";
+export {
+  ANSWER_WITHIN_MARGIN_MS,
+  type CallOptions,
+  type ClientOptions,
+  DEFAULT_DEADLINE_MS,
+  DEFAULT_KEY_HEADER,
+  DEFAULT_KEY_RETENTION_MS,
+  DEFAULT_MAX_ATTEMPTS,
+  DEFAULT_PER_TRY_TIMEOUT_MS,
+  DEFAULT_RETRY_STATUSES,
+  type FetchLike,
+  type RequestOptions,
+  type RetryOptions,
+} from "./options.ts";
 export { parseRetryAfter, retryAfterFrom } from "./retry-after.ts";

@@ -6,11 +6,15 @@
  * The store keeps the key next to the request it belongs to, so that a restarted process can list
  * what is still pending and send it again with the same key.
  */
+import type { OperationState } from "./answer.ts";
 import { newIdempotencyKey } from "./key.ts";
 
 /** Where an intent stands. */
 export const IntentStatus = {
-  /** No final answer yet. It may or may not have taken effect: resending it with its key is safe. */
+  /**
+   * No final answer yet. It may or may not have taken effect: resending it with its key is safe
+   * until the server forgets the key (`expiresAt`).
+   */
   pending: "pending",
   /**
    * A final answer (2xx or a final 4xx such as 402 or 422) arrived; `outcome.status` holds it.
@@ -19,6 +23,12 @@ export const IntentStatus = {
   done: "done",
   /** The caller gave up on it for good (`client.abandon`). Its key is never reused. */
   abandoned: "abandoned",
+  /**
+   * The server answered `operation_state: "uncertain"`: an external call started and its outcome
+   * cannot be established. Never resent automatically (with either key): `lastAnswer.operationRef`
+   * goes to a person, who settles it and then calls `client.abandon`.
+   */
+  uncertain: "uncertain",
 } as const;
 export type IntentStatus = (typeof IntentStatus)[keyof typeof IntentStatus];
 
@@ -48,13 +58,35 @@ export interface IntentRecord {
   status: IntentStatus;
   /** The request, recorded before its first attempt is sent. Absent until then. */
   request?: StoredRequest;
-  /** Attempts sent so far, over every process that worked on it. */
+  /**
+   * Attempts made so far, over every process that worked on it. Each is counted in the store
+   * before it is sent, so a process killed mid-attempt leaves it counted.
+   */
   attempts: number;
   /** The final answer's status, once `status` is `done`. */
   outcome?: { status: number };
+  /**
+   * What the server last said about the operation: the status, and, when the server sent them,
+   * `operationState`, `safeNewKey` (a new key cannot duplicate it: see `client.retryWithNewKey`) and
+   * `operationRef` (for an operator). Recorded when a call ends.
+   */
+  lastAnswer?: IntentAnswer;
+  /**
+   * When the server forgets the key (its `Idempotency-Expires`, ISO 8601), as last reported. After
+   * it, the same key would be new to the server, so the client refuses to send it again.
+   */
+  expiresAt?: string;
   /** ISO 8601 timestamps. */
   createdAt: string;
   updatedAt: string;
+}
+
+/** What the server last said about an intent's operation. */
+export interface IntentAnswer {
+  status: number;
+  operationState?: OperationState;
+  safeNewKey?: boolean;
+  operationRef?: string;
 }
 
 /** A handle on an intent: its record, or its id. */

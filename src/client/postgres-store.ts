@@ -15,7 +15,7 @@
  * ```
  */
 import type { Queryable } from "../core/db.ts";
-import type { IntentRecord, IntentStatus, IntentStore, StoredRequest } from "./intent-store.ts";
+import type { IntentAnswer, IntentRecord, IntentStatus, IntentStore, StoredRequest } from "./intent-store.ts";
 
 export interface PostgresIntentStoreOptions {
   /** Schema holding the table (created by `install()`). Default `"idem"`. */
@@ -33,9 +33,14 @@ interface Row {
   outcome_status: number | null;
   created_at: Date | string;
   updated_at: Date | string;
+  expires_at: Date | string | null;
+  last_answer: unknown;
 }
 
-const COLUMNS = "id, key, status, request, attempts, outcome_status, created_at, updated_at";
+const COLUMNS =
+  "id, key, status, request, attempts, outcome_status, created_at, updated_at, expires_at, last_answer";
+const VALUES = "$1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10::jsonb";
+const STATUSES = "'pending', 'done', 'abandoned', 'uncertain'";
 
 export class PostgresIntentStore implements IntentStore {
   readonly #db: Queryable;
@@ -55,21 +60,31 @@ export class PostgresIntentStore implements IntentStore {
     return new PostgresIntentStore(db, this.#options);
   }
 
-  /** Create the schema, table and index if missing. Safe to call on every start, concurrently. */
+  /**
+   * Create the schema, table and index if missing, and bring a table made by an older version up to
+   * date (the `expires_at` and `last_answer` columns, the `uncertain` status). Safe to call on every
+   * start, concurrently.
+   */
   async install(): Promise<void> {
+    const tableName = this.#options.table ?? "client_intents";
+    const check = ident(`${tableName}_status_check`);
     const statements = [
       `CREATE SCHEMA IF NOT EXISTS ${this.#schema}`,
       `CREATE TABLE IF NOT EXISTS ${this.#table} (
         id text PRIMARY KEY,
         key text NOT NULL UNIQUE,
-        status text NOT NULL CHECK (status IN ('pending', 'done', 'abandoned')),
+        status text NOT NULL CONSTRAINT ${check} CHECK (status IN (${STATUSES})),
         request jsonb,
         attempts integer NOT NULL DEFAULT 0,
         outcome_status integer,
         created_at timestamptz NOT NULL,
-        updated_at timestamptz NOT NULL
+        updated_at timestamptz NOT NULL,
+        expires_at timestamptz,
+        last_answer jsonb
       )`,
-      `CREATE INDEX IF NOT EXISTS ${ident(`${this.#options.table ?? "client_intents"}_pending`)}
+      `ALTER TABLE ${this.#table} ADD COLUMN IF NOT EXISTS expires_at timestamptz,
+        ADD COLUMN IF NOT EXISTS last_answer jsonb`,
+      `CREATE INDEX IF NOT EXISTS ${ident(`${tableName}_pending`)}
         ON ${this.#table} (created_at) WHERE status = 'pending'`,
     ];
     for (const sql of statements) {
@@ -82,6 +97,18 @@ export class PostgresIntentStore implements IntentStore {
         await this.#db.query(sql);
       }
     }
+    // Tables from before the `uncertain` status: widen the check (once; later starts only look).
+    const { rows } = await this.#db.query<{ def: string }>(
+      `SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint
+        WHERE conrelid = $1::regclass AND conname = $2`,
+      [this.#table, `${tableName}_status_check`],
+    );
+    if (!rows[0]?.def.includes("uncertain")) {
+      await this.#db.query(
+        `ALTER TABLE ${this.#table} DROP CONSTRAINT IF EXISTS ${check},
+          ADD CONSTRAINT ${check} CHECK (status IN (${STATUSES}))`,
+      );
+    }
   }
 
   /** Alias of {@link install}. */
@@ -91,7 +118,7 @@ export class PostgresIntentStore implements IntentStore {
 
   async create(record: IntentRecord): Promise<IntentRecord> {
     const inserted = await this.#db.query<Row>(
-      `INSERT INTO ${this.#table} (${COLUMNS}) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8)
+      `INSERT INTO ${this.#table} (${COLUMNS}) VALUES (${VALUES})
        ON CONFLICT (id) DO NOTHING RETURNING ${COLUMNS}`,
       params(record),
     );
@@ -108,10 +135,12 @@ export class PostgresIntentStore implements IntentStore {
 
   async save(record: IntentRecord): Promise<void> {
     await this.#db.query(
-      `INSERT INTO ${this.#table} (${COLUMNS}) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8)
+      `INSERT INTO ${this.#table} (${COLUMNS}) VALUES (${VALUES})
        ON CONFLICT (id) DO UPDATE SET key = EXCLUDED.key, status = EXCLUDED.status,
          request = EXCLUDED.request, attempts = EXCLUDED.attempts,
-         outcome_status = EXCLUDED.outcome_status, updated_at = EXCLUDED.updated_at`,
+         outcome_status = EXCLUDED.outcome_status, created_at = EXCLUDED.created_at,
+         updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at,
+         last_answer = EXCLUDED.last_answer`,
       params(record),
     );
   }
@@ -148,6 +177,8 @@ function params(r: IntentRecord): unknown[] {
     r.outcome?.status ?? null,
     r.createdAt,
     r.updatedAt,
+    r.expiresAt ?? null,
+    r.lastAnswer ? JSON.stringify(r.lastAnswer) : null,
   ];
 }
 
@@ -165,6 +196,9 @@ function fromRow(row: Row): IntentRecord {
   if (row.outcome_status !== null) {
     record.outcome = { status: Number(row.outcome_status) };
   }
+  if (row.expires_at !== null) record.expiresAt = iso(row.expires_at);
+  const answer = typeof row.last_answer === "string" ? JSON.parse(row.last_answer) : row.last_answer;
+  if (answer) record.lastAnswer = answer as IntentAnswer;
   return record;
 }
 

@@ -3,7 +3,7 @@
  */
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { CircuitBreaker, CircuitState, createClient, isCircuitOpenError } from "../../src/client/index.ts";
-import { scriptedFetch, socketError } from "./helpers.ts";
+import { refusedError, scriptedFetch } from "./helpers.ts";
 
 beforeEach(() => {
   vi.useFakeTimers();
@@ -67,7 +67,7 @@ describe("circuit breaker", () => {
   it("half-open lets one probe through, fails fast for the others, and closes when it succeeds", async () => {
     let healthy = false;
     const probe = deferred<Response>();
-    const server = scriptedFetch(() => (healthy ? probe.promise : Promise.reject(socketError())));
+    const server = scriptedFetch(() => (healthy ? probe.promise : Promise.reject(refusedError())));
     const breaker = new CircuitBreaker({ consecutiveFailures: 2, openMs: 5_000 });
     const client = oneShotClient(server.fetch, breaker);
     await client.post("http://api.test/p", {}).catch(() => {});
@@ -107,7 +107,7 @@ describe("circuit breaker", () => {
   it("lets as many probes through as configured", async () => {
     const pending = deferred<Response>();
     let down = true;
-    const server = scriptedFetch(() => (down ? Promise.reject(socketError()) : pending.promise));
+    const server = scriptedFetch(() => (down ? Promise.reject(refusedError()) : pending.promise));
     const breaker = new CircuitBreaker({ consecutiveFailures: 1, openMs: 100, halfOpenProbes: 2 });
     const client = oneShotClient(server.fetch, breaker);
     await client.post("http://api.test/p", {}).catch(() => {});

@@ -3,7 +3,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { createClient, isRetryBudgetExhaustedError, RetryBudget } from "../../src/client/index.ts";
-import { socketError } from "./helpers.ts";
+import { refusedError } from "./helpers.ts";
 
 describe("retry budget", () => {
   it("starts full, spends one token per retry and earns the ratio per first attempt, up to the cap", () => {
@@ -38,7 +38,7 @@ describe("retry budget", () => {
       baseUrl: "http://payments.invalid",
       fetch: async () => {
         sent++;
-        throw socketError();
+        throw refusedError();
       },
       breaker: false, // the budget alone, here
       retry: { maxAttempts: 3, baseMs: 0 },
@@ -61,7 +61,7 @@ describe("retry budget", () => {
     let sent = 0;
     const failing = async () => {
       sent++;
-      throw socketError();
+      throw refusedError();
     };
     const a = createClient({ fetch: failing, budget, breaker: false, retry: { baseMs: 0 } });
     const b = createClient({ fetch: failing, budget, breaker: false, retry: { baseMs: 0 } });

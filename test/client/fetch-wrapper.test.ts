@@ -2,7 +2,11 @@
  * `withIdempotency(fetch)`: a fetch-shaped function with keys and retries, against a real server.
  */
 import { afterEach, describe, expect, it } from "vitest";
-import { isDeadlineExceededError, withIdempotency } from "../../src/client/index.ts";
+import {
+  isDeadlineExceededError,
+  isOperationUncertainError,
+  withIdempotency,
+} from "../../src/client/index.ts";
 import { type PaymentServer, startPaymentServer } from "./helpers.ts";
 
 let server: PaymentServer | undefined;
@@ -12,6 +16,26 @@ afterEach(async () => {
 });
 
 describe("withIdempotency(fetch)", () => {
+  it("returns a business 409 like fetch, but throws for an uncertain operation (its ref must reach a person)", async () => {
+    server = await startPaymentServer([
+      { status: 409, problem: { type: "urn:example:order-not-shippable" } },
+      {
+        status: 409,
+        problem: {
+          type: "urn:idem:problem:operation-uncertain",
+          operation_state: "uncertain",
+          operation_ref: "op_3",
+        },
+      },
+    ]);
+    const idemFetch = withIdempotency(fetch);
+    const business = await idemFetch(`${server.url}/orders/1/ship`, { method: "POST", body: "{}" });
+    expect(business.status).toBe(409);
+    const err = await idemFetch(`${server.url}/payments`, { method: "POST", body: "{}" }).catch((e) => e);
+    expect(isOperationUncertainError(err) && err.operationRef).toBe("op_3");
+    expect(server.seen).toHaveLength(2);
+  });
+
   it("gives each POST its own key, the same on every retry", async () => {
     server = await startPaymentServer([{ status: 503 }, "charge-and-drop"]);
     const idemFetch = withIdempotency(fetch, { retry: { baseMs: 5 } });

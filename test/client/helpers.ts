@@ -13,8 +13,8 @@ export type Step =
   | "charge-and-drop"
   /** Never answer (until the server closes). */
   | "hang"
-  /** Answer this status without charging. */
-  | { status: number; headers?: Record<string, string> };
+  /** Answer this status without charging (with a problem+json body when `problem` is given). */
+  | { status: number; headers?: Record<string, string>; problem?: Record<string, unknown> };
 
 export interface SeenRequest {
   method: string;
@@ -85,6 +85,11 @@ export async function startPaymentServer(script: Step[] = []): Promise<PaymentSe
       res.end(replay ?? charge(key));
       return;
     }
+    if (step.problem) {
+      res.writeHead(step.status, { "content-type": "application/problem+json", ...step.headers });
+      res.end(JSON.stringify({ status: step.status, title: "scripted", ...step.problem }));
+      return;
+    }
     res.writeHead(step.status, { "content-type": "application/json", ...step.headers });
     res.end(JSON.stringify({ error: `scripted ${step.status}` }));
   });
@@ -134,7 +139,13 @@ export function scriptedFetch(answer: (call: number, init: RequestInit) => Respo
   };
 }
 
-/** A network error shaped like Node's dropped connection. */
+/** A network error shaped like Node's refused connection (nothing listening): counts against the breaker. */
+export function refusedError(): TypeError {
+  const cause = Object.assign(new Error("connect ECONNREFUSED 127.0.0.1:9"), { code: "ECONNREFUSED" });
+  return new TypeError("fetch failed", { cause });
+}
+
+/** A network error shaped like Node's dropped connection (a reply lost after the request was sent). */
 export function socketError(): TypeError {
   const cause = Object.assign(new Error("other side closed"), { code: "UND_ERR_SOCKET" });
   return new TypeError("fetch failed", { cause });

@@ -44,10 +44,12 @@ it("a process killed mid-request is resumed after the restart with the same key,
     const [pending] = await restarted.pending();
     expect(pending?.id).toBe("checkout-crash");
     expect(pending?.key).toBe(keyBeforeCrash);
+    expect(pending?.attempts).toBe(1); // counted before it was sent, so the kill did not lose it
     const res = await restarted.resume(pending!);
     expect(res.status).toBe(201);
     expect(server.seen.map((r) => r.key)).toEqual([keyBeforeCrash, keyBeforeCrash]);
     expect(server.totalCharges()).toBe(1);
+    expect(await restarted.store.get("checkout-crash")).toMatchObject({ status: "done", attempts: 2 });
   } finally {
     await server.close();
     await rm(dir, { recursive: true, force: true });

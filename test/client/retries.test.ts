@@ -66,13 +66,36 @@ describe("a payment through a server that fails on purpose", () => {
     expect(stored).toMatchObject({ status: "done", attempts: 4, outcome: { status: 201 } });
   });
 
-  it("retries a 409 (still in progress) after a short wait, then returns the 201", async () => {
-    server = await startPaymentServer([{ status: 409 }]);
+  it("retries a 409 only when the server says the key is in flight, then returns the 201", async () => {
+    server = await startPaymentServer([
+      {
+        status: 409,
+        headers: { "retry-after": "0" },
+        problem: {
+          type: "urn:idem:problem:idempotency-key-in-flight",
+          operation_state: "in_progress",
+          retry_same_key: true,
+          safe_new_key: false,
+        },
+      },
+    ]);
     const client = createClient({ baseUrl: server.url });
     const res = await client.post("/payments", { amount_cents: 100 });
     expect(res.status).toBe(201);
     expect(server.seen).toHaveLength(2);
     expect(server.seen[0]?.key).toBe(server.seen[1]?.key);
+  });
+
+  it("returns a business 409 at once, body intact, without retrying", async () => {
+    server = await startPaymentServer([
+      { status: 409, problem: { type: "urn:example:topup-id-taken", detail: "topup id already used" } },
+    ]);
+    const client = createClient({ baseUrl: server.url });
+    const res = await client.post("/payments", { amount_cents: 100 }, { intent: "topup-1" });
+    expect(res.status).toBe(409);
+    expect(await res.json()).toMatchObject({ type: "urn:example:topup-id-taken" });
+    expect(server.seen).toHaveLength(1);
+    expect(await client.store.get("topup-1")).toMatchObject({ status: "done", outcome: { status: 409 } });
   });
 
   it("gives up at once on 429 Retry-After: 60 against a 10 s deadline", async () => {
@@ -174,10 +197,10 @@ describe("a payment through a server that fails on purpose", () => {
   });
 
   it("retries only the statuses it is told to", async () => {
-    server = await startPaymentServer([{ status: 409 }]);
+    server = await startPaymentServer([{ status: 502 }]);
     const client = createClient({ baseUrl: server.url, retry: { statuses: [503] } });
     const res = await client.post("/payments", {});
-    expect(res.status).toBe(409);
+    expect(res.status).toBe(502);
     expect(server.seen).toHaveLength(1);
   });
 

@@ -103,8 +103,25 @@ describe.each(kinds)("$name intent store", (kind) => {
       a.status = "done";
       a.outcome = { status: 201 };
       a.attempts = 2;
+      a.expiresAt = "2025-01-02T00:00:00.000Z";
+      a.lastAnswer = { status: 201 };
       await store.save(a);
       expect(await store.get("order-1")).toEqual(a);
+      // What the server said, including an uncertain operation and its reference, round-trips too.
+      const u = {
+        ...b,
+        status: "uncertain" as const,
+        lastAnswer: {
+          status: 409,
+          operationState: "uncertain" as const,
+          operationRef: "op_7",
+          safeNewKey: false,
+        },
+      };
+      await store.save(u);
+      expect(await store.get("order-2")).toEqual(u);
+      expect((await store.list({ status: "uncertain" })).map((r) => r.id)).toEqual(["order-2"]);
+      await store.save(b);
       expect(await store.get("nope")).toBeUndefined();
       expect((await store.list()).map((r) => r.id)).toEqual(["order-1", "order-2"]);
       expect((await store.list({ status: "pending" })).map((r) => r.id)).toEqual(["order-2"]);
@@ -151,6 +168,35 @@ describe.each(kinds)("$name intent store", (kind) => {
 });
 
 describe.each(backends)("postgres intent store on $name", (backend) => {
+  it("install() upgrades a table made before expires_at, last_answer and the uncertain status", async () => {
+    const { db, close } = await backend.open();
+    try {
+      await db.query("CREATE SCHEMA old_client");
+      await db.query(`CREATE TABLE old_client.client_intents (
+        id text PRIMARY KEY, key text NOT NULL UNIQUE,
+        status text NOT NULL CHECK (status IN ('pending', 'done', 'abandoned')),
+        request jsonb, attempts integer NOT NULL DEFAULT 0, outcome_status integer,
+        created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)`);
+      await db.query(
+        `INSERT INTO old_client.client_intents VALUES ('order-1', 'k-1', 'pending', NULL, 1, NULL, now(), now())`,
+      );
+      const store = new PostgresIntentStore(db, { schema: "old_client" });
+      await store.install();
+      await store.install();
+      const old = await store.get("order-1");
+      expect(old).toMatchObject({ id: "order-1", key: "k-1", status: "pending", attempts: 1 });
+      expect(old?.expiresAt).toBeUndefined();
+      await store.save({ ...old!, status: "uncertain", lastAnswer: { status: 409, operationRef: "op_1" } });
+      expect(await store.get("order-1")).toMatchObject({
+        status: "uncertain",
+        lastAnswer: { operationRef: "op_1" },
+      });
+      await expect(store.save({ ...old!, status: "bogus" as never })).rejects.toThrow();
+    } finally {
+      await close();
+    }
+  });
+
   it("records the intent in the caller's own transaction: committed with the business row, or not at all", async () => {
     const { db, close } = await backend.open();
     try {
