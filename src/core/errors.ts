@@ -9,6 +9,8 @@ export const ProblemCode = {
   KeyMismatch: "idempotency-key-mismatch",
   LeaseLost: "idempotency-lease-lost",
   Retryable: "retryable-failure",
+  OperationUncertain: "operation-uncertain",
+  AmbiguousBody: "ambiguous-body",
   InvalidBody: "invalid-body",
   BodyTooLarge: "body-too-large",
   Unauthorized: "unauthorized",
@@ -96,8 +98,47 @@ export class RetryableError extends IdemError {
   }
 }
 
+/**
+ * An external call started and its outcome cannot be established (the lease expired after the call
+ * began and there is no way to look it up, a provider timeout with no lookup, a key in needs_review).
+ * Never retried automatically, with either key: `operationRef` goes to a person.
+ */
+export class OperationUncertainError extends IdemError {
+  override name = "OperationUncertainError";
+  /** The opaque reference of the key row (`encodeOperationRef`), for `idem keys inspect --ref`. */
+  readonly operationRef: string;
+  constructor(operationRef: string, message?: string, options?: { cause?: unknown }) {
+    super(
+      ProblemCode.OperationUncertain,
+      409,
+      message ??
+        "This operation started a call to another system whose outcome is unknown; do not retry it, with this key or a new one: give the operation_ref to support.",
+      options,
+    );
+    this.operationRef = operationRef;
+  }
+}
+
+/** The body can be read more than one way (a repeated form field, a duplicate JSON key): 400, nothing claimed. */
+export class AmbiguousBodyError extends IdemError {
+  override name = "AmbiguousBodyError";
+  constructor(detail: string) {
+    super(ProblemCode.AmbiguousBody, 400, detail);
+  }
+}
+
+/** The body is not what its Content-Type says (invalid JSON or UTF-8): 400, nothing claimed. */
+export class InvalidBodyError extends IdemError {
+  override name = "InvalidBodyError";
+  constructor(detail: string) {
+    super(ProblemCode.InvalidBody, 400, detail);
+  }
+}
+
 export const isIdemError = (e: unknown): e is IdemError => e instanceof IdemError;
 export const isKeyInFlightError = (e: unknown): e is KeyInFlightError => e instanceof KeyInFlightError;
 export const isKeyMismatchError = (e: unknown): e is KeyMismatchError => e instanceof KeyMismatchError;
 export const isLeaseLostError = (e: unknown): e is LeaseLostError => e instanceof LeaseLostError;
+export const isOperationUncertainError = (e: unknown): e is OperationUncertainError =>
+  e instanceof OperationUncertainError;
 export const isRetryableError = (e: unknown): e is RetryableError => e instanceof RetryableError;
