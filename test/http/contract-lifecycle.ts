@@ -5,6 +5,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
+import fc from "fast-check";
 import { expect, it } from "vitest";
 import { decodeOperationRef } from "../../src/core/index.ts";
 import { type AppUnderTest, account, PROBLEM, postTo, problemOf } from "./contract.ts";
@@ -12,7 +13,61 @@ import { type AppUnderTest, account, PROBLEM, postTo, problemOf } from "./contra
 const STATE = "idempotency-operation-state";
 const WITHIN = "idempotency-answer-within";
 
+/** Random requests: any route, with or without an account, any key header, any content type and body. */
+const randomRequest = fc.record({
+  path: fc.constantFrom("/v1/payments", "/v1/tips", "/v1/phased"),
+  withAccount: fc.boolean(),
+  key: fc.oneof(
+    fc.constant(undefined),
+    fc.uuid(),
+    fc.string({
+      unit: fc.integer({ min: 0x20, max: 0x7e }).map((c) => String.fromCharCode(c)),
+      maxLength: 300,
+    }),
+    fc.uuid().map((u) => `"${u}"`),
+  ),
+  contentType: fc.constantFrom(
+    "application/json",
+    "application/json; charset=utf-8",
+    "application/x-www-form-urlencoded",
+    "text/plain",
+    "application/octet-stream",
+    "application/merge-patch+json",
+  ),
+  body: fc.oneof(
+    fc.constant('{"amount_cents":5000,"currency":"eur"}'),
+    fc.constant('{"amount_cents":5000,"currency":"eur","amount_cents":100}'),
+    fc.constant("amount_cents=5000&currency=eur&amount_cents=100"),
+    fc.json({ maxDepth: 3 }),
+    fc.uint8Array({ maxLength: 64 }),
+  ),
+});
+
 export function lifecycleContract(app: AppUnderTest): void {
+  it("answers random headers and bodies with a 4xx or a normal answer, never a 5xx, and claims nothing on a 4xx", async () => {
+    await fc.assert(
+      fc.asyncProperty(randomRequest, async (r) => {
+        const acct = account();
+        const res = await fetch(app.url + r.path, {
+          method: "POST",
+          headers: {
+            "content-type": r.contentType,
+            ...(r.withAccount ? { "x-account": acct } : {}),
+            ...(r.key === undefined ? {} : { "idempotency-key": r.key }),
+          },
+          body: r.body,
+        });
+        await res.arrayBuffer();
+        expect(res.status).toBeLessThan(500);
+        if (res.status >= 400) {
+          expect(await app.keys(acct)).toBe(0);
+          expect(await app.rows(acct)).toBe(0);
+        }
+      }),
+      { numRuns: 40 },
+    );
+  }, 60_000);
+
   it("rolls back a request without a key whose handler returns a 5xx (the save policy, as with a key)", async () => {
     const acct = account();
     const res = await app.post("/v1/tips", { account: acct, headers: { "x-status": "503" } });

@@ -64,10 +64,19 @@ export interface PaymentReply {
 /** The handler's work, in the request's transaction. */
 export async function charge(
   tx: Tx,
-  account: string,
+  account: string | undefined,
   body: unknown,
   header: (name: string) => string | undefined,
 ): Promise<PaymentReply> {
+  if (account === undefined) {
+    // standing in for authentication: an optional-key route called without an account
+    return {
+      status: 401,
+      location: "/",
+      cookie: "session=; Path=/",
+      json: '{"type":"urn:test:unauthenticated"}',
+    };
+  }
   const input = paymentOf(body);
   const { rows } = await tx.query<{ id: number }>(
     "INSERT INTO payments (account, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id",

@@ -34,7 +34,7 @@ const validate: RequestHandler = function validate(req, res, next) {
 
 async function pay(req: Request, res: Response) {
   const { tx, scope, body } = req.idempotency;
-  const r = await charge(tx, scope!, body, (name) => req.get(name));
+  const r = await charge(tx, scope, body, (name) => req.get(name));
   res.status(r.status).location(r.location).cookie("session", r.cookie.split(/[=;]/)[1], { httpOnly: true });
   res.type("application/json").send(r.json);
 }
@@ -63,8 +63,9 @@ function startExpress({ store, runner }: AppParts) {
   app.post("/v1/unparsed", idempotency({ store, scope }), (req, res) => {
     res.status(201).json({ key: req.idempotency.key });
   });
-  app.use((_err: unknown, _req: Request, res: Response, _next: NextFunction) => {
-    res.status(500).json({ type: "urn:test:crash" });
+  app.use((err: { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
+    // body-parser's errors carry their status (400 for JSON that is not JSON); a crash is a 500
+    res.status(err.status ?? 500).json({ type: "urn:test:crash" });
   });
   return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
     const server: Server = app.listen(0, "127.0.0.1", () => {

@@ -29,7 +29,7 @@ const validate: preValidationAsyncHookHandler = async function validate(request,
 async function pay(request: FastifyRequest, reply: FastifyReply) {
   const { tx, scope, body } = request.idempotency;
   const header = (name: string) => request.headers[name] as string | undefined;
-  const r = await charge(tx, scope!, body, header);
+  const r = await charge(tx, scope, body, header);
   return reply
     .code(r.status)
     .header("location", r.location)

@@ -5,6 +5,7 @@ import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
 import { type Context, Hono, type MiddlewareHandler } from "hono";
 import { describe } from "vitest";
+import { IdemError, readRequestBody } from "../../src/core/index.ts";
 import { type IdempotencyEnv, idempotency, idempotentPhases } from "../../src/http/hono.ts";
 import { backends } from "../helpers/db.ts";
 import {
@@ -23,12 +24,17 @@ import { lifecycleContract } from "./contract-lifecycle.ts";
 
 type Env = { Variables: { payment: PaymentInput } };
 
+/**
+ * Validation reads the body the way idem will (by its Content-Type), so both see the same value. A body
+ * idem refuses (ambiguous, not JSON) is left for idem to answer.
+ */
 const validate: MiddlewareHandler<Env> = async function validate(c, next) {
   let parsed: unknown;
   try {
-    parsed = JSON.parse(await c.req.text());
-  } catch {
-    parsed = undefined;
+    parsed = readRequestBody(c.req.header("content-type"), new Uint8Array(await c.req.arrayBuffer())).value;
+  } catch (err) {
+    if (err instanceof IdemError) return next();
+    throw err;
   }
   const payment = validatePayment(parsed);
   if (typeof payment === "string") {
@@ -40,7 +46,7 @@ const validate: MiddlewareHandler<Env> = async function validate(c, next) {
 
 async function pay(c: Context<IdempotencyEnv>) {
   const { tx, scope, body } = c.var.idempotency;
-  const r = await charge(tx, scope!, body, (name) => c.req.header(name));
+  const r = await charge(tx, scope, body, (name) => c.req.header(name));
   return c.body(r.json, r.status as 201, {
     "content-type": "application/json",
     location: r.location,

@@ -26,7 +26,7 @@ const pay: NodeIdempotentHandler = async (req, { tx, scope, body }) => {
   if (typeof validatePayment(body) === "string") {
     return { status: 400, headers: { "content-type": "application/problem+json" }, body: INVALID_BODY };
   }
-  const r = await charge(tx, scope!, body, (name) => req.headers[name] as string | undefined);
+  const r = await charge(tx, scope, body, (name) => req.headers[name] as string | undefined);
   return {
     status: r.status,
     headers: { "content-type": "application/json", location: r.location, "set-cookie": [r.cookie] },
