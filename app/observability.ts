@@ -9,6 +9,7 @@ import { randomUUID } from "node:crypto";
 import type { MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
 import { Outcome, parseIdempotencyKey } from "idem";
+import { idempotencyOutcome } from "idem/hono";
 import pino, { type Logger } from "pino";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 
@@ -90,7 +91,7 @@ export function createMetrics(
 
 /**
  * First middleware of the app: gives the request an id and a logger, and when it ends writes one
- * access line and counts it by outcome (`c.var.idempotencyOutcome`, set by idem's middleware).
+ * access line and counts it by outcome (`idempotencyOutcome(c)`, set by idem's middleware).
  */
 export function observe(logger: Logger, metrics: Metrics): MiddlewareHandler {
   return async function observeMiddleware(c, next) {
@@ -108,7 +109,7 @@ export function observe(logger: Logger, metrics: Metrics): MiddlewareHandler {
     // The route that answered (the last one matched), as a pattern: bounded label cardinality.
     const matched = routePath(c, -1);
     const route = matched && matched !== "/*" && matched !== "*" ? matched : "unmatched";
-    const outcome = c.var.idempotencyOutcome ?? (c.error ? "error" : "none");
+    const outcome = idempotencyOutcome(c) ?? (c.error ? "error" : "none");
     const seconds = (performance.now() - started) / 1000;
     metrics.requests.inc({ route, method: c.req.method, outcome, status: String(c.res.status) });
     metrics.latency.observe({ route, method: c.req.method, outcome }, seconds);

@@ -12,7 +12,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { problemResponse, RetryableError } from "idem";
+import { FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
 import { idempotentPhases } from "idem/hono";
 import {
   type Db,
@@ -112,7 +112,10 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
               return { data: { chargeId: r.charge.id } };
             case "declined":
               return {
-                response: problemResponse(402, "card-declined", `The card was declined (${r.code}).`),
+                // a final answer that charged nothing: saved, replayed, and a new key is safe
+                response: problemResponse(402, "card-declined", `The card was declined (${r.code}).`, {
+                  operation: FAILED_NOT_APPLIED,
+                }),
               };
             case "rejected": // the provider refused the request itself: not final for us, not saved
               return {

@@ -9,11 +9,12 @@ export const ProblemCode = {
   KeyMismatch: "idempotency-key-mismatch",
   LeaseLost: "idempotency-lease-lost",
   Retryable: "retryable-failure",
+  OperationUncertain: "operation-uncertain",
+  AmbiguousBody: "ambiguous-body",
   InvalidBody: "invalid-body",
   BodyTooLarge: "body-too-large",
   Unauthorized: "unauthorized",
   NotFound: "not-found",
-  OperationUncertain: "operation-uncertain",
 } as const;
 export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];
 
@@ -98,22 +99,39 @@ export class RetryableError extends IdemError {
 }
 
 /**
- * An external call of this operation started and its outcome cannot be established (the provider
- * neither dedups nor can be asked, or the key waits for a person: `needs_review`). Never retry it
- * automatically, with either key: hand `operationRef` to a person (`idem keys inspect --ref`).
+ * An external call started and its outcome cannot be established (the lease expired after the call
+ * began and there is no way to look it up, a provider timeout with no lookup, a key in needs_review).
+ * Never retried automatically, with either key: `operationRef` goes to a person.
  */
 export class OperationUncertainError extends IdemError {
   override name = "OperationUncertainError";
-  /** The opaque reference of the key row (`encodeOperationRef`). */
+  /** The opaque reference of the key row (`encodeOperationRef`), for `idem keys inspect --ref`. */
   readonly operationRef: string;
-  constructor(operationRef: string, detail?: string) {
+  constructor(operationRef: string, message?: string, options?: { cause?: unknown }) {
     super(
       ProblemCode.OperationUncertain,
       409,
-      detail ??
-        "The outcome of this operation is unknown and waits for a person; do not retry it, with this key or another.",
+      message ??
+        "This operation started a call to another system whose outcome is unknown; do not retry it, with this key or a new one: give the operation_ref to support.",
+      options,
     );
     this.operationRef = operationRef;
+  }
+}
+
+/** The body can be read more than one way (a repeated form field, a duplicate JSON key): 400, nothing claimed. */
+export class AmbiguousBodyError extends IdemError {
+  override name = "AmbiguousBodyError";
+  constructor(detail: string) {
+    super(ProblemCode.AmbiguousBody, 400, detail);
+  }
+}
+
+/** The body is not what its Content-Type says (invalid JSON or UTF-8): 400, nothing claimed. */
+export class InvalidBodyError extends IdemError {
+  override name = "InvalidBodyError";
+  constructor(detail: string) {
+    super(ProblemCode.InvalidBody, 400, detail);
   }
 }
 

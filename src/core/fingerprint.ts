@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { canonicalBytes, canonicalJson, type RequestBody, readRequestBody } from "./body.ts";
 
 /** What the fingerprint is computed from: the parts of a request that make it "the same request". */
 export interface FingerprintInput {
@@ -11,50 +12,6 @@ export interface FingerprintInput {
   body: Uint8Array;
 }
 
-export type BodyKind = "json" | "form" | "raw";
-
-export function bodyKind(contentType: string | null | undefined): BodyKind {
-  const ct = (contentType ?? "").split(";")[0]!.trim().toLowerCase();
-  if (ct === "application/json" || ct.endsWith("+json")) return "json";
-  if (ct === "application/x-www-form-urlencoded") return "form";
-  return "raw";
-}
-
-const decoder = new TextDecoder("utf-8", { fatal: false });
-
-/** JSON with object keys sorted at every depth, so `{"b":1,"a":2}` and `{"a":2,"b":1}` are equal. */
-export function canonicalJson(value: unknown): string {
-  if (value === null || typeof value !== "object") return JSON.stringify(value) ?? "null";
-  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
-  const entries = Object.keys(value as Record<string, unknown>)
-    .filter((k) => (value as Record<string, unknown>)[k] !== undefined)
-    .sort()
-    .map((k) => `${JSON.stringify(k)}:${canonicalJson((value as Record<string, unknown>)[k])}`);
-  return `{${entries.join(",")}}`;
-}
-
-/** A form body with its pairs sorted (by name, then value) and re-encoded the same way every time. */
-export function canonicalForm(body: string): string {
-  const pairs = [...new URLSearchParams(body)];
-  pairs.sort(([a, av], [b, bv]) => (a < b ? -1 : a > b ? 1 : av < bv ? -1 : av > bv ? 1 : 0));
-  return new URLSearchParams(pairs).toString();
-}
-
-/** The canonical bytes of a body: sorted JSON, normalised form, or the raw bytes as they came. */
-export function canonicalBody(contentType: string | null | undefined, body: Uint8Array): Uint8Array | string {
-  if (body.length === 0) return "";
-  const kind = bodyKind(contentType);
-  if (kind === "json") {
-    try {
-      return canonicalJson(JSON.parse(decoder.decode(body)));
-    } catch {
-      return body; // not JSON after all: compare bytes
-    }
-  }
-  if (kind === "form") return canonicalForm(decoder.decode(body));
-  return body;
-}
-
 function normalisePath(path: string): string {
   const q = path.indexOf("?");
   if (q < 0) return path;
@@ -63,20 +20,35 @@ function normalisePath(path: string): string {
 }
 
 /**
- * SHA-256 over the method, the path (query parameters sorted) and the canonical body. Two requests with
- * the same fingerprint are the same request; the same key with another fingerprint is answered with 422.
+ * SHA-256 over the method, the path (query parameters sorted) and the body as read once
+ * (`readRequestBody`): sorted JSON, the form's fields sorted by name, or the raw bytes. Two requests
+ * with the same fingerprint are the same request, and their handlers get the same `body` value; the
+ * same key with another fingerprint is answered with 422.
+ */
+export function fingerprintRequest(method: string, path: string, body: RequestBody): Buffer {
+  const h = createHash("sha256");
+  h.update(method.toUpperCase());
+  h.update("\n");
+  h.update(normalisePath(path));
+  h.update("\n");
+  h.update(body.kind);
+  h.update("\n");
+  h.update(canonicalBytes(body));
+  return h.digest();
+}
+
+/**
+ * The fingerprint of a request given as bytes (for tests and tools that build claims by hand). A body
+ * that `readRequestBody` refuses (ambiguous or not the JSON it claims to be) is hashed as raw bytes.
  */
 export function fingerprint(input: FingerprintInput): Buffer {
-  const h = createHash("sha256");
-  h.update(input.method.toUpperCase());
-  h.update("\n");
-  h.update(normalisePath(input.path));
-  h.update("\n");
-  const kind = input.body.length === 0 ? "none" : bodyKind(input.contentType);
-  h.update(kind);
-  h.update("\n");
-  h.update(canonicalBody(input.contentType, input.body));
-  return h.digest();
+  let body: RequestBody;
+  try {
+    body = readRequestBody(input.contentType, input.body);
+  } catch {
+    body = { kind: "raw", value: input.body, bytes: input.body };
+  }
+  return fingerprintRequest(input.method, input.path, body);
 }
 
 /**
@@ -87,22 +59,4 @@ export function fieldsFingerprint(method: string, path: string, fields: Record<s
   return createHash("sha256")
     .update(`${method.toUpperCase()}\n${normalisePath(path)}\nfields\n${canonicalJson(fields)}`)
     .digest();
-}
-
-/** Parse a body (JSON or form) into a plain object, for field fingerprints. `undefined` for raw bodies. */
-export function parseBody(
-  contentType: string | null | undefined,
-  body: Uint8Array,
-): Record<string, unknown> | undefined {
-  const kind = bodyKind(contentType);
-  try {
-    if (kind === "json") {
-      const v = JSON.parse(decoder.decode(body));
-      return v !== null && typeof v === "object" && !Array.isArray(v) ? v : undefined;
-    }
-    if (kind === "form") return Object.fromEntries(new URLSearchParams(decoder.decode(body)));
-  } catch {
-    return undefined;
-  }
-  return undefined;
 }

@@ -1,8 +1,29 @@
-import { type IdemError, KeyInFlightError, RetryableError } from "./errors.ts";
+import { type IdemError, OperationUncertainError, ProblemCode } from "./errors.ts";
 import type { StoredResponse } from "./response.ts";
 
 /** The base of every problem `type` URI; the problem's code is appended. */
 export const PROBLEM_TYPE_BASE = "urn:idem:problem:";
+
+/** The header that repeats a problem's `operation_state`, for clients that do not parse bodies. */
+export const OPERATION_STATE_HEADER = "idempotency-operation-state";
+
+/**
+ * Where the operation a request names stands (docs/contract.md): `none` (nothing was done under this
+ * request), `in_progress` (a key row exists and is unfinished), `done`, `failed_not_applied` (a final
+ * answer that changed nothing, e.g. a declined card), `uncertain` (an external call's outcome is unknown).
+ */
+export type OperationState = "none" | "in_progress" | "done" | "failed_not_applied" | "uncertain";
+
+/** What every idempotency problem tells the client it may safely do next. Stable field names and values. */
+export interface OperationFields {
+  operation_state: OperationState;
+  /** Retrying the same request with the same key can help. */
+  retry_same_key: boolean;
+  /** True only when the server knows nothing was done, so a new key cannot duplicate the operation. */
+  safe_new_key: boolean;
+  /** The key row an operator can look up (`encodeOperationRef`), whenever one exists. */
+  operation_ref?: string;
+}
 
 export interface ProblemDetails {
   type: string;
@@ -15,6 +36,7 @@ export interface ProblemDetails {
 const TITLES: Record<number, string> = {
   400: "Bad Request",
   401: "Unauthorized",
+  402: "Payment Required",
   404: "Not Found",
   409: "Conflict",
   413: "Content Too Large",
@@ -26,12 +48,19 @@ const TITLES: Record<number, string> = {
 
 const encoder = new TextEncoder();
 
-/** An RFC 9457 `application/problem+json` response. */
+/**
+ * An RFC 9457 `application/problem+json` response. With `operation`, the body carries the contract's
+ * fields and the response the `Idempotency-Operation-State` header.
+ */
 export function problemResponse(
   status: number,
   code: string,
   detail: string,
-  extra: { headers?: Array<[string, string]>; fields?: Record<string, unknown> } = {},
+  extra: {
+    headers?: Array<[string, string]>;
+    fields?: Record<string, unknown>;
+    operation?: OperationFields;
+  } = {},
 ): StoredResponse {
   const body: ProblemDetails = {
     type: PROBLEM_TYPE_BASE + code,
@@ -39,19 +68,81 @@ export function problemResponse(
     status,
     detail,
     ...extra.fields,
+    ...extra.operation,
   };
-  return {
-    status,
-    headers: [["content-type", "application/problem+json"], ...(extra.headers ?? [])],
-    body: encoder.encode(JSON.stringify(body)),
-  };
+  const headers: Array<[string, string]> = [["content-type", "application/problem+json"]];
+  if (extra.operation) headers.push([OPERATION_STATE_HEADER, extra.operation.operation_state]);
+  if (extra.headers) headers.push(...extra.headers);
+  return { status, headers, body: encoder.encode(JSON.stringify(body)) };
 }
 
-/** The problem response for an idem error (with `Retry-After` where a retry will help). */
-export function errorResponse(err: IdemError): StoredResponse {
-  const headers: Array<[string, string]> = [];
-  if (err instanceof KeyInFlightError || err instanceof RetryableError) {
-    headers.push(["retry-after", String(err.retryAfterSeconds)]);
+/**
+ * The fields of a business answer that is final and changed nothing (e.g. 402 card-declined): saved
+ * and replayed like any final answer; a new intent with a new key is safe.
+ */
+export const FAILED_NOT_APPLIED: OperationFields = {
+  operation_state: "failed_not_applied",
+  retry_same_key: false,
+  safe_new_key: true,
+};
+
+/** Where the key stands when an idem error is answered. */
+export interface ErrorContext {
+  /** The key row's reference (`encodeOperationRef`), when the request carried a key. */
+  ref?: string;
+  /**
+   * Whether a key row may exist and be unfinished after this failure (phases mode after its claim).
+   * In atomic mode a failure rolls the claim back with the work: nothing exists. Default: false.
+   */
+  claimed?: boolean;
+}
+
+/** The contract's fields for an idem error (docs/contract.md's table), or undefined for other problems. */
+export function operationFields(err: IdemError, context: ErrorContext = {}): OperationFields | undefined {
+  const none = { operation_state: "none", retry_same_key: false, safe_new_key: true } as const;
+  switch (err.code) {
+    case ProblemCode.KeyMissing:
+    case ProblemCode.KeyInvalid:
+    case ProblemCode.InvalidBody:
+    case ProblemCode.AmbiguousBody:
+    case ProblemCode.BodyTooLarge:
+      return none;
+    case ProblemCode.KeyMismatch:
+      return withRef(none, context.ref);
+    case ProblemCode.KeyInFlight:
+    case ProblemCode.LeaseLost:
+      return withRef(
+        { operation_state: "in_progress", retry_same_key: true, safe_new_key: false },
+        context.ref,
+      );
+    case ProblemCode.Retryable:
+      return context.claimed
+        ? withRef({ operation_state: "in_progress", retry_same_key: true, safe_new_key: false }, context.ref)
+        : { operation_state: "none", retry_same_key: true, safe_new_key: true };
+    case ProblemCode.OperationUncertain:
+      return {
+        operation_state: "uncertain",
+        retry_same_key: false,
+        safe_new_key: false,
+        operation_ref: err instanceof OperationUncertainError ? err.operationRef : context.ref,
+      };
+    default:
+      return undefined;
   }
-  return problemResponse(err.status, err.code, err.message, { headers });
+}
+
+function withRef(fields: OperationFields, ref: string | undefined): OperationFields {
+  return ref === undefined ? fields : { ...fields, operation_ref: ref };
+}
+
+/** The problem response for an idem error, with the contract's fields and `Retry-After` where a retry helps. */
+export function errorResponse(err: IdemError, context: ErrorContext = {}): StoredResponse {
+  const headers: Array<[string, string]> = [];
+  const retryAfter = (err as { retryAfterSeconds?: unknown }).retryAfterSeconds;
+  if (typeof retryAfter === "number") headers.push(["retry-after", String(retryAfter)]);
+  else if (err.code === ProblemCode.LeaseLost) headers.push(["retry-after", "1"]);
+  return problemResponse(err.status, err.code, err.message, {
+    headers,
+    operation: operationFields(err, context),
+  });
 }

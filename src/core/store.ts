@@ -30,10 +30,18 @@ export interface CompactSaved {
   id: string;
 }
 
+/**
+ * Whether the client went away. An `AbortSignal` is one; adapters pass a cheaper object that looks at
+ * the socket only when asked (one AbortController per request costs more than the check it serves).
+ */
+export interface HangUp {
+  readonly aborted: boolean;
+}
+
 /** Options of one atomic run. */
 export interface AtomicRunOptions<Tx> {
-  /** The client's request signal: when it aborted before the commit, nothing is saved. */
-  signal?: AbortSignal;
+  /** The client's hang-up: when it aborted before the commit, nothing is saved. */
+  signal?: HangUp;
   /**
    * Rebuilds the reply of a key saved in compact form, inside the replay's transaction (it may read the
    * resource again). Required to replay such a key; the engine passes it for routes with `compact`.
@@ -57,6 +65,13 @@ export type AtomicOutcome =
 export interface AtomicStore<Tx> {
   /** How long a key is kept, in milliseconds. */
   readonly retentionMs: number;
+  /**
+   * How long a duplicate waits for the key's holder before it is answered 409, in milliseconds: with
+   * the handler's own time, the route's answer bound (`Idempotency-Answer-Within`). Default: 5,000.
+   */
+  readonly lockTimeoutMs?: number;
+  /** One key as an operator sees it, or undefined when there is none (used before resuming a key). */
+  inspect?(scope: string, key: string): Promise<KeyInspection | undefined>;
   atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,

@@ -1,5 +1,6 @@
 /**
- * Express 5 adapter: `idempotency(options)` is a middleware for keyed routes.
+ * Express 5 adapter: `idempotency(options)` is a middleware for keyed routes (atomic mode), and
+ * `idempotentPhases(options)` the handler of a route in phases mode.
  *
  *   app.post(
  *     "/v1/payments",
@@ -13,8 +14,8 @@
  *     },
  *   );
  *
- * The handler finds the transaction in `req.idempotency.tx`: its writes commit together with the saved
- * response. Its response is held back (status, headers, body) until the transaction has committed, then
+ * The handler finds the transaction in `req.idempotency.tx` (its writes commit together with the saved
+ * response) and the body as read once, the value that was fingerprinted, in `req.idempotency.body`. Its response is held back (status, headers, body) until the transaction has committed, then
  * sent, so a client never sees an answer that was rolled back.
  *
  * A handler error goes to your error handlers as usual (Express gives a middleware no way to see a later
@@ -25,14 +26,24 @@
  * The body that is fingerprinted, in order of preference: `req.rawBody` (stored by `keepRawBody` as the
  * `verify` option of `express.json`/`express.urlencoded`/`express.text`), `req.body` when it is a Buffer
  * (`express.raw`) or a string (`express.text`), the canonical JSON of a parsed `req.body`, or, when no
- * parser touched the request, the stream read here (up to `limit` bytes).
+ * parser touched the request, the stream read here (up to `limit` bytes). Duplicate JSON keys and
+ * repeated form fields are answered 400 only when idem sees the bytes (`keepRawBody`, or no parser).
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
-import type { Tx } from "../core/db.ts";
-import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
-import { canonicalJson, errorResponse, IdemError, IdempotencyEngine } from "../core/index.ts";
-import { hangUpSignal, headerOf, readBody, writeResponse } from "./node.ts";
+import type {
+  Begun,
+  IdemRequest,
+  LifecycleOptions,
+  PhasesRunnerLike,
+  RequestBody,
+  RunOptions,
+  StoredResponse,
+  Tx,
+} from "../core/index.ts";
+import { Lifecycle, parsedBody } from "../core/index.ts";
+import { Held } from "./express-hold.ts";
+import { headerOf, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
 export interface IdempotencyContext {
   /** The transaction of this request (atomic mode): do the work's writes here. */
@@ -40,6 +51,11 @@ export interface IdempotencyContext {
   /** The request's idempotency key, or undefined on an optional-key route called without one. */
   key: string | undefined;
   scope: string | undefined;
+  /**
+   * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
+   * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value.
+   */
+  body: unknown;
 }
 
 declare global {
@@ -51,12 +67,19 @@ declare global {
   }
 }
 
-export interface ExpressIdempotencyOptions extends EngineOptions<Tx> {
+interface ExpressRouteOptions {
   /** The caller's scope (their account id), from authentication, never from the body. Required. */
   scope: (req: Request) => string | undefined | Promise<string | undefined>;
   /** The largest body read when no body parser ran before, in bytes (413 beyond). Default: 1 MiB. */
   limit?: number;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer. Default: none.
+   */
+  authorizeReplay?: (req: Request) => boolean | Promise<boolean>;
 }
+
+export interface ExpressIdempotencyOptions extends LifecycleOptions<Tx>, ExpressRouteOptions {}
 
 /** A `verify` option for Express's body parsers that keeps the bytes as sent, for the fingerprint. */
 export function keepRawBody(req: IncomingMessage, _res: ServerResponse, buf: Buffer): void {
@@ -65,167 +88,142 @@ export function keepRawBody(req: IncomingMessage, _res: ServerResponse, buf: Buf
 
 const encoder = new TextEncoder();
 
-/** The body bytes to fingerprint and the content type they are in. */
-async function requestBody(req: Request, limit: number | undefined) {
-  const contentType = headerOf(req, "content-type");
+/** The body to read: its bytes, or the value a parser left without them. */
+async function requestBody(req: Request, limit: number | undefined): Promise<Uint8Array | RequestBody> {
   const raw = (req as { rawBody?: unknown }).rawBody;
-  if (raw instanceof Uint8Array) return { body: raw, contentType };
-  if (typeof raw === "string") return { body: encoder.encode(raw), contentType };
+  if (raw instanceof Uint8Array) return raw;
+  if (typeof raw === "string") return encoder.encode(raw);
   const parsed: unknown = req.body;
-  if (parsed instanceof Uint8Array) return { body: parsed, contentType };
-  if (typeof parsed === "string") return { body: encoder.encode(parsed), contentType };
-  if (parsed !== undefined) {
-    // Parsed without its bytes: fingerprint the value, labelled as JSON whatever it was parsed from, so
-    // that a form's "a+b" and "a b" (equal once decoded) are not confused by re-parsing it as a form.
-    return { body: encoder.encode(canonicalJson(parsed)), contentType: "application/json" };
-  }
+  if (parsed instanceof Uint8Array) return parsed;
+  if (typeof parsed === "string") return encoder.encode(parsed);
+  // Parsed without its bytes: the value itself is what the handler gets and what is fingerprinted.
+  if (parsed !== undefined) return parsedBody(parsed);
   if (req.readableDidRead) {
     throw new Error(
       "idem: the request body was read before the idempotency middleware but is not in req.body or " +
         "req.rawBody; pass `verify: keepRawBody` to the body parser",
     );
   }
-  return { body: await readBody(req, limit), contentType };
+  return readBody(req, limit);
 }
 
-/**
- * Hold back what the handler writes, until `release` sends the response chosen after the commit.
- * Overriding the instance's writeHead/write/end also catches `res.json`, `res.send`, streams piped into
- * `res` and Express's own error handler, which all end in these three.
- */
-function holdResponse(res: Response) {
-  const original = {
-    writeHead: res.writeHead,
-    write: res.write,
-    end: res.end,
-    flushHeaders: res.flushHeaders,
-  };
-  const chunks: Buffer[] = [];
-  let onEnd: (() => void) | undefined;
-  let finish!: (r: StoredResponse) => void;
-  const finished = new Promise<StoredResponse>((resolve) => {
-    finish = resolve;
-  });
-  const collect = (chunk: unknown, encoding: unknown) => {
-    if (typeof chunk === "string") chunks.push(Buffer.from(chunk, encoding as BufferEncoding | undefined));
-    else if (chunk instanceof Uint8Array) chunks.push(Buffer.from(chunk));
-  };
-
-  res.writeHead = function writeHead(status: number, ...rest: unknown[]) {
-    res.statusCode = status;
-    if (typeof rest[0] === "string") res.statusMessage = rest.shift() as string;
-    const headers = rest[0];
-    if (Array.isArray(headers)) {
-      // Node's flat form: [name, value, name, value, ...]
-      const grouped = new Map<string, string[]>();
-      for (let i = 0; i + 1 < headers.length; i += 2) {
-        const name = String(headers[i]).toLowerCase();
-        grouped.set(name, [...(grouped.get(name) ?? []), String(headers[i + 1])]);
-      }
-      for (const [name, values] of grouped) res.setHeader(name, values);
-    } else if (headers && typeof headers === "object") {
-      for (const [name, value] of Object.entries(headers)) res.setHeader(name, value as string | string[]);
-    }
-    return res;
-  } as typeof res.writeHead;
-  res.write = function write(chunk: unknown, encoding?: unknown, cb?: unknown) {
-    const callback = typeof encoding === "function" ? encoding : cb;
-    collect(chunk, typeof encoding === "string" ? encoding : undefined);
-    if (typeof callback === "function") process.nextTick(callback as () => void);
-    return true;
-  } as typeof res.write;
-  res.end = function end(chunk?: unknown, encoding?: unknown, cb?: unknown) {
-    const callback = [chunk, encoding, cb].find((a) => typeof a === "function");
-    if (typeof chunk !== "function") collect(chunk, typeof encoding === "string" ? encoding : undefined);
-    onEnd = callback as (() => void) | undefined;
-    const headers: Array<[string, string]> = [];
-    for (const [name, value] of Object.entries(res.getHeaders())) {
-      for (const one of Array.isArray(value) ? value : [value]) headers.push([name, String(one)]);
-    }
-    finish({ status: res.statusCode, headers, body: Buffer.concat(chunks) });
-    return res;
-  } as typeof res.end;
-  res.flushHeaders = () => {};
-
-  const restore = () => {
-    Object.assign(res, original);
-    for (const name of res.getHeaderNames()) res.removeHeader(name);
-  };
-  return {
-    finished,
-    /** Put the real methods back and forget what the handler set (for Express's error handling). */
-    restore() {
-      restore();
-      res.statusCode = 200;
-    },
-    /** Send `r` for real. */
-    release(r: StoredResponse) {
-      restore();
-      if (onEnd) res.once("finish", onEnd);
-      writeResponse(res, r);
-    },
-  };
+/** The lifecycle's view of an Express request (a class: no closures per request). */
+class ExpressRequest implements IdemRequest {
+  readonly method: string;
+  readonly path: string;
+  constructor(private readonly req: Request) {
+    this.method = req.method;
+    this.path = req.originalUrl;
+  }
+  header(name: string): string | undefined {
+    return headerOf(this.req, name);
+  }
 }
 
-class Unsaved {
-  constructor(readonly response: StoredResponse) {}
+/** Read the request once; answers 413 or 400/401 itself and returns undefined then. */
+async function begin(
+  lifecycle: Lifecycle<Tx>,
+  options: ExpressRouteOptions,
+  req: Request,
+  res: Response,
+): Promise<Exclude<Begun, { kind: "answer" }> | undefined> {
+  const scope = await options.scope(req);
+  let begun: Begun;
+  try {
+    begun = lifecycle.begin(new ExpressRequest(req), scope, await requestBody(req, options.limit));
+  } catch (err) {
+    const owed = lifecycle.failure(err); // 413
+    if (!owed) throw err;
+    writeResponse(res, owed);
+    return undefined;
+  }
+  if (begun.kind !== "answer") return begun;
+  writeResponse(res, begun.response);
+  return undefined;
+}
+
+function authorizer(options: ExpressRouteOptions, req: Request): RunOptions["authorize"] {
+  const check = options.authorizeReplay;
+  return check && (() => check(req));
 }
 
 export function idempotency(options: ExpressIdempotencyOptions): RequestHandler {
-  const engine = new IdempotencyEngine<Tx>(options);
+  const lifecycle = new Lifecycle<Tx>(options);
   return async function idempotencyMiddleware(req: Request, res: Response, next: NextFunction) {
-    const scope = await options.scope(req);
-    let body: { body: Uint8Array; contentType: string | undefined };
-    try {
-      body = await requestBody(req, options.limit);
-    } catch (err) {
-      if (err instanceof IdemError) return writeResponse(res, errorResponse(err)); // 413
-      throw err;
-    }
-    const request: IdemRequest = {
-      method: req.method,
-      path: req.originalUrl,
-      header: (name) => (name.toLowerCase() === "content-type" ? body.contentType : headerOf(req, name)),
-      body: body.body,
-    };
-    const prepared = engine.prepare(request, scope);
-    if (prepared.kind === "answer") return writeResponse(res, prepared.response);
-
-    const signal = hangUpSignal(res);
-    const held = holdResponse(res);
-    const key = prepared.kind === "claim" ? prepared.claim.key : undefined;
+    const begun = await begin(lifecycle, options, req, res);
+    if (!begun) return;
+    const held = new Held(res);
+    const key = begun.kind === "keyed" ? begun.claim.key : undefined;
+    const scope = begun.kind === "keyed" ? begun.claim.scope : begun.scope;
+    const body = begun.body.value;
     // Runs the rest of the chain in `tx`; resolves with the response the chain wrote, including one
     // written by an error handler after next(err) (a 500 is not final: the transaction rolls back).
     const work = (tx: Tx) => {
-      req.idempotency = { tx, key, scope };
+      req.idempotency = { tx, key, scope, body };
       next();
       return held.finished;
     };
     let response: StoredResponse;
     try {
-      if (prepared.kind === "claim") {
-        response = (await engine.execute(prepared.claim, work, { signal })).response;
-      } else {
-        response = await options.store
-          .transaction(
-            async (tx) => {
-              const r = await work(tx);
-              if (r.status >= 500) throw new Unsaved(r);
-              return r;
-            },
-            { scope },
-          )
-          .catch((err: unknown) => {
-            if (err instanceof Unsaved) return err.response;
-            throw err;
-          });
-      }
+      response =
+        begun.kind === "keyed"
+          ? (
+              await lifecycle.keyed(begun, work, {
+                signal: new SocketHangUp(req.socket, res),
+                authorize: authorizer(options, req),
+              })
+            ).response
+          : await lifecycle.unkeyed(begun, work);
     } catch (err) {
-      // The store failed (before the chain ran, or at commit after it): nothing held back is sent, and
-      // Express's error handling answers instead.
+      const owed = lifecycle.failure(err, begun); // the database went away before or after the chain
+      if (owed) return held.release(owed);
+      // The store failed otherwise: nothing held back is sent, and Express's error handling answers.
       held.restore();
       throw err;
     }
     held.release(response);
+  };
+}
+
+export interface ExpressPhasesOptions<I>
+  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
+    ExpressRouteOptions {
+  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
+  runner: PhasesRunnerLike<I>;
+  /** The runner's input, from the validated request and the body as read once (JSON). Required. */
+  input: (req: Request, body: unknown) => I | Promise<I>;
+  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
+  answerWithinMs?: number;
+}
+
+/**
+ * Express handler for a route in phases mode; it ends the request (a key is always required):
+ *
+ *   app.post("/v1/payments", express.json({ verify: keepRawBody }), auth, validate,
+ *     idempotentPhases({ runner, scope: (req) => req.accountId, input: (req) => res.locals.payment }))
+ */
+export function idempotentPhases<I>(options: ExpressPhasesOptions<I>): RequestHandler {
+  const lifecycle = new Lifecycle<Tx>(
+    { ...options, store: options.runner.store, required: true },
+    { answerWithinMs: options.answerWithinMs },
+  );
+  return async function idempotentPhasesHandler(req: Request, res: Response) {
+    const begun = await begin(lifecycle, options, req, res);
+    if (begun?.kind !== "keyed") return;
+    let response: StoredResponse;
+    try {
+      const input = await options.input(req, begun.body.value);
+      response = (
+        await lifecycle.phases(begun, options.runner, input, {
+          signal: new SocketHangUp(req.socket, res),
+          authorize: authorizer(options, req),
+        })
+      ).response;
+    } catch (err) {
+      const owed = lifecycle.failure(err, begun);
+      if (!owed) throw err;
+      response = owed;
+    }
+    writeResponse(res, response);
   };
 }

@@ -1,5 +1,6 @@
 /**
- * Fastify 5 adapter: `idempotency(options)` returns route hooks.
+ * Fastify 5 adapter: `idempotency(options)` returns route hooks (atomic mode), `idempotencyPlugin` the
+ * same hooks for every route of a prefix, and `idempotentPhases(options)` a route in phases mode.
  *
  *   const idem = idempotency({ store, scope: (request) => request.accountId });
  *   app.post("/v1/payments", { schema, ...idem }, async (request, reply) => {
@@ -14,12 +15,12 @@
  *
  * How it maps onto the lifecycle: `preParsing` keeps a copy of the raw body bytes (for the fingerprint)
  * while Fastify's own parsers read them; `preHandler` claims the key and opens the transaction
- * (`request.idempotency.tx`), then lets the handler run; `onSend` hands the serialized reply to the
+ * (`request.idempotency.tx`, and the body as read once in `request.idempotency.body`), then lets the
+ * handler run; `onSend` hands the serialized reply to the
  * engine, waits for the commit and sends what the engine chose. A handler error (`onError`) rolls back.
  */
 import { Transform } from "node:stream";
 import type {
-  FastifyPluginAsync,
   FastifyReply,
   FastifyRequest,
   onErrorAsyncHookHandler,
@@ -27,11 +28,21 @@ import type {
   onSendAsyncHookHandler,
   preHandlerAsyncHookHandler,
   preParsingAsyncHookHandler,
+  RouteHandlerMethod,
 } from "fastify";
-import type { Tx } from "../core/db.ts";
-import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
-import { canonicalJson, IdempotencyEngine } from "../core/index.ts";
-import { groupHeaders, hangUpSignal } from "./node.ts";
+import fp from "fastify-plugin";
+import type {
+  Begun,
+  IdemRequest,
+  LifecycleOptions,
+  PhasesRunnerLike,
+  RequestBody,
+  RunOptions,
+  StoredResponse,
+  Tx,
+} from "../core/index.ts";
+import { Lifecycle, parsedBody } from "../core/index.ts";
+import { groupHeaders, headerPairs, SocketHangUp } from "./shared.ts";
 
 export interface FastifyIdempotency {
   /** The transaction of this request (atomic mode): do the work's writes here. */
@@ -39,6 +50,11 @@ export interface FastifyIdempotency {
   /** The request's idempotency key, or undefined on an optional-key route called without one. */
   key: string | undefined;
   scope: string | undefined;
+  /**
+   * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
+   * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value.
+   */
+  body: unknown;
 }
 
 declare module "fastify" {
@@ -48,10 +64,17 @@ declare module "fastify" {
   }
 }
 
-export interface FastifyIdempotencyOptions extends EngineOptions<Tx> {
+interface FastifyRouteOptions {
   /** The caller's scope (their account id), from authentication, never from the body. Required. */
   scope: (request: FastifyRequest) => string | undefined | Promise<string | undefined>;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer. Default: none.
+   */
+  authorizeReplay?: (request: FastifyRequest) => boolean | Promise<boolean>;
 }
+
+export interface FastifyIdempotencyOptions extends LifecycleOptions<Tx>, FastifyRouteOptions {}
 
 export interface IdempotencyHooks {
   preParsing: preParsingAsyncHookHandler;
@@ -61,15 +84,14 @@ export interface IdempotencyHooks {
   onResponse: onResponseAsyncHookHandler;
 }
 
-/** A request whose handler runs inside a claim: the engine waits for the reply `onSend` passes on. */
+/** A request whose handler runs inside a claim: the lifecycle waits for the reply `onSend` passes on. */
 interface Pending {
+  begun: Begun;
   reply(r: StoredResponse): void;
   fail(err: unknown): void;
   error?: unknown;
-  done: Promise<{ response: StoredResponse }>;
+  done: Promise<StoredResponse>;
 }
-
-type Outcome = { response: StoredResponse };
 
 const encoder = new TextEncoder();
 
@@ -98,59 +120,87 @@ function send(reply: FastifyReply, r: StoredResponse): FastifyReply {
   return reply.code(r.status).send(Buffer.from(r.body));
 }
 
+/** The lifecycle's view of a Fastify request (a class: no closures per request). */
+class FastifyIdemRequest implements IdemRequest {
+  readonly method: string;
+  readonly path: string;
+  constructor(private readonly request: FastifyRequest) {
+    this.method = request.method;
+    this.path = request.url;
+  }
+  header(name: string): string | undefined {
+    const v = this.request.headers[name.toLowerCase()];
+    return Array.isArray(v) ? v.join(", ") : v;
+  }
+}
+
+/** Keeps a copy of the raw body bytes (for the fingerprint) while Fastify's own parsers read them. */
+function rawBodyKeeper(rawBodies: WeakMap<FastifyRequest, Buffer[]>): preParsingAsyncHookHandler {
+  return async function preParsing(request, _reply, payload) {
+    const chunks: Buffer[] = [];
+    rawBodies.set(request, chunks);
+    // Fastify compares receivedEncodedLength with Content-Length and the body limit: keep it current.
+    const tap = Object.assign(
+      new Transform({
+        transform(chunk: Buffer, _encoding, callback) {
+          chunks.push(chunk);
+          tap.receivedEncodedLength =
+            payload.receivedEncodedLength ?? tap.receivedEncodedLength + chunk.length;
+          callback(null, chunk);
+        },
+      }),
+      { receivedEncodedLength: 0 },
+    );
+    payload.on("error", (err) => tap.destroy(err));
+    return payload.pipe(tap);
+  };
+}
+
+/** The body to read: the bytes kept by preParsing, else whatever the parser left in request.body. */
+function bodyOf(
+  request: FastifyRequest,
+  rawBodies: WeakMap<FastifyRequest, Buffer[]>,
+): Uint8Array | RequestBody {
+  const chunks = rawBodies.get(request);
+  rawBodies.delete(request);
+  if (chunks?.length) return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
+  const parsed: unknown = request.body;
+  if (parsed instanceof Uint8Array) return parsed;
+  if (typeof parsed === "string") return encoder.encode(parsed);
+  return parsedBody(parsed);
+}
+
+/** Read the request once; answers 400/401 (or a failure) itself and returns undefined then. */
+async function begin(
+  lifecycle: Lifecycle<Tx>,
+  options: FastifyRouteOptions,
+  rawBodies: WeakMap<FastifyRequest, Buffer[]>,
+  request: FastifyRequest,
+  reply: FastifyReply,
+): Promise<Exclude<Begun, { kind: "answer" }> | undefined> {
+  const scope = await options.scope(request);
+  const begun = lifecycle.begin(new FastifyIdemRequest(request), scope, bodyOf(request, rawBodies));
+  if (begun.kind !== "answer") return begun;
+  send(reply, begun.response);
+  return undefined;
+}
+
+function authorizer(options: FastifyRouteOptions, request: FastifyRequest): RunOptions["authorize"] {
+  const check = options.authorizeReplay;
+  return check && (() => check(request));
+}
+
 export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHooks {
-  const engine = new IdempotencyEngine<Tx>(options);
+  const lifecycle = new Lifecycle<Tx>(options);
   const rawBodies = new WeakMap<FastifyRequest, Buffer[]>();
   const pending = new WeakMap<FastifyRequest, Pending>();
 
-  /** The fingerprinted body: the bytes kept by preParsing, else whatever the parser left in request.body. */
-  function bodyOf(request: FastifyRequest): { body: Uint8Array; contentType: string | undefined } {
-    const contentType = request.headers["content-type"];
-    const chunks = rawBodies.get(request);
-    if (chunks?.length) return { body: Buffer.concat(chunks), contentType };
-    const parsed: unknown = request.body;
-    if (parsed === undefined || parsed === null) return { body: new Uint8Array(), contentType };
-    if (parsed instanceof Uint8Array) return { body: parsed, contentType };
-    if (typeof parsed === "string") return { body: encoder.encode(parsed), contentType };
-    return { body: encoder.encode(canonicalJson(parsed)), contentType: "application/json" };
-  }
-
   return {
-    async preParsing(request, _reply, payload) {
-      const chunks: Buffer[] = [];
-      rawBodies.set(request, chunks);
-      // Fastify compares receivedEncodedLength with Content-Length and the body limit: keep it current.
-      const tap = Object.assign(
-        new Transform({
-          transform(chunk: Buffer, _encoding, callback) {
-            chunks.push(chunk);
-            tap.receivedEncodedLength =
-              payload.receivedEncodedLength ?? tap.receivedEncodedLength + chunk.length;
-            callback(null, chunk);
-          },
-        }),
-        { receivedEncodedLength: 0 },
-      );
-      payload.on("error", (err) => tap.destroy(err));
-      return payload.pipe(tap);
-    },
+    preParsing: rawBodyKeeper(rawBodies),
 
     async preHandler(request, reply) {
-      const scope = await options.scope(request);
-      const { body, contentType } = bodyOf(request);
-      rawBodies.delete(request);
-      const req: IdemRequest = {
-        method: request.method,
-        path: request.url,
-        header: (name) => {
-          if (name.toLowerCase() === "content-type") return contentType;
-          const v = request.headers[name.toLowerCase()];
-          return Array.isArray(v) ? v.join(", ") : v;
-        },
-        body,
-      };
-      const prepared = engine.prepare(req, scope);
-      if (prepared.kind === "answer") return send(reply, prepared.response);
+      const begun = await begin(lifecycle, options, rawBodies, request, reply);
+      if (!begun) return reply;
 
       // `work` must not finish before the handler has replied, but preHandler must return for the
       // handler to run: so work waits on a promise that onSend settles with the serialized reply.
@@ -158,25 +208,39 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       const started = new Promise<undefined>((resolve) => {
         entered = () => resolve(undefined);
       });
-      const p = { error: undefined } as Pending;
+      const p = { begun, error: undefined } as Pending;
       const produced = new Promise<StoredResponse>((resolve, reject) => {
         p.reply = resolve;
         p.fail = reject;
       });
-      const key = prepared.kind === "claim" ? prepared.claim.key : undefined;
+      const key = begun.kind === "keyed" ? begun.claim.key : undefined;
+      const scope = begun.kind === "keyed" ? begun.claim.scope : begun.scope;
+      const body = begun.body.value;
       const work = (tx: Tx) => {
-        request.idempotency = { tx, key, scope };
+        request.idempotency = { tx, key, scope, body };
         entered();
         return produced;
       };
       p.done =
-        prepared.kind === "claim"
-          ? engine.execute(prepared.claim, work, { signal: hangUpSignal(reply.raw) })
-          : options.store.transaction(work, { scope }).then((response): Outcome => ({ response }));
-      // Either the claim succeeded and the handler may run, or the engine answered without running it
-      // (a replay, 409, 422). A store failure before the claim rejects here and Fastify answers 500.
-      const early = await Promise.race([started, p.done]);
-      if (early) return send(reply, early.response);
+        begun.kind === "keyed"
+          ? lifecycle
+              .keyed(begun, work, {
+                signal: new SocketHangUp(request.raw.socket, reply.raw),
+                authorize: authorizer(options, request),
+              })
+              .then((s) => s.response)
+          : lifecycle.unkeyed(begun, work);
+      // Either the claim succeeded and the handler may run, or the lifecycle answered without running
+      // it (a replay, 409, 422), or the store failed before the claim (503 when the database is down).
+      let early: StoredResponse | undefined;
+      try {
+        early = await Promise.race([started, p.done]);
+      } catch (err) {
+        const owed = lifecycle.failure(err, begun);
+        if (!owed) throw err;
+        early = owed;
+      }
+      if (early) return send(reply, early);
       pending.set(request, p);
     },
 
@@ -191,18 +255,23 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       pending.delete(request);
       const body = await payloadBytes(payload);
       if (p.error !== undefined) p.fail(p.error);
-      else p.reply({ status: reply.statusCode, headers: headerPairs(reply), body });
-      let out: Outcome;
+      else p.reply({ status: reply.statusCode, headers: headerPairs(reply.getHeaders()), body });
+      let out: StoredResponse;
       try {
         out = await p.done;
       } catch (err) {
-        if (err === p.error) return body; // rolled back; Fastify's error reply stands
-        setHeaders(reply, []); // the store failed at commit: drop the handler's headers (Set-Cookie...)
-        throw err;
+        const owed = lifecycle.failure(err, p.begun); // the database went away
+        if (owed) out = owed;
+        else if (err === p.error)
+          return body; // rolled back; Fastify's error reply stands
+        else {
+          setHeaders(reply, []); // the store failed at commit: drop the handler's headers (Set-Cookie...)
+          throw err;
+        }
       }
-      setHeaders(reply, out.response.headers);
-      reply.code(out.response.status);
-      return Buffer.from(out.response.body);
+      setHeaders(reply, out.headers);
+      reply.code(out.status);
+      return Buffer.from(out.body);
     },
 
     async onResponse(request) {
@@ -216,22 +285,13 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
   };
 }
 
-function headerPairs(reply: FastifyReply): Array<[string, string]> {
-  const pairs: Array<[string, string]> = [];
-  for (const [name, value] of Object.entries(reply.getHeaders())) {
-    if (value === undefined) continue;
-    for (const one of Array.isArray(value) ? value : [value]) pairs.push([name, String(one)]);
-  }
-  return pairs;
-}
-
 /**
- * The hooks as a plugin, for every route registered beside it (it is not encapsulated, like a plugin
- * wrapped in fastify-plugin): `app.register(async (app) => { await app.register(idempotencyPlugin, opts);
+ * The hooks as a plugin for every route registered beside it (wrapped in fastify-plugin, so it is not
+ * encapsulated): `app.register(async (app) => { await app.register(idempotencyPlugin, opts);
  * app.post(...) }, { prefix: "/v1" })`.
  */
-export const idempotencyPlugin: FastifyPluginAsync<FastifyIdempotencyOptions> = Object.assign(
-  async function idempotencyPlugin(app: Parameters<FastifyPluginAsync>[0], opts: FastifyIdempotencyOptions) {
+export const idempotencyPlugin = fp<FastifyIdempotencyOptions>(
+  async function idempotencyPlugin(app, opts) {
     const hooks = idempotency(opts);
     app.decorateRequest("idempotency", null as unknown as FastifyIdempotency);
     app.addHook("preParsing", hooks.preParsing);
@@ -240,5 +300,54 @@ export const idempotencyPlugin: FastifyPluginAsync<FastifyIdempotencyOptions> = 
     app.addHook("onSend", hooks.onSend);
     app.addHook("onResponse", hooks.onResponse);
   },
-  { [Symbol.for("skip-override")]: true, [Symbol.for("fastify.display-name")]: "idem" },
+  { name: "idem", fastify: "5.x" },
 );
+
+export interface FastifyPhasesOptions<I>
+  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
+    FastifyRouteOptions {
+  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
+  runner: PhasesRunnerLike<I>;
+  /** The runner's input, from the validated request and the body as read once (JSON). Required. */
+  input: (request: FastifyRequest, body: unknown) => I | Promise<I>;
+  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
+  answerWithinMs?: number;
+}
+
+/**
+ * A route in phases mode (a key is always required): spread it into the route's options.
+ *
+ *   app.post("/v1/payments", { preValidation: validate, ...idempotentPhases({ runner, scope, input }) })
+ */
+export function idempotentPhases<I>(options: FastifyPhasesOptions<I>): {
+  preParsing: preParsingAsyncHookHandler;
+  handler: RouteHandlerMethod;
+} {
+  const lifecycle = new Lifecycle<Tx>(
+    { ...options, store: options.runner.store, required: true },
+    { answerWithinMs: options.answerWithinMs },
+  );
+  const rawBodies = new WeakMap<FastifyRequest, Buffer[]>();
+  return {
+    preParsing: rawBodyKeeper(rawBodies),
+    async handler(request, reply) {
+      const begun = await begin(lifecycle, options, rawBodies, request, reply);
+      if (begun?.kind !== "keyed") return reply;
+      let response: StoredResponse;
+      try {
+        const input = await options.input(request, begun.body.value);
+        response = (
+          await lifecycle.phases(begun, options.runner, input, {
+            signal: new SocketHangUp(request.raw.socket, reply.raw),
+            authorize: authorizer(options, request),
+          })
+        ).response;
+      } catch (err) {
+        const owed = lifecycle.failure(err, begun);
+        if (!owed) throw err;
+        response = owed;
+      }
+      return send(reply, response);
+    },
+  };
+}

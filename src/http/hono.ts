@@ -1,15 +1,29 @@
 /**
- * Hono adapter: `idempotency(options)` is a middleware for keyed routes.
+ * Hono adapter: `idempotency(options)` is a middleware for keyed routes (atomic mode), and
+ * `idempotentPhases(options)` the handler of a route in phases mode.
  *
  *   app.post("/v1/payments", auth, validate, idempotency({ store, scope: (c) => c.var.accountId }), handler)
  *
  * Put validation before it, so that a bad request is answered without claiming the key. The handler
- * finds the transaction in `c.var.idempotency.tx`: its writes commit together with the saved response.
+ * finds the transaction in `c.var.idempotency.tx` (its writes commit together with the saved response)
+ * and the body as read once, the value that was fingerprinted, in `c.var.idempotency.body`. Both are
+ * typed on the routes that use the middleware only (it is built with `createMiddleware`).
  */
-import type { Context, MiddlewareHandler } from "hono";
-import type { Tx } from "../core/db.ts";
-import type { AtomicOutcome, Claim, EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
-import { errorResponse, IdempotencyEngine, KeyMissingError, Outcome } from "../core/index.ts";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Context, Env, MiddlewareHandler } from "hono";
+import { createMiddleware } from "hono/factory";
+import type {
+  Begun,
+  HangUp,
+  IdemRequest,
+  LifecycleOptions,
+  PhasesRunnerLike,
+  RunOptions,
+  StoredResponse,
+  Tx,
+} from "../core/index.ts";
+import { Lifecycle, Outcome } from "../core/index.ts";
+import { NULL_BODY, SocketHangUp } from "./shared.ts";
 
 export interface IdempotencyVariables {
   /** The transaction of this request (atomic mode): do the work's writes here. */
@@ -17,22 +31,36 @@ export interface IdempotencyVariables {
   /** The request's idempotency key, or undefined on an optional-key route called without one. */
   key: string | undefined;
   scope: string | undefined;
+  /**
+   * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
+   * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value, not on a second
+   * reading of the request.
+   */
+  body: unknown;
 }
 
-declare module "hono" {
-  interface ContextVariableMap {
-    idempotency: IdempotencyVariables;
-    /** How the keyed request ended (set by the middleware, for logs and metrics). */
-    idempotencyOutcome: Outcome;
-  }
+/** The variables idem's middlewares set, typed on the routes that use them. */
+export type IdempotencyEnv = {
+  Variables: { idempotency: IdempotencyVariables; idempotencyOutcome: Outcome };
+};
+
+/** How the request ended (for logs and metrics), when one of idem's middlewares handled it. */
+export function idempotencyOutcome(c: Context): Outcome | undefined {
+  return (c as Context<IdempotencyEnv>).get("idempotencyOutcome");
 }
 
-export interface HonoIdempotencyOptions extends EngineOptions<Tx> {
+interface RouteOptions<E extends Env> {
   /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (c: Context) => string | undefined | Promise<string | undefined>;
+  scope: (c: Context<E>) => string | undefined | Promise<string | undefined>;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer (e.g. the caller's API key was revoked meanwhile, or they
+   * left the account). Default: none (the authentication before this middleware is the check).
+   */
+  authorizeReplay?: (c: Context<E>) => boolean | Promise<boolean>;
 }
 
-const NULL_BODY = new Set([101, 204, 205, 304]);
+export interface HonoIdempotencyOptions<E extends Env = any> extends LifecycleOptions<Tx>, RouteOptions<E> {}
 
 function toResponse(r: StoredResponse): Response {
   const headers = new Headers();
@@ -48,44 +76,81 @@ function setResponse(c: Context, r: StoredResponse): void {
   c.res = toResponse(r);
 }
 
-export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler {
-  const engine = new IdempotencyEngine<Tx>(options);
-  return async function idempotencyMiddleware(c, next) {
-    const scope = await options.scope(c);
-    const url = new URL(c.req.url);
-    const body = new Uint8Array(await c.req.arrayBuffer()); // Hono caches it: the handler can read it again
-    const req: IdemRequest = {
-      method: c.req.method,
-      path: url.pathname + url.search,
-      header: (name) => c.req.header(name),
-      body,
-    };
-    const prepared = engine.prepare(req, scope);
-    if (prepared.kind === "answer") {
+/** The lifecycle's view of a Hono request (a class: no closures per request). */
+class HonoRequest implements IdemRequest {
+  readonly method: string;
+  readonly path: string;
+  constructor(private readonly c: Context) {
+    this.method = c.req.method;
+    const url = c.req.url;
+    this.path = url.slice(url.indexOf("/", url.indexOf("//") + 2)); // path and query, no origin
+  }
+  header(name: string): string | undefined {
+    return this.c.req.header(name);
+  }
+}
+
+/** Looks at the raw request's signal only when asked (off Node, where there is no socket). */
+class SignalHangUp implements HangUp {
+  constructor(private readonly c: Context) {}
+  get aborted(): boolean {
+    return this.c.req.raw.signal.aborted;
+  }
+}
+
+/** What @hono/node-server puts in `c.env` (its `HttpBindings`). */
+interface NodeBindings {
+  incoming?: IncomingMessage;
+  outgoing?: ServerResponse;
+}
+
+/** On @hono/node-server, the socket tells; elsewhere the request's signal, read only when asked. */
+function hangUpOf(c: Context): HangUp {
+  const env = c.env as NodeBindings | undefined;
+  return env?.incoming ? new SocketHangUp(env.incoming.socket, env.outgoing) : new SignalHangUp(c);
+}
+
+async function begin(lifecycle: Lifecycle<Tx>, c: Context, scope: string | undefined): Promise<Begun> {
+  const bytes = new Uint8Array(await c.req.arrayBuffer()); // Hono caches it for a handler that reads it again
+  return lifecycle.begin(new HonoRequest(c), scope, bytes);
+}
+
+function authorizer<E extends Env>(options: RouteOptions<E>, c: Context): RunOptions["authorize"] {
+  const check = options.authorizeReplay;
+  return check && (() => check(c as Context<E>));
+}
+
+export function idempotency<E extends Env = any>(
+  options: HonoIdempotencyOptions<E>,
+): MiddlewareHandler<IdempotencyEnv> {
+  const lifecycle = new Lifecycle<Tx>(options);
+  return createMiddleware<IdempotencyEnv>(async function idempotencyMiddleware(c, next) {
+    const scope = await options.scope(c as unknown as Context<E>);
+    const begun = await begin(lifecycle, c, scope);
+    if (begun.kind === "answer") {
       c.set("idempotencyOutcome", Outcome.Invalid);
-      setResponse(c, prepared.response);
+      setResponse(c, begun.response);
       return;
     }
-    if (prepared.kind === "unkeyed") {
-      c.set("idempotencyOutcome", Outcome.Unkeyed);
-      await options.store.transaction(
-        async (tx) => {
-          c.set("idempotency", { tx, key: undefined, scope });
-          await next();
-          if (c.error) throw c.error;
-        },
-        { scope },
-      );
-      return;
-    }
-    const { claim } = prepared;
+    const body = begun.body.value;
     try {
-      const out = await engine.execute(
-        claim,
-        async (tx) => {
-          c.set("idempotency", { tx, key: claim.key, scope });
+      if (begun.kind === "unkeyed") {
+        c.set("idempotencyOutcome", Outcome.Unkeyed);
+        await lifecycle.unkeyed(begun, async (tx) => {
+          c.set("idempotency", { tx, key: undefined, scope, body });
           await next();
           if (c.error) throw c.error; // the handler threw: roll back; Hono's onError already answered
+          return c.res;
+        });
+        return;
+      }
+      const key = begun.claim.key;
+      const out = await lifecycle.keyed(
+        begun,
+        async (tx) => {
+          c.set("idempotency", { tx, key, scope, body });
+          await next();
+          if (c.error) throw c.error;
           const res = c.res;
           return {
             status: res.status,
@@ -93,29 +158,36 @@ export function idempotency(options: HonoIdempotencyOptions): MiddlewareHandler 
             body: new Uint8Array(await res.arrayBuffer()),
           };
         },
-        { signal: c.req.raw.signal },
+        { signal: hangUpOf(c), authorize: authorizer(options, c) },
       );
       c.set("idempotencyOutcome", out.outcome);
       setResponse(c, out.response);
     } catch (err) {
-      if (err !== c.error) throw err;
+      const owed = lifecycle.failure(err, begun); // e.g. 503 when the database is down
+      if (owed) {
+        c.set("idempotencyOutcome", Outcome.Retryable);
+        setResponse(c, owed);
+      } else if (err !== c.error) throw err;
     }
-  };
+  });
 }
 
-/** What `idempotentPhases` needs of a phases runner (`definePhases` from `idem/postgres` returns one). */
-export interface PhasesRunnerLike<I> {
-  readonly store: EngineOptions<Tx>["store"];
-  run(claim: Claim, input: I, options?: { signal?: AbortSignal }): Promise<AtomicOutcome>;
-}
-
-export interface HonoPhasesOptions<I> extends Omit<EngineOptions<Tx>, "store" | "required"> {
-  /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (c: Context) => string | undefined | Promise<string | undefined>;
-  /** The phases runner that does the work. Required. */
+export interface HonoPhasesOptions<I, E extends Env = any>
+  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
+    RouteOptions<E> {
+  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;
-  /** The runner's input, from the validated request (JSON: it is stored for the completer). Required. */
-  input: (c: Context) => I | Promise<I>;
+  /**
+   * The runner's input, from the validated request and the body as read once (JSON: it is stored for
+   * the completer, and a retry that resumes the key runs on the first request's input). Required.
+   */
+  input: (c: Context<E>, body: unknown) => I | Promise<I>;
+  /**
+   * The route's answer bound in ms: a request whose external call is still running then is answered
+   * 409 in-flight with Retry-After while the phase goes on. Published as `Idempotency-Answer-Within`.
+   * Default: 5,000.
+   */
+  answerWithinMs?: number;
 }
 
 /**
@@ -124,33 +196,39 @@ export interface HonoPhasesOptions<I> extends Omit<EngineOptions<Tx>, "store" | 
  *   app.post("/v1/payments", auth, validate, idempotentPhases({ runner, scope, input: (c) => c.var.payment }))
  *
  * It ends the request: the answer is the runner's (saved and replayed when final), or a problem (422,
- * 409 with Retry-After, 503 retryable). A key is always required. The client's disconnect does not stop
- * the phases once they began.
+ * 409 with Retry-After, 503 retryable, 409 operation-uncertain). A key is always required. The
+ * client's disconnect does not stop the phases once they began.
  */
-export function idempotentPhases<I>(options: HonoPhasesOptions<I>): MiddlewareHandler {
-  const engine = new IdempotencyEngine<Tx>({ ...options, store: options.runner.store, required: true });
-  return async function idempotentPhasesHandler(c) {
-    const scope = await options.scope(c);
-    const url = new URL(c.req.url);
-    const req: IdemRequest = {
-      method: c.req.method,
-      path: url.pathname + url.search,
-      header: (name) => c.req.header(name),
-      body: new Uint8Array(await c.req.arrayBuffer()),
-    };
-    const prepared = engine.prepare(req, scope);
-    if (prepared.kind !== "claim") {
-      c.set("idempotencyOutcome", Outcome.Invalid);
+export function idempotentPhases<I, E extends Env = any>(
+  options: HonoPhasesOptions<I, E>,
+): MiddlewareHandler<IdempotencyEnv> {
+  const lifecycle = new Lifecycle<Tx>(
+    { ...options, store: options.runner.store, required: true },
+    { answerWithinMs: options.answerWithinMs },
+  );
+  return createMiddleware<IdempotencyEnv>(async function idempotentPhasesHandler(c) {
+    const scope = await options.scope(c as unknown as Context<E>);
+    const begun = await begin(lifecycle, c, scope);
+    if (begun.kind !== "keyed") {
       // A key is required here, so "unkeyed" cannot happen; "answer" is a 400/401.
-      setResponse(c, prepared.kind === "answer" ? prepared.response : errorResponse(new KeyMissingError()));
+      c.set("idempotencyOutcome", Outcome.Invalid);
+      if (begun.kind === "answer") setResponse(c, begun.response);
       return c.res;
     }
-    const input = await options.input(c);
-    const out = await engine.settle(prepared.claim, () =>
-      options.runner.run(prepared.claim, input, { signal: c.req.raw.signal }),
-    );
-    c.set("idempotencyOutcome", out.outcome);
-    setResponse(c, out.response);
+    try {
+      const input = await options.input(c as unknown as Context<E>, begun.body.value);
+      const out = await lifecycle.phases(begun, options.runner, input, {
+        signal: hangUpOf(c),
+        authorize: authorizer(options, c),
+      });
+      c.set("idempotencyOutcome", out.outcome);
+      setResponse(c, out.response);
+    } catch (err) {
+      const owed = lifecycle.failure(err, begun);
+      if (!owed) throw err;
+      c.set("idempotencyOutcome", Outcome.Retryable);
+      setResponse(c, owed);
+    }
     return c.res;
-  };
+  });
 }

@@ -1,27 +1,42 @@
 /**
- * Plain `node:http` adapter: `idempotent(handler, options)` returns a request listener.
+ * Plain `node:http` adapter: `idempotent(handler, options)` returns a request listener (atomic mode),
+ * `idempotentPhases(options)` one for a route in phases mode.
  *
  *   http.createServer(
  *     idempotent(
  *       async (req, { tx, scope, body }) => {
- *         const payment = await insertPayment(tx, scope, JSON.parse(body.toString()));
+ *         const payment = await insertPayment(tx, scope, body as PaymentInput);
  *         return { status: 201, headers: { "content-type": "application/json" }, body: JSON.stringify(payment) };
  *       },
  *       { store, scope: (req) => accountOf(req) },
  *     ),
  *   );
  *
- * The listener reads the body itself (up to `limit` bytes, 413 beyond), so the handler gets it as
- * `ctx.body`. Validate there before doing any write: an answer that is not final (4xx other than the
+ * The listener reads the body itself (up to `limit` bytes, 413 beyond) once: the handler gets it as
+ * `ctx.body` (parsed JSON, form fields, or bytes: the value that was fingerprinted) and `ctx.rawBody`.
+ * Validate there before doing any write: an answer that is not final (4xx other than the
  * `saveStatuses`, 5xx) rolls the transaction back and saves nothing.
- *
- * The helpers `readBody`, `writeResponse` and `hangUpSignal` are exported for the Express adapter and
- * for users who build their own.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { Tx } from "../core/db.ts";
-import type { EngineOptions, IdemRequest, StoredResponse } from "../core/index.ts";
-import { errorResponse, IdemError, IdempotencyEngine, ProblemCode, problemResponse } from "../core/index.ts";
+import type {
+  Begun,
+  LifecycleOptions,
+  PhasesRunnerLike,
+  RunOptions,
+  StoredResponse,
+  Tx,
+} from "../core/index.ts";
+import { Lifecycle, problemResponse } from "../core/index.ts";
+import { NodeIdemRequest, readBody, SocketHangUp, writeResponse } from "./shared.ts";
+
+export {
+  DEFAULT_BODY_LIMIT,
+  groupHeaders,
+  headerOf,
+  readBody,
+  SocketHangUp,
+  writeResponse,
+} from "./shared.ts";
 
 export interface NodeIdempotencyContext {
   /** The transaction of this request (atomic mode): do the work's writes here. */
@@ -29,8 +44,13 @@ export interface NodeIdempotencyContext {
   /** The request's idempotency key, or undefined on an optional-key route called without one. */
   key: string | undefined;
   scope: string | undefined;
-  /** The request body as it was read (the bytes that were fingerprinted). */
-  body: Buffer;
+  /**
+   * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
+   * arrays for `repeatable` fields), the raw bytes, or undefined for none.
+   */
+  body: unknown;
+  /** The body's bytes as received. */
+  rawBody: Uint8Array;
 }
 
 /** What the handler answers. */
@@ -45,7 +65,7 @@ export interface NodeReply {
 
 export type NodeIdempotentHandler = (req: IncomingMessage, ctx: NodeIdempotencyContext) => Promise<NodeReply>;
 
-export interface NodeIdempotencyOptions extends EngineOptions<Tx> {
+interface NodeRouteOptions {
   /** The caller's scope (their account id), from authentication, never from the body. Required. */
   scope: (req: IncomingMessage) => string | undefined | Promise<string | undefined>;
   /** The largest request body read, in bytes; a larger one is answered 413 problem+json. Default: 1 MiB. */
@@ -55,77 +75,14 @@ export interface NodeIdempotencyOptions extends EngineOptions<Tx> {
    * Default: `console.error`.
    */
   onError?: (err: unknown, req: IncomingMessage) => void;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer. Default: none.
+   */
+  authorizeReplay?: (req: IncomingMessage) => boolean | Promise<boolean>;
 }
 
-export const DEFAULT_BODY_LIMIT = 1024 * 1024;
-
-/** Read a whole request body, rejecting with a 413 `IdemError` past `limit` bytes. */
-export function readBody(req: IncomingMessage, limit: number = DEFAULT_BODY_LIMIT): Promise<Buffer> {
-  const tooLarge = () =>
-    new IdemError(ProblemCode.BodyTooLarge, 413, `The request body is larger than ${limit} bytes.`);
-  if (Number(req.headers["content-length"]) > limit) return Promise.reject(tooLarge());
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const done = (err?: unknown) => {
-      req.off("data", onData).off("end", onEnd).off("error", done).off("close", onClose);
-      if (err) {
-        req.resume(); // discard the rest; Node answers on this connection once it is read
-        reject(err);
-      } else resolve(Buffer.concat(chunks, size));
-    };
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) done(tooLarge());
-      else chunks.push(chunk);
-    };
-    const onEnd = () => done();
-    const onClose = () => done(new Error("the client closed the connection while sending the body"));
-    req.on("data", onData).on("end", onEnd).on("error", done).on("close", onClose);
-  });
-}
-
-/**
- * An AbortSignal that fires when the client goes away before the response was sent. Passed to
- * `engine.execute`, it makes the store roll back instead of saving an answer nobody received
- * (`res`'s close, not `req`'s: since Node 16 `req` closes as soon as its body has been read).
- */
-export function hangUpSignal(res: ServerResponse): AbortSignal {
-  const controller = new AbortController();
-  res.once("close", () => {
-    if (!res.writableFinished) controller.abort(new Error("the client closed the connection"));
-  });
-  return controller.signal;
-}
-
-const NULL_BODY = new Set([101, 204, 205, 304]);
-
-/** Header pairs grouped by lower-case name, so repeated headers (Set-Cookie) are sent once per value. */
-export function groupHeaders(headers: Iterable<readonly [string, string]>): Map<string, string[]> {
-  const grouped = new Map<string, string[]>();
-  for (const [k, v] of headers) {
-    const name = k.toLowerCase();
-    const values = grouped.get(name);
-    if (values) values.push(v);
-    else grouped.set(name, [v]);
-  }
-  return grouped;
-}
-
-/** Send a response as the engine returned it. */
-export function writeResponse(res: ServerResponse, r: StoredResponse): void {
-  for (const [name, values] of groupHeaders(r.headers)) {
-    res.setHeader(name, values.length === 1 ? values[0]! : values);
-  }
-  res.statusCode = r.status;
-  res.end(NULL_BODY.has(r.status) || r.body.length === 0 ? undefined : r.body);
-}
-
-/** A header of a Node request as one string (repeated headers joined with ", "). */
-export function headerOf(req: IncomingMessage, name: string): string | undefined {
-  const v = req.headers[name.toLowerCase()];
-  return Array.isArray(v) ? v.join(", ") : v;
-}
+export interface NodeIdempotencyOptions extends LifecycleOptions<Tx>, NodeRouteOptions {}
 
 const encoder = new TextEncoder();
 
@@ -154,46 +111,98 @@ const INTERNAL_ERROR = problemResponse(
   "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
 );
 
-export function idempotent(
-  handler: NodeIdempotentHandler,
-  options: NodeIdempotencyOptions,
+/**
+ * The listener around one request: read it, let `run` answer it, and turn what escapes into idem's
+ * answer (413, 503 when the database is down) or a 500 after `onError`.
+ */
+function listener(
+  lifecycle: Lifecycle<Tx>,
+  options: NodeRouteOptions,
+  run: (
+    req: IncomingMessage,
+    begun: Begun & { kind: "keyed" | "unkeyed" },
+    raw: Uint8Array,
+    res: ServerResponse,
+  ) => Promise<StoredResponse>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
-  const engine = new IdempotencyEngine<Tx>(options);
   const onError = options.onError ?? ((err: unknown) => console.error(err));
-
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const body = await readBody(req, options.limit);
+  async function handle(req: IncomingMessage, res: ServerResponse, state: { begun?: Begun }): Promise<void> {
+    const raw = await readBody(req, options.limit);
     const scope = await options.scope(req);
-    const request: IdemRequest = {
-      method: req.method ?? "GET",
-      path: req.url ?? "/",
-      header: (name) => headerOf(req, name),
-      body,
-    };
-    const prepared = engine.prepare(request, scope);
-    if (prepared.kind === "answer") return writeResponse(res, prepared.response);
-    if (prepared.kind === "unkeyed") {
-      const reply = await options.store.transaction(
-        async (tx) => toStored(await handler(req, { tx, key: undefined, scope, body })),
-        { scope },
-      );
-      return writeResponse(res, reply);
-    }
-    const { claim } = prepared;
-    const out = await engine.execute(
-      claim,
-      async (tx) => toStored(await handler(req, { tx, key: claim.key, scope, body })),
-      { signal: hangUpSignal(res) },
-    );
-    writeResponse(res, out.response);
+    const begun = lifecycle.begin(new NodeIdemRequest(req, req.url ?? "/"), scope, raw);
+    state.begun = begun;
+    if (begun.kind === "answer") return writeResponse(res, begun.response);
+    writeResponse(res, await run(req, begun, raw, res));
   }
-
   return function idempotentListener(req, res) {
-    handle(req, res).catch((err: unknown) => {
-      if (err instanceof IdemError) return writeResponse(res, errorResponse(err)); // 413, or a store's answer
+    const state: { begun?: Begun } = {};
+    handle(req, res, state).catch((err: unknown) => {
+      const owed = lifecycle.failure(err, state.begun); // 413, or the database down
+      if (owed) return writeResponse(res, owed);
       onError(err, req); // the handler threw: the transaction rolled back, nothing was saved
       if (!res.headersSent) writeResponse(res, INTERNAL_ERROR);
       else res.destroy();
     });
   };
+}
+
+function authorizer(options: NodeRouteOptions, req: IncomingMessage): RunOptions["authorize"] {
+  const check = options.authorizeReplay;
+  return check && (() => check(req));
+}
+
+export function idempotent(
+  handler: NodeIdempotentHandler,
+  options: NodeIdempotencyOptions,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  const lifecycle = new Lifecycle<Tx>(options);
+  return listener(lifecycle, options, async (req, begun, rawBody, res) => {
+    const body = begun.body.value;
+    if (begun.kind === "unkeyed") {
+      const scope = begun.scope;
+      return lifecycle.unkeyed(begun, async (tx) =>
+        toStored(await handler(req, { tx, key: undefined, scope, body, rawBody })),
+      );
+    }
+    const { scope, key } = begun.claim;
+    const out = await lifecycle.keyed(
+      begun,
+      async (tx) => toStored(await handler(req, { tx, key, scope, body, rawBody })),
+      { signal: new SocketHangUp(req.socket, res), authorize: authorizer(options, req) },
+    );
+    return out.response;
+  });
+}
+
+export interface NodePhasesOptions<I>
+  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
+    NodeRouteOptions {
+  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
+  runner: PhasesRunnerLike<I>;
+  /**
+   * The runner's input from the body as read once (JSON: it is stored for the completer). Throw an
+   * `IdemError` (e.g. `InvalidBodyError`) to answer 400 before anything is claimed. Required.
+   */
+  input: (req: IncomingMessage, body: unknown) => I | Promise<I>;
+  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
+  answerWithinMs?: number;
+}
+
+/** A `node:http` listener for a route in phases mode; a key is always required. */
+export function idempotentPhases<I>(
+  options: NodePhasesOptions<I>,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  const lifecycle = new Lifecycle<Tx>(
+    { ...options, store: options.runner.store, required: true },
+    { answerWithinMs: options.answerWithinMs },
+  );
+  return listener(lifecycle, options, async (req, begun, _raw, res) => {
+    if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
+    const input = await options.input(req, begun.body.value);
+    const out = await lifecycle.phases(begun, options.runner, input, {
+      signal: new SocketHangUp(req.socket, res),
+      authorize: authorizer(options, req),
+    });
+    return out.response;
+  });
 }

@@ -1,14 +1,25 @@
 /**
- * What every HTTP adapter must do, driven over real HTTP against a tiny payments app that each
- * framework's test builds the same way: `POST /v1/payments` (key required) and `POST /v1/tips` (key
- * optional), the scope from `x-account` (standing in for authentication), the body validated before
- * the idempotency middleware. Two headers, outside the fingerprint, steer the handler: `x-crash` makes
- * it throw after its insert, `x-sleep-ms` makes it wait after its insert.
+ * What every HTTP adapter must do (the one lifecycle in src/core/lifecycle.ts, seen through each
+ * framework), driven over real HTTP against a tiny payments app that each framework's test builds the
+ * same way:
+ *
+ *   POST /v1/payments  key required, atomic mode, `authorizeReplay` refuses callers sending `x-revoked`
+ *   POST /v1/tips      key optional, atomic mode
+ *   POST /v1/phased    phases mode (`phasesRunner` below)
+ *
+ * The scope comes from `x-account` (standing in for authentication); the body is validated before the
+ * idempotency middleware, and the handler acts on the body idem read (`idempotency.body`). Headers
+ * outside the fingerprint steer the handler: `x-crash` makes it throw after its insert, `x-sleep-ms`
+ * wait after its insert, `x-status` return that status after its insert.
  */
 import { randomBytes, randomUUID } from "node:crypto";
+import { connect, createServer, type Server, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
+import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import type { Tx } from "../../src/postgres/db.ts";
+import type { Tx } from "../../src/core/index.ts";
+import { fromPg } from "../../src/postgres/drivers/pg.ts";
+import { definePhases, jsonResponse, type PhasesRunner } from "../../src/postgres/index.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import type { OpenDb, TestBackend } from "../helpers/db.ts";
@@ -35,9 +46,16 @@ export const INVALID_BODY = JSON.stringify({
   status: 400,
 });
 
+/** The validated payment of a body that validation already passed (the handler's own reading of it). */
+export function paymentOf(body: unknown): PaymentInput {
+  const p = validatePayment(body);
+  if (typeof p === "string") throw new Error(`the handler got a body validation refused: ${p}`);
+  return p;
+}
+
 /** What the payments handler answers; each app sends it with its framework's own response API. */
 export interface PaymentReply {
-  status: 201;
+  status: number;
   location: string;
   cookie: string;
   json: string;
@@ -46,10 +64,20 @@ export interface PaymentReply {
 /** The handler's work, in the request's transaction. */
 export async function charge(
   tx: Tx,
-  account: string,
-  input: PaymentInput,
+  account: string | undefined,
+  body: unknown,
   header: (name: string) => string | undefined,
 ): Promise<PaymentReply> {
+  if (account === undefined) {
+    // standing in for authentication: an optional-key route called without an account
+    return {
+      status: 401,
+      location: "/",
+      cookie: "session=; Path=/",
+      json: '{"type":"urn:test:unauthenticated"}',
+    };
+  }
+  const input = paymentOf(body);
   const { rows } = await tx.query<{ id: number }>(
     "INSERT INTO payments (account, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id",
     [account, input.amount_cents, input.currency],
@@ -59,7 +87,7 @@ export async function charge(
   if (wait > 0) await sleep(wait);
   if (header("x-crash")) throw new Error("the handler crashed after its insert");
   return {
-    status: 201,
+    status: Number(header("x-status") ?? 201),
     location: `/v1/payments/${id}`,
     cookie: `session=${randomBytes(8).toString("hex")}; Path=/; HttpOnly`,
     // a fresh receipt on every execution: a replay that ran the handler again would show
@@ -72,7 +100,56 @@ export interface RunningApp {
   close(): Promise<void>;
 }
 
-export type StartApp = (store: PostgresStore) => Promise<RunningApp>;
+/** Everything an app under test is built from: the store, and the phases runner of `/v1/phased`. */
+export interface AppParts {
+  store: PostgresStore;
+  runner: PhasesRunner<PaymentInput, { charge: string }>;
+}
+
+export type StartApp = (parts: AppParts) => Promise<RunningApp>;
+
+/** Whether a request may still see a saved answer (`authorizeReplay` of `/v1/payments` and `/v1/phased`). */
+export const mayReplay = (header: (name: string) => string | undefined) => !header("x-revoked");
+
+/** The phases answer bound of `/v1/phased`, in ms (published as 2 s). */
+export const PHASED_ANSWER_WITHIN_MS = 2_000;
+
+/**
+ * `/v1/phased`: an "external" phase (it records the call in `external_calls`, keyed by our key, as a
+ * provider would) then a local one that inserts the payment.
+ */
+export function phasesRunner(store: PostgresStore): AppParts["runner"] {
+  return definePhases<PaymentInput, { charge: string }>({
+    store,
+    name: `contract-${randomBytes(4).toString("hex")}`,
+    phases: {
+      started: {
+        external: async (ctx) => {
+          await store.db.query(
+            "INSERT INTO external_calls (key, amount_cents) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+            [ctx.idempotencyKey, ctx.input.amount_cents],
+          );
+          return { data: { charge: `ch_${ctx.idempotencyKey}` } };
+        },
+        next: "charged",
+      },
+      charged: {
+        local: async (ctx, tx) => {
+          const { rows } = await tx.query<{ id: number }>(
+            "INSERT INTO payments (account, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id",
+            [ctx.scope, ctx.input.amount_cents, ctx.input.currency],
+          );
+          const id = rows[0]!.id;
+          return {
+            response: jsonResponse(201, { id, ...ctx.input, receipt: randomBytes(8).toString("hex") }, [
+              ["location", `/v1/payments/${id}`],
+            ]),
+          };
+        },
+      },
+    },
+  });
+}
 
 export interface AppUnderTest {
   readonly url: string;
@@ -82,6 +159,10 @@ export interface AppUnderTest {
   rows(account: string): Promise<number>;
   /** Key rows of an account (saved or in flight). */
   keys(account: string): Promise<number>;
+  /** Which database the app runs on (PGlite has one connection: no request waits beside another). */
+  readonly backend: TestBackend["name"];
+  /** The same app on a store whose database can be switched off (real server only, else undefined). */
+  readonly down: DownApp | undefined;
   post(
     path: string,
     init: {
@@ -94,22 +175,66 @@ export interface AppUnderTest {
   ): Promise<Response>;
 }
 
+/** A second instance of the app whose store reaches PostgreSQL through a proxy that can refuse it. */
+export interface DownApp {
+  url: string;
+  /** Cut every connection and refuse new ones (true), or let them through again (false). */
+  setDown(down: boolean): void;
+}
+
+/** A TCP proxy to PostgreSQL: up, it pipes; down, it destroys every socket (the database is unreachable). */
+async function startDbProxy(
+  target: URL,
+): Promise<{ port: number; setDown(d: boolean): void; close(): void }> {
+  let down = false;
+  const sockets = new Set<Socket>();
+  const server: Server = createServer((client) => {
+    if (down) return client.destroy();
+    const upstream = connect(Number(target.port || 5432), target.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("close", () => sockets.delete(s));
+      s.on("error", () => {});
+    }
+    client.pipe(upstream).pipe(client);
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    port: (server.address() as { port: number }).port,
+    setDown(d) {
+      down = d;
+      if (d) for (const s of sockets) s.destroy();
+    },
+    close() {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+}
+
 /** Open a fresh database, migrate it, start the app on 127.0.0.1:0; stop both after the file. */
 export function useApp(backend: TestBackend, start: StartApp): AppUnderTest {
   let open: OpenDb;
   let store: PostgresStore;
   let app: RunningApp;
+  let down: (DownApp & { close(): Promise<void> }) | undefined;
   beforeAll(async () => {
     open = await backend.open();
     await migrate(open.db);
     await open.db.exec(
       `CREATE TABLE payments (id serial PRIMARY KEY, account text NOT NULL,
-                              amount_cents integer NOT NULL, currency text NOT NULL)`,
+                              amount_cents integer NOT NULL, currency text NOT NULL);
+       CREATE TABLE external_calls (key text PRIMARY KEY, amount_cents integer NOT NULL)`,
     );
-    store = await PostgresStore.open(open.db);
-    app = await start(store);
-  });
+    // A short duplicate wait, so that the in-flight case answers 409 quickly (published as 1 s).
+    store = await PostgresStore.open(open.db, { lockTimeoutMs: 1_000 });
+    app = await start({ store, runner: phasesRunner(store) });
+    if (open.url) down = await startDown(new URL(open.url), start);
+  }, 60_000);
   afterAll(async () => {
+    await down?.close();
     await app?.close();
     await open?.close();
   });
@@ -125,30 +250,61 @@ export function useApp(backend: TestBackend, start: StartApp): AppUnderTest {
     get store() {
       return store;
     },
+    get down() {
+      return down;
+    },
+    backend: backend.name,
     rows: (account) => count("SELECT count(*)::int AS n FROM payments WHERE account = $1", account),
     keys: (account) => count("SELECT count(*)::int AS n FROM idem.keys WHERE scope = $1", account),
-    post(path, init) {
-      const headers: Record<string, string> = { "content-type": "application/json", ...init.headers };
-      if (init.account !== undefined) headers["x-account"] = init.account;
-      if (init.key !== undefined) headers["idempotency-key"] = init.key;
-      return fetch(app.url + path, {
-        method: "POST",
-        headers,
-        signal: init.signal,
-        body:
-          typeof init.body === "string"
-            ? init.body
-            : JSON.stringify(init.body ?? { amount_cents: 5000, currency: "eur" }),
-      });
+    post: (path, init) => postTo(app.url, path, init),
+  };
+}
+
+export type PostInit = Parameters<AppUnderTest["post"]>[1];
+
+/** POST a JSON body (default: a valid payment) with the test's account and key headers. */
+export function postTo(base: string, path: string, init: PostInit): Promise<Response> {
+  const headers: Record<string, string> = { "content-type": "application/json", ...init.headers };
+  if (init.account !== undefined) headers["x-account"] = init.account;
+  if (init.key !== undefined) headers["idempotency-key"] = init.key;
+  return fetch(base + path, {
+    method: "POST",
+    headers,
+    signal: init.signal,
+    body:
+      typeof init.body === "string"
+        ? init.body
+        : JSON.stringify(init.body ?? { amount_cents: 5000, currency: "eur" }),
+  });
+}
+
+/** The app again, on a pool that reaches the database through a proxy the test can switch off. */
+async function startDown(url: URL, start: StartApp): Promise<DownApp & { close(): Promise<void> }> {
+  const proxy = await startDbProxy(url);
+  const proxied = new URL(url);
+  proxied.host = `127.0.0.1:${proxy.port}`;
+  const pool = new pg.Pool({ connectionString: proxied.toString(), max: 4, connectionTimeoutMillis: 2_000 });
+  pool.on("error", () => {}); // the proxy cuts idle connections on purpose
+  const store = await PostgresStore.open(fromPg(pool), { lockTimeoutMs: 1_000 });
+  const app = await start({ store, runner: phasesRunner(store) });
+  return {
+    url: app.url,
+    setDown: proxy.setDown,
+    async close() {
+      await app.close();
+      proxy.close();
+      await pool.end().catch(() => {});
     },
   };
 }
 
 export const account = () => `acct_${randomBytes(6).toString("hex")}`;
 
-const PROBLEM = "urn:idem:problem:";
+export const PROBLEM = "urn:idem:problem:";
 
-async function problemOf(res: Response): Promise<{ type: string; status: number }> {
+export async function problemOf(
+  res: Response,
+): Promise<{ type: string; status: number; [field: string]: unknown }> {
   expect(res.headers.get("content-type")).toBe("application/problem+json");
   return (await res.json()) as { type: string; status: number };
 }

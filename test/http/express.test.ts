@@ -6,10 +6,21 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import express, { type NextFunction, type Request, type RequestHandler, type Response } from "express";
 import { describe, expect, it } from "vitest";
-import { idempotency, keepRawBody } from "../../src/http/express.ts";
-import type { PostgresStore } from "../../src/postgres/store.ts";
+import { idempotency, idempotentPhases, keepRawBody } from "../../src/http/express.ts";
 import { backends } from "../helpers/db.ts";
-import { account, charge, INVALID_BODY, paymentsContract, useApp, validatePayment } from "./contract.ts";
+import {
+  type AppParts,
+  account,
+  charge,
+  INVALID_BODY,
+  mayReplay,
+  PHASED_ANSWER_WITHIN_MS,
+  paymentOf,
+  paymentsContract,
+  useApp,
+  validatePayment,
+} from "./contract.ts";
+import { lifecycleContract } from "./contract-lifecycle.ts";
 
 const validate: RequestHandler = function validate(req, res, next) {
   const payment = validatePayment(req.body);
@@ -22,25 +33,39 @@ const validate: RequestHandler = function validate(req, res, next) {
 };
 
 async function pay(req: Request, res: Response) {
-  const { tx, scope } = req.idempotency;
-  const r = await charge(tx, scope!, res.locals.payment, (name) => req.get(name));
+  const { tx, scope, body } = req.idempotency;
+  const r = await charge(tx, scope, body, (name) => req.get(name));
   res.status(r.status).location(r.location).cookie("session", r.cookie.split(/[=;]/)[1], { httpOnly: true });
   res.type("application/json").send(r.json);
 }
 
-function startExpress(store: PostgresStore) {
+function startExpress({ store, runner }: AppParts) {
   const app = express();
   const scope = (req: Request) => req.get("x-account");
+  const authorizeReplay = (req: Request) => mayReplay((name) => req.get(name));
   const json = express.json({ verify: keepRawBody });
-  app.post("/v1/payments", json, validate, idempotency({ store, scope }), pay);
+  app.post("/v1/payments", json, validate, idempotency({ store, scope, authorizeReplay }), pay);
+  app.post(
+    "/v1/phased",
+    json,
+    validate,
+    idempotentPhases({
+      runner,
+      scope,
+      authorizeReplay,
+      input: (_req, body) => paymentOf(body),
+      answerWithinMs: PHASED_ANSWER_WITHIN_MS,
+    }),
+  );
   app.post("/v1/tips", json, validate, idempotency({ store, scope, required: false }), pay);
   // the body parsed without its bytes (canonical JSON of req.body), and not parsed at all (read here)
   app.post("/v1/parsed", express.json(), validate, idempotency({ store, scope }), pay);
   app.post("/v1/unparsed", idempotency({ store, scope }), (req, res) => {
     res.status(201).json({ key: req.idempotency.key });
   });
-  app.use((_err: unknown, _req: Request, res: Response, _next: NextFunction) => {
-    res.status(500).json({ type: "urn:test:crash" });
+  app.use((err: { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
+    // body-parser's errors carry their status (400 for JSON that is not JSON); a crash is a 500
+    res.status(err.status ?? 500).json({ type: "urn:test:crash" });
   });
   return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
     const server: Server = app.listen(0, "127.0.0.1", () => {
@@ -59,6 +84,7 @@ function startExpress(store: PostgresStore) {
 describe.each(backends)("Express adapter on $name", (backend) => {
   const app = useApp(backend, startExpress);
   paymentsContract(app, { hangUp: true });
+  lifecycleContract(app);
 
   it("fingerprints a body parsed without keepRawBody by its value", async () => {
     const acct = account();
@@ -87,11 +113,16 @@ describe.each(backends)("Express adapter on $name", (backend) => {
   it("reads and fingerprints the body itself when no parser ran", async () => {
     const acct = account();
     const key = randomUUID();
-    const first = await app.post("/v1/unparsed", { account: acct, key, body: "one" });
+    const headers = { "content-type": "text/plain" };
+    const first = await app.post("/v1/unparsed", { account: acct, key, body: "one", headers });
     expect(first.status).toBe(201);
-    const same = await app.post("/v1/unparsed", { account: acct, key, body: "one" });
+    const same = await app.post("/v1/unparsed", { account: acct, key, body: "one", headers });
     expect(same.headers.get("idempotent-replayed")).toBe("true");
-    const other = await app.post("/v1/unparsed", { account: acct, key, body: "two" });
+    const other = await app.post("/v1/unparsed", { account: acct, key, body: "two", headers });
     expect(other.status).toBe(422);
+    // labelled JSON but not JSON: refused before anything is claimed
+    const notJson = await app.post("/v1/unparsed", { account: acct, key: randomUUID(), body: "one" });
+    expect(notJson.status).toBe(400);
+    expect(await notJson.json()).toMatchObject({ type: "urn:idem:problem:invalid-body" });
   });
 });

@@ -4,18 +4,21 @@
 import { randomUUID } from "node:crypto";
 import Fastify, { type FastifyReply, type FastifyRequest, type preValidationAsyncHookHandler } from "fastify";
 import { describe, expect, it } from "vitest";
-import { idempotency, idempotencyPlugin } from "../../src/http/fastify.ts";
-import type { PostgresStore } from "../../src/postgres/store.ts";
+import { idempotency, idempotencyPlugin, idempotentPhases } from "../../src/http/fastify.ts";
 import { backends } from "../helpers/db.ts";
 import {
+  type AppParts,
   account,
   charge,
   INVALID_BODY,
-  type PaymentInput,
+  mayReplay,
+  PHASED_ANSWER_WITHIN_MS,
+  paymentOf,
   paymentsContract,
   useApp,
   validatePayment,
 } from "./contract.ts";
+import { lifecycleContract } from "./contract-lifecycle.ts";
 
 const validate: preValidationAsyncHookHandler = async function validate(request, reply) {
   if (typeof validatePayment(request.body) === "string") {
@@ -24,9 +27,9 @@ const validate: preValidationAsyncHookHandler = async function validate(request,
 };
 
 async function pay(request: FastifyRequest, reply: FastifyReply) {
-  const { tx, scope } = request.idempotency;
+  const { tx, scope, body } = request.idempotency;
   const header = (name: string) => request.headers[name] as string | undefined;
-  const r = await charge(tx, scope!, request.body as PaymentInput, header);
+  const r = await charge(tx, scope, body, header);
   return reply
     .code(r.status)
     .header("location", r.location)
@@ -35,10 +38,26 @@ async function pay(request: FastifyRequest, reply: FastifyReply) {
     .send(r.json);
 }
 
-async function startFastify(store: PostgresStore) {
+async function startFastify({ store, runner }: AppParts) {
   const app = Fastify();
   const scope = (request: FastifyRequest) => request.headers["x-account"] as string | undefined;
-  app.post("/v1/payments", { preValidation: validate, ...idempotency({ store, scope }) }, pay);
+  const authorizeReplay = (request: FastifyRequest) =>
+    mayReplay((name) => request.headers[name] as string | undefined);
+  app.post(
+    "/v1/payments",
+    { preValidation: validate, ...idempotency({ store, scope, authorizeReplay }) },
+    pay,
+  );
+  app.post("/v1/phased", {
+    preValidation: validate,
+    ...idempotentPhases({
+      runner,
+      scope,
+      authorizeReplay,
+      input: (_request, body) => paymentOf(body),
+      answerWithinMs: PHASED_ANSWER_WITHIN_MS,
+    }),
+  });
   app.post("/v1/tips", { preValidation: validate, ...idempotency({ store, scope, required: false }) }, pay);
   await app.register(
     async (scoped) => {
@@ -55,6 +74,7 @@ async function startFastify(store: PostgresStore) {
 describe.each(backends)("Fastify adapter on $name", (backend) => {
   const app = useApp(backend, startFastify);
   paymentsContract(app, { hangUp: true });
+  lifecycleContract(app);
 
   it("applies the plugin to the routes of its prefix only", async () => {
     const acct = account();

@@ -5,24 +5,28 @@ import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { describe, expect, it } from "vitest";
-import { idempotent, type NodeIdempotentHandler } from "../../src/http/node.ts";
-import type { PostgresStore } from "../../src/postgres/store.ts";
+import { InvalidBodyError } from "../../src/core/index.ts";
+import { idempotent, idempotentPhases, type NodeIdempotentHandler } from "../../src/http/node.ts";
 import { backends } from "../helpers/db.ts";
-import { account, charge, INVALID_BODY, paymentsContract, useApp, validatePayment } from "./contract.ts";
+import {
+  type AppParts,
+  account,
+  charge,
+  INVALID_BODY,
+  mayReplay,
+  PHASED_ANSWER_WITHIN_MS,
+  paymentsContract,
+  useApp,
+  validatePayment,
+} from "./contract.ts";
+import { lifecycleContract } from "./contract-lifecycle.ts";
 
 /** Plain node has no middleware chain: the handler validates first and answers 400 (not saved). */
 const pay: NodeIdempotentHandler = async (req, { tx, scope, body }) => {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(body.toString("utf8"));
-  } catch {
-    parsed = undefined;
-  }
-  const payment = validatePayment(parsed);
-  if (typeof payment === "string") {
+  if (typeof validatePayment(body) === "string") {
     return { status: 400, headers: { "content-type": "application/problem+json" }, body: INVALID_BODY };
   }
-  const r = await charge(tx, scope!, payment, (name) => req.headers[name] as string | undefined);
+  const r = await charge(tx, scope, body, (name) => req.headers[name] as string | undefined);
   return {
     status: r.status,
     headers: { "content-type": "application/json", location: r.location, "set-cookie": [r.cookie] },
@@ -32,11 +36,26 @@ const pay: NodeIdempotentHandler = async (req, { tx, scope, body }) => {
 
 const crashes: unknown[] = [];
 
-function startNode(store: PostgresStore) {
+function startNode({ store, runner }: AppParts) {
   const scope = (req: IncomingMessage) => req.headers["x-account"] as string | undefined;
   const onError = (err: unknown) => crashes.push(err);
+  const authorizeReplay = (req: IncomingMessage) =>
+    mayReplay((name) => req.headers[name] as string | undefined);
   const routes: Record<string, (req: IncomingMessage, res: ServerResponse) => void> = {
-    "/v1/payments": idempotent(pay, { store, scope, onError }),
+    "/v1/payments": idempotent(pay, { store, scope, onError, authorizeReplay }),
+    "/v1/phased": idempotentPhases({
+      runner,
+      scope,
+      onError,
+      authorizeReplay,
+      // Plain node has no middleware chain: validation is the input function (400 before any claim).
+      input: (_req, body) => {
+        const p = validatePayment(body);
+        if (typeof p === "string") throw new InvalidBodyError(p);
+        return p;
+      },
+      answerWithinMs: PHASED_ANSWER_WITHIN_MS,
+    }),
     "/v1/tips": idempotent(pay, { store, scope, onError, required: false }),
     "/v1/small": idempotent(pay, { store, scope, onError, limit: 64 }),
   };
@@ -63,6 +82,7 @@ function startNode(store: PostgresStore) {
 describe.each(backends)("node:http adapter on $name", (backend) => {
   const app = useApp(backend, startNode);
   paymentsContract(app, { hangUp: true });
+  lifecycleContract(app);
 
   it("hands the handler's error to onError and answers 500 problem+json", async () => {
     crashes.length = 0;

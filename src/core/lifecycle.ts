@@ -1,0 +1,378 @@
+/**
+ * The one request lifecycle every HTTP adapter delegates to (as AWS Powertools' idempotency
+ * middlewares delegate to one IdempotencyHandler):
+ *
+ *   begin    read the key and the body ONCE into a canonical value (refusing ambiguous bodies), and
+ *            fingerprint that value; answer 400/401 at once, or say how to run the request
+ *   keyed    run the handler's work under the claim (atomic mode) and apply the save policy
+ *   phases   hand the claim and the route's input to a phases runner
+ *   unkeyed  run the work in a plain transaction (optional-key routes), under the same save policy
+ *   failure  turn an error that escaped into the answer idem owes (503 when the database is down)
+ *
+ * The adapters only translate their framework's request into `IdemRequest` and the `StoredResponse`s
+ * returned here back into their framework's response, and hand the same `body` value to the handler.
+ */
+import { type RequestBody, readRequestBody } from "./body.ts";
+import { IdemError, isIdemError, KeyMissingError, RetryableError } from "./errors.ts";
+import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
+import { parseIdempotencyKey } from "./key.ts";
+import { encodeOperationRef } from "./operation-ref.ts";
+import {
+  ANSWER_WITHIN_HEADER,
+  EXPIRES_HEADER,
+  Outcome,
+  type OutcomeEvent,
+  REPLAYED_HEADER,
+  type Settled,
+} from "./outcome.ts";
+import { type ErrorContext, errorResponse, OPERATION_STATE_HEADER, problemResponse } from "./problem.ts";
+import {
+  DEFAULT_REPLAYED_HEADERS,
+  filterHeaders,
+  isSaved,
+  type SavePolicy,
+  type StoredResponse,
+} from "./response.ts";
+import { isDatabaseUnavailable } from "./sqlstate.ts";
+import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
+
+/** A request as the lifecycle sees it; each adapter builds one from its framework's request. */
+export interface IdemRequest {
+  method: string;
+  /** Path with query string. */
+  path: string;
+  header(name: string): string | null | undefined;
+}
+
+export interface LifecycleOptions<Tx> extends SavePolicy {
+  /** Where keys, saved responses and (in atomic mode) the work's transaction live. Required. */
+  store: AtomicStore<Tx>;
+  /** Answer 400 when a request has no `Idempotency-Key`. Default: `true`. */
+  required?: boolean;
+  /**
+   * How requests are compared: by default SHA-256 over method, path and the body as read. Pass
+   * `{ fields: ["amount_cents", "currency"] }` to compare selected body fields only, or a function.
+   */
+  fingerprint?: { fields: readonly string[] } | ((req: IdemRequest, body: RequestBody) => Uint8Array);
+  /**
+   * Form fields that may be sent more than once (their value is then an array, whose order counts).
+   * Any other repeated form field, and any duplicate JSON key, is answered 400 before anything is
+   * claimed. Default: none.
+   */
+  repeatable?: readonly string[];
+  /** Response headers replayed with a saved response. Default: `DEFAULT_REPLAYED_HEADERS`. Never Set-Cookie. */
+  replayHeaders?: readonly string[];
+  /** Called once per request with how it ended (for metrics and logs). Default: none. */
+  onOutcome?: (event: OutcomeEvent) => void;
+  /**
+   * Compact storage for this route (atomic mode): save the status and the created resource's id instead
+   * of the whole reply, and rebuild the reply from them on replay. Replays are then no longer byte for
+   * byte: they are whatever `rebuild` makes of the resource now. Default: none (replies saved in full).
+   */
+  compact?: CompactOptions<Tx>;
+}
+
+/** How a route saves its replies in compact form and rebuilds them (see `LifecycleOptions.compact`). */
+export interface CompactOptions<Tx> {
+  /**
+   * The id of the resource a saved reply created (e.g. the payment id), or undefined to save this
+   * reply in full (e.g. a 402 decline that created nothing). Runs inside the work's transaction: if it
+   * throws, the work rolls back.
+   */
+  id: (response: StoredResponse) => string | undefined;
+  /**
+   * The reply to replay for a key saved in compact form, from its status and resource id. Runs in the
+   * replay's transaction (`tx`), so it may read the resource. The replay keeps the saved status and
+   * only allow-listed headers, plus `Idempotent-Replayed: true`.
+   */
+  rebuild: (saved: CompactSaved, tx: Tx) => StoredResponse | Promise<StoredResponse>;
+}
+
+/** What a phases route needs of its runner (`definePhases` from `idem/postgres` returns one). */
+export interface PhasesRunnerLike<I> {
+  readonly store: AtomicStore<any>;
+  run(claim: Claim, input: I, options?: { signal?: HangUp; answerWithinMs?: number }): Promise<AtomicOutcome>;
+}
+
+/** The answer bound of a phases route when it sets none, in ms (docs/contract.md). */
+export const DEFAULT_ANSWER_WITHIN_MS = 5_000;
+
+/** A request read by `begin`: answered at once, or ready to run with or without a key. */
+export type Begun =
+  | { kind: "answer"; response: StoredResponse }
+  | { kind: "keyed"; claim: Claim; body: RequestBody }
+  | { kind: "unkeyed"; scope: string | undefined; body: RequestBody };
+export type Keyed = Extract<Begun, { kind: "keyed" }>;
+export type Unkeyed = Extract<Begun, { kind: "unkeyed" }>;
+
+/** Per-run options: the client's hang-up and the route's replay check (`authorizeReplay`). */
+export interface RunOptions {
+  signal?: HangUp;
+  /** Whether this caller may still see the key's saved answer (or have it resumed). Default: yes. */
+  authorize?: () => boolean | Promise<boolean>;
+}
+
+const REPLAY_REFUSED = problemResponse(
+  401,
+  "unauthorized",
+  "You may no longer see the answer saved under this Idempotency-Key.",
+);
+
+export class Lifecycle<Tx> {
+  readonly options: LifecycleOptions<Tx>;
+  private readonly replayHeaders: readonly string[];
+  private readonly answerWithin: [string, string];
+  private readonly phasesMode: boolean;
+  private readonly answerWithinMs: number;
+
+  /**
+   * `answerWithinMs`: a phases route's answer bound. Atomic routes publish the store's duplicate wait
+   * (`lockTimeoutMs`, default 5 s), rounded up to whole seconds.
+   */
+  constructor(options: LifecycleOptions<Tx>, phases?: { answerWithinMs?: number }) {
+    this.options = options;
+    this.replayHeaders = options.replayHeaders ?? DEFAULT_REPLAYED_HEADERS;
+    this.phasesMode = phases !== undefined;
+    const ms = phases
+      ? (phases.answerWithinMs ?? DEFAULT_ANSWER_WITHIN_MS)
+      : (options.store.lockTimeoutMs ?? DEFAULT_ANSWER_WITHIN_MS);
+    this.answerWithinMs = ms;
+    this.answerWithin = [ANSWER_WITHIN_HEADER, String(Math.max(1, Math.ceil(ms / 1000)))];
+  }
+
+  /**
+   * Read the key, then the body once, and fingerprint it. `scope` comes from authentication
+   * (undefined: not authenticated). `body` is the raw bytes, or a value a framework parsed already.
+   */
+  begin(req: IdemRequest, scope: string | undefined, body: Uint8Array | RequestBody): Begun {
+    let key: string | undefined;
+    let read: RequestBody;
+    try {
+      key = parseIdempotencyKey(req.header("idempotency-key"));
+      if (key === undefined && this.options.required !== false) throw new KeyMissingError();
+      read =
+        body instanceof Uint8Array ? readRequestBody(req.header("content-type"), body, this.options) : body;
+    } catch (err) {
+      if (!isIdemError(err)) throw err;
+      return this.answerNow(errorResponse(err), scope, key);
+    }
+    if (key === undefined) return { kind: "unkeyed", scope, body: read };
+    if (scope === undefined) {
+      return this.answerNow(
+        problemResponse(401, "unauthorized", "Authenticate before sending an idempotent request."),
+        scope,
+        key,
+      );
+    }
+    return { kind: "keyed", claim: { scope, key, fingerprint: this.fingerprintOf(req, read) }, body: read };
+  }
+
+  private answerNow(response: StoredResponse, scope: string | undefined, key: string | undefined): Begun {
+    this.options.onOutcome?.({ outcome: Outcome.Invalid, status: response.status, scope, key });
+    response.headers.push(this.answerWithin);
+    return { kind: "answer", response };
+  }
+
+  private fingerprintOf(req: IdemRequest, body: RequestBody): Uint8Array {
+    const f = this.options.fingerprint;
+    if (typeof f === "function") return f(req, body);
+    if (f) {
+      const v = body.value;
+      const fields = v !== null && typeof v === "object" && !(v instanceof Uint8Array) ? v : {};
+      const picked: Record<string, unknown> = {};
+      for (const name of f.fields) picked[name] = (fields as Record<string, unknown>)[name];
+      return fieldsFingerprint(req.method, req.path, picked);
+    }
+    return fingerprintRequest(req.method, req.path, body);
+  }
+
+  /**
+   * Run `work` under the claim (atomic mode). `work` gets the transaction and returns the handler's
+   * response; the save policy decides whether it is saved (and the writes committed) or rolled back.
+   * Errors thrown by `work` are rethrown after the rollback, so the framework's error handling still
+   * applies; pass them to `failure` first.
+   */
+  keyed(begun: Keyed, work: (tx: Tx) => Promise<StoredResponse>, options: RunOptions = {}): Promise<Settled> {
+    const compact = this.options.compact;
+    const claim = begun.claim;
+    const run = () =>
+      this.options.store.atomic(
+        claim,
+        async (tx) => {
+          const produced = await work(tx);
+          if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
+          const save = {
+            status: produced.status,
+            headers: filterHeaders(produced.headers, this.replayHeaders),
+            body: produced.body,
+          };
+          const compactId = compact?.id(produced);
+          return compactId === undefined
+            ? { response: produced, save }
+            : { response: produced, save, compactId };
+        },
+        compact
+          ? { signal: options.signal, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) }
+          : options,
+      );
+    return this.settle(claim, run, options.authorize);
+  }
+
+  /**
+   * Hand the claim and the route's input to a phases runner, with the route's answer bound (the runner
+   * answers 409 in-flight when its external call outlasts it, and goes on in the background). With `authorize`, a key that exists is
+   * checked before the runner may resume it (when the store can `inspect` keys) and before its saved
+   * answer is replayed.
+   */
+  async phases<I>(
+    begun: Keyed,
+    runner: PhasesRunnerLike<I>,
+    input: I,
+    options: RunOptions = {},
+  ): Promise<Settled> {
+    const claim = begun.claim;
+    const authorize = options.authorize;
+    const store = runner.store;
+    if (authorize && store.inspect && (await store.inspect(claim.scope, claim.key)) && !(await authorize())) {
+      return this.refused(claim);
+    }
+    const run = () =>
+      runner.run(claim, input, { signal: options.signal, answerWithinMs: this.answerWithinMs });
+    return this.settle(claim, run, authorize);
+  }
+
+  /**
+   * Run `work` for a request without a key in a plain transaction, under the same save policy as a
+   * keyed request: its writes commit only when its answer is one a keyed request would save (2xx, the
+   * `saveStatuses`, 5xx with `saveServerErrors`); otherwise they roll back and the answer is still sent.
+   */
+  async unkeyed<R extends { status: number }>(begun: Unkeyed, work: (tx: Tx) => Promise<R>): Promise<R> {
+    let response: R | undefined;
+    try {
+      response = await this.options.store.transaction(
+        async (tx) => {
+          const r = await work(tx);
+          if (isSaved(r.status, this.options)) return r;
+          response = r;
+          throw ROLLBACK;
+        },
+        { scope: begun.scope },
+      );
+    } catch (err) {
+      if (err !== ROLLBACK) throw err;
+    }
+    this.options.onOutcome?.({ outcome: Outcome.Unkeyed, status: response!.status, scope: begun.scope });
+    return response!;
+  }
+
+  /**
+   * The answer idem owes for an error that escaped `keyed`/`phases`/`unkeyed` or the adapter (a body
+   * too large, the database down before or after the handler ran), or undefined for an error that is
+   * the application's to answer (the handler threw).
+   */
+  failure(err: unknown, begun?: Begun): StoredResponse | undefined {
+    const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
+    let response: StoredResponse;
+    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed));
+    else if (isDatabaseUnavailable(err)) response = errorResponse(unavailable(err), this.errorContext(keyed));
+    else return undefined;
+    if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    return response;
+  }
+
+  private errorContext(claim: Claim | undefined): ErrorContext {
+    if (!claim) return {};
+    // Atomic mode rolls the claim back with the work; a phases key may stay claimed and unfinished.
+    return { ref: encodeOperationRef(claim.scope, claim.key), claimed: this.phasesMode };
+  }
+
+  /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
+  private async rebuild(compact: CompactOptions<Tx>, saved: CompactSaved, tx: Tx): Promise<StoredResponse> {
+    const r = await compact.rebuild(saved, tx);
+    return { status: saved.status, headers: filterHeaders(r.headers, this.replayHeaders), body: r.body };
+  }
+
+  private refused(claim: Claim): Settled {
+    const response = { ...REPLAY_REFUSED, headers: [...REPLAY_REFUSED.headers, this.answerWithin] };
+    return this.report(claim, { response, outcome: Outcome.Invalid, replayed: false, executed: false });
+  }
+
+  private report(claim: Claim, settled: Settled): Settled {
+    this.options.onOutcome?.({
+      outcome: settled.outcome,
+      status: settled.response.status,
+      scope: claim.scope,
+      key: claim.key,
+    });
+    return settled;
+  }
+
+  /**
+   * Turn a runner's outcome into the response to send: replays get `Idempotent-Replayed: true`, saved
+   * answers the key's expiry, every answer the route's bound, and idem's errors (422, 409 with
+   * `Retry-After`, 503) problem responses with the contract's fields. Other errors are rethrown.
+   */
+  private async settle(
+    claim: Claim,
+    run: () => Promise<AtomicOutcome>,
+    authorize: RunOptions["authorize"],
+  ): Promise<Settled> {
+    let outcome: AtomicOutcome;
+    try {
+      outcome = await run();
+    } catch (err) {
+      const response = this.failure(err, { kind: "keyed", claim, body: NO_BODY });
+      if (!response) throw err;
+      const code = (err as IdemError).code;
+      const kind =
+        !(err instanceof IdemError) || err instanceof RetryableError || code === "idempotency-lease-lost"
+          ? Outcome.Retryable
+          : code === "operation-uncertain"
+            ? Outcome.Uncertain
+            : err.status === 409
+              ? Outcome.InFlight
+              : err.status === 422
+                ? Outcome.Mismatch
+                : Outcome.Retryable;
+      return this.report(claim, { response, outcome: kind, replayed: false, executed: false });
+    }
+    const r = outcome.response;
+    if (outcome.kind === "replayed") {
+      if (authorize && !(await authorize())) return this.refused(claim);
+      const headers: Array<[string, string]> = [
+        ...r.headers,
+        [REPLAYED_HEADER, "true"],
+        [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
+        this.answerWithin,
+      ];
+      if (r.status >= 400 && r.status < 500) headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+      return this.report(claim, {
+        response: { status: r.status, headers, body: r.body },
+        outcome: Outcome.Replayed,
+        replayed: true,
+        executed: false,
+      });
+    }
+    const headers = [...r.headers, this.answerWithin];
+    if (outcome.saved) {
+      headers.push([EXPIRES_HEADER, outcome.expiresAt.toUTCString()]);
+      if (r.status >= 400 && r.status < 500) headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+    }
+    return this.report(claim, {
+      response: { status: r.status, headers, body: r.body },
+      outcome: outcome.saved ? Outcome.Executed : Outcome.NotSaved,
+      replayed: false,
+      executed: true,
+    });
+  }
+}
+
+const ROLLBACK = Symbol("idem: roll back an unkeyed request whose answer is not final");
+const NO_BODY: RequestBody = { kind: "none", value: undefined, bytes: new Uint8Array(0) };
+
+function unavailable(cause: unknown): RetryableError {
+  return new RetryableError("The database is unavailable; nothing was done. Retry with the same key.", {
+    cause,
+    retryAfterSeconds: 1,
+  });
+}

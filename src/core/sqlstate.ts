@@ -1,0 +1,79 @@
+/**
+ * The PostgreSQL error codes (SQLSTATE) idem reacts to, named once, and the one test of "the database
+ * is unavailable" that every adapter uses to answer 503 + Retry-After instead of 500.
+ * https://www.postgresql.org/docs/current/errcodes-appendix.html
+ */
+export const SqlState = {
+  UniqueViolation: "23505",
+  SerializationFailure: "40001",
+  DeadlockDetected: "40P01",
+  UndefinedTable: "42P01",
+  DuplicateObject: "42710",
+  DuplicateTable: "42P07",
+  ObjectInUse: "55006",
+  LockNotAvailable: "55P03",
+  QueryCanceled: "57014",
+  AdminShutdown: "57P01",
+  CrashShutdown: "57P02",
+  CannotConnectNow: "57P03",
+  TooManyConnections: "53300",
+  ReadOnlySqlTransaction: "25006",
+} as const;
+export type SqlState = (typeof SqlState)[keyof typeof SqlState];
+
+/** Class 08: connection exception (08000, 08003, 08006, 08001, 08004, ...). */
+const CONNECTION_EXCEPTION_CLASS = "08";
+
+const UNAVAILABLE_SQLSTATES = new Set<string>([
+  SqlState.AdminShutdown,
+  SqlState.CrashShutdown,
+  SqlState.CannotConnectNow,
+  SqlState.TooManyConnections,
+]);
+
+/** Socket errors of Node and the connection-state codes of postgres.js. */
+const UNAVAILABLE_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ECONNABORTED",
+  "ETIMEDOUT",
+  "EPIPE",
+  "ENOTFOUND",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN",
+  "CONNECTION_CLOSED",
+  "CONNECTION_ENDED",
+  "CONNECTION_DESTROYED",
+  "CONNECT_TIMEOUT",
+]);
+
+/** What drivers say without a code: pg and pg-pool (connection lost, pool timeout), PGlite closed. */
+const UNAVAILABLE_MESSAGES =
+  /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Client was closed and is not queryable|PGlite is closed)/;
+
+/** The SQLSTATE of a driver error, when it carries one (`pg`, postgres.js and PGlite all use `code`). */
+export function sqlStateOf(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
+}
+
+/**
+ * True when `err` (or an error in its `cause` chain) says the database cannot be reached or is
+ * shutting down or starting: a connection error, a pool that gave up waiting for a connection, or one
+ * of 57P01/57P02/57P03/53300/08xxx. Such a failure changed nothing, so the request may be retried:
+ * adapters answer it 503 problem+json with Retry-After.
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  for (let e = err, depth = 0; e && typeof e === "object" && depth < 5; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string") {
+      if (UNAVAILABLE_SQLSTATES.has(code) || UNAVAILABLE_CODES.has(code)) return true;
+      if (code.length === 5 && code.startsWith(CONNECTION_EXCEPTION_CLASS)) return true;
+    }
+    const message = (e as { message?: unknown }).message;
+    if (typeof message === "string" && UNAVAILABLE_MESSAGES.test(message)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
