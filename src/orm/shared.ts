@@ -21,6 +21,8 @@ export interface OrmDriver<H, T extends H> {
   transaction<R>(fn: (trx: T) => Promise<R>): Promise<R>;
   /** Close the ORM's pool. */
   close(): Promise<void>;
+  /** The driver's error (with its SQLSTATE as `code`) in what the ORM threw. Default: `err.cause` when it has a code. */
+  driverError?(err: unknown): unknown;
 }
 
 /** A `Db` on an ORM, and the way back from idem's `Tx` to the ORM's transaction object. */
@@ -52,7 +54,7 @@ export function ormDb<H, T extends H>(driver: OrmDriver<H, T>): OrmDb<T> {
   const run = <R>(on: H, sql: string, params?: readonly unknown[]) =>
     driver.query(on, sql, toParams(params)).then(
       (r) => r as QueryResult<R>,
-      (err: unknown) => Promise.reject(driverError(err)),
+      (err: unknown) => Promise.reject((driver.driverError ?? driverError)(err)),
     );
   return {
     driver: driver.name,
