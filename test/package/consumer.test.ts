@@ -16,10 +16,10 @@ import {
   mkdtempSync,
   readdirSync,
   readFileSync,
+  rmSync,
   statSync,
   writeFileSync,
 } from "node:fs";
-import { rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -50,20 +50,7 @@ const PEERS = [
   "@types/node",
   "@types/pg",
   "@types/express",
-  ...Object.values(integrationPeers()).flat(),
 ].map((name) => `${name}@${pkg.devDependencies[name]}`);
-
-/** Each ORM/framework integration and the only peers a user of it installs (besides idem). */
-function integrationPeers(): Record<string, string[]> {
-  return {
-    "idem/web": [],
-    "idem/drizzle": ["drizzle-orm"],
-    "idem/kysely": ["kysely"],
-    "idem/knex": ["knex"],
-    "idem/prisma": ["@prisma/client"],
-    "idem/nestjs": ["@nestjs/common", "@nestjs/core", "rxjs", "reflect-metadata"],
-  };
-}
 
 const NPM_FLAGS = ["--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"];
 
@@ -109,10 +96,9 @@ describe("the packed tarball, installed in a fresh project", () => {
     await run("npm", ["install", tarball, ...NPM_FLAGS], { cwd: bare });
   }, 300_000);
 
-  // Asynchronous: removing several node_modules trees synchronously blocks vitest's worker for minutes.
-  afterAll(async () => {
-    if (work) await rm(work, { recursive: true, force: true });
-  }, 300_000);
+  afterAll(() => {
+    if (work) rmSync(work, { recursive: true, force: true });
+  });
 
   it("holds built JavaScript, declarations, source maps, the SQL and the CLI, and no sources or tests", async () => {
     const { stdout } = await run("tar", ["-tzf", tarball]);
@@ -150,31 +136,28 @@ describe("the packed tarball, installed in a fresh project", () => {
   for (const resolution of ["nodenext", "bundler"] as const) {
     it(`type-checks every subpath with --strict and moduleResolution ${resolution}`, async () => {
       const module = resolution === "nodenext" ? "nodenext" : "esnext";
-      const tsc = (file: string, skipLibCheck: boolean) =>
-        run(
-          join(full, "node_modules/.bin/tsc"),
-          [
-            "--noEmit",
-            "--strict",
-            "--skipLibCheck",
-            String(skipLibCheck),
-            "--module",
-            module,
-            "--moduleResolution",
-            resolution,
-            "--target",
-            "es2022",
-            "--types",
-            "node",
-            file,
-          ],
-          { cwd: full },
-        ).catch((err: { stdout?: string }) => {
-          throw new Error(`tsc failed on ${file}:\n${err.stdout}`);
-        });
-      await tsc("types.ts", false);
-      await tsc("types-drizzle.ts", true); // see the file: drizzle-orm needs skipLibCheck
-    }, 180_000);
+      await run(
+        join(full, "node_modules/.bin/tsc"),
+        [
+          "--noEmit",
+          "--strict",
+          "--skipLibCheck",
+          "false",
+          "--module",
+          module,
+          "--moduleResolution",
+          resolution,
+          "--target",
+          "es2022",
+          "--types",
+          "node",
+          "types.ts",
+        ],
+        { cwd: full },
+      ).catch((err: { stdout?: string }) => {
+        throw new Error(`tsc failed:\n${err.stdout}`);
+      });
+    }, 120_000);
   }
 
   it("runs a keyed request and its replay with plain node on PGlite", async () => {
@@ -206,28 +189,6 @@ describe("the packed tarball, installed in a fresh project", () => {
       }
     },
     60_000,
-  );
-
-  it.each(Object.entries(integrationPeers()))(
-    "%s installs with only its peers (%j) and loads with plain node",
-    async (subpath, peers) => {
-      const dir = join(work, subpath.replace("/", "-"));
-      mkdirSync(dir);
-      writeFileSync(
-        join(dir, "package.json"),
-        JSON.stringify({ name: "consumer", private: true, type: "module" }),
-      );
-      const versions = peers.map((name) => `${name}@${pkg.devDependencies[name]}`);
-      try {
-        await run("npm", ["install", tarball, ...versions, ...NPM_FLAGS], { cwd: dir });
-        const script = `const m = await import(${JSON.stringify(subpath)}); console.log(Object.keys(m).length)`;
-        const { stdout } = await run(process.execPath, ["--input-type=module", "-e", script], { cwd: dir });
-        expect(Number(stdout)).toBeGreaterThan(0);
-      } finally {
-        await rm(dir, { recursive: true, force: true });
-      }
-    },
-    180_000,
   );
 
   it("require()s every subpath from CommonJS", async () => {
