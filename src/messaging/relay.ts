@@ -107,28 +107,60 @@ interface Row {
 /** The three statements a relay runs, built once per schema and option set. */
 function statements(schema: string, ordered: boolean, filtered: boolean) {
   const t = `${schema}.outbox`;
-  const claim = `
+  const returning = `RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
+              o.aggregate_type, o.aggregate_id, o.attempts, o.created_at`;
+  const claimable = `o.published_at IS NULL AND o.parked_at IS NULL
+        AND (o.locked_until IS NULL OR o.locked_until <= now())
+        ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}`;
+  const claim = ordered
+    ? /*
+       * Ordered: a run of events per aggregate (the relay publishes them in waves, in order).
+       *   held        aggregates with an unpublished event in flight, backing off or parked (few rows:
+       *               the partial index outbox_held): none of their events may go now.
+       *   candidates  the oldest claimable events of the other aggregates, row-locked.
+       *   the UPDATE  keeps an event only if every older unpublished event of its aggregate is a
+       *               candidate too. (A concurrent claim may hold an older one's row lock, which SKIP
+       *               LOCKED passes over, or may have committed after this statement's snapshot.)
+       * The ids go to the UPDATE as an array, so it finds them by primary key.
+       */
+      `
+    WITH held AS (
+      SELECT DISTINCT aggregate_type, aggregate_id FROM ${t}
+      WHERE published_at IS NULL AND aggregate_id IS NOT NULL
+        AND (parked_at IS NOT NULL OR locked_until IS NOT NULL)
+        AND (parked_at IS NOT NULL OR locked_until > now())
+    ), candidates AS (
+      SELECT o.id, o.aggregate_type, o.aggregate_id FROM ${t} o
+      WHERE ${claimable}
+        AND NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = o.aggregate_id
+                          AND h.aggregate_type IS NOT DISTINCT FROM o.aggregate_type)
+      ORDER BY o.id
+      LIMIT $1::int
+      FOR UPDATE SKIP LOCKED
+    ), ranked AS (
+      SELECT id, aggregate_type, aggregate_id,
+             row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) - 1 AS older
+      FROM candidates
+    )
+    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
+    WHERE o.id = ANY (ARRAY(
+      SELECT r.id FROM ranked r
+      WHERE r.aggregate_id IS NULL OR r.older = (
+        SELECT count(*) FROM ${t} p
+        WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL AND p.id < r.id
+          AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type)))
+    ${returning}`
+    : `
     WITH claimed AS (
       SELECT o.id FROM ${t} o
-      WHERE o.published_at IS NULL AND o.parked_at IS NULL
-        AND (o.locked_until IS NULL OR o.locked_until <= now())
-        ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}
-        ${
-          ordered
-            ? `AND (o.aggregate_id IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM ${t} p
-                 WHERE p.aggregate_id = o.aggregate_id AND p.published_at IS NULL AND p.id < o.id
-                   AND p.aggregate_type IS NOT DISTINCT FROM o.aggregate_type))`
-            : ""
-        }
+      WHERE ${claimable}
       ORDER BY o.id
       LIMIT $1::int
       FOR UPDATE SKIP LOCKED
     )
     UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
     FROM claimed WHERE o.id = claimed.id
-    RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
-              o.aggregate_type, o.aggregate_id, o.attempts, o.created_at`;
+    ${returning}`;
   const published = `
     UPDATE ${t} SET published_at = now(), locked_until = NULL, last_error = NULL
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
@@ -142,7 +174,7 @@ function statements(schema: string, ordered: boolean, filtered: boolean) {
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL
     RETURNING parked_at IS NOT NULL AS parked`;
   const release = `
-    UPDATE ${t} SET locked_until = NULL, last_error = $2::text
+    UPDATE ${t} SET locked_until = NULL, last_error = coalesce($2::text, last_error)
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
   const cleanup = `
     DELETE FROM ${t} WHERE id IN (
@@ -165,6 +197,31 @@ function toMessage(r: Row): OutboxMessage {
     attempts: Number(r.attempts),
     createdAt: r.created_at instanceof Date ? r.created_at : new Date(r.created_at),
   };
+}
+
+function aggregateKey(m: OutboxMessage): string {
+  return `${m.aggregateType ?? ""}\u0000${m.aggregateId}`;
+}
+
+/**
+ * Split a batch (sorted by id) into waves: wave i holds the i-th event of each aggregate. Events
+ * without an aggregate go in the first wave.
+ */
+function wavesOf(batch: OutboxMessage[]): OutboxMessage[][] {
+  const waves: OutboxMessage[][] = [];
+  const seen = new Map<string, number>();
+  for (const m of batch) {
+    let i = 0;
+    if (m.aggregateId !== null) {
+      const k = aggregateKey(m);
+      i = seen.get(k) ?? 0;
+      seen.set(k, i + 1);
+    }
+    const wave = waves[i];
+    if (wave) wave.push(m);
+    else waves[i] = [m];
+  }
+  return waves;
 }
 
 /**
@@ -190,6 +247,7 @@ export class Relay {
   readonly #sql: ReturnType<typeof statements>;
   readonly #channel: string;
   readonly #topics: string | undefined;
+  readonly #ordered: boolean;
   readonly #batchSize: number;
   readonly #concurrency: number;
   readonly #leaseMs: number;
@@ -216,7 +274,8 @@ export class Relay {
     this.#db = options.db;
     this.#publisher = options.publisher;
     this.#topics = options.topics ? JSON.stringify(options.topics) : undefined;
-    this.#sql = statements(schema, options.orderByAggregate ?? false, this.#topics !== undefined);
+    this.#ordered = options.orderByAggregate ?? false;
+    this.#sql = statements(schema, this.#ordered, this.#topics !== undefined);
     this.#channel = `${schema}_outbox`;
     this.#batchSize = positive(options.batchSize ?? 500, "batchSize");
     this.#concurrency = positive(options.concurrency ?? 1, "concurrency");
@@ -281,6 +340,11 @@ export class Relay {
   /**
    * Claim, publish and mark one batch. Resolves with the number of rows claimed (0: nothing to do).
    * Throws what the database throws; a broker failure is recorded on the rows, not thrown.
+   *
+   * With `orderByAggregate` a batch may hold several events of one aggregate. It is then published in
+   * waves: the first event of every aggregate, then (once the broker confirmed those) the second, and
+   * so on. An aggregate whose event failed sends nothing more in this batch; its later events are put
+   * back, held behind the failed one until it is published.
    */
   async runOnce(): Promise<number> {
     const { rows } = await this.#db.query<Row>(this.#sql.claim, this.#claimParams());
@@ -288,27 +352,49 @@ export class Relay {
     this.#maybeCrash("after-claim");
     const batch = rows.map(toMessage).sort((a, b) => (a.id < b.id ? -1 : 1));
     this.stats.batches++;
-    let outcomes: PublishOutcome[];
-    try {
-      outcomes = await this.#publisher.publish(batch);
-      if (outcomes.length !== batch.length) {
-        throw new Error(`publisher ${this.#publisher.name} answered ${outcomes.length} of ${batch.length}`);
+    const sent: OutboxMessage[] = [];
+    const outcomes: PublishOutcome[] = [];
+    const held: string[] = [];
+    const failedAggregates = new Set<string>();
+    const waves = this.#ordered ? wavesOf(batch) : [batch];
+    for (let w = 0; w < waves.length; w++) {
+      const wave = waves[w]!.filter((m) => {
+        const blocked = m.aggregateId !== null && failedAggregates.has(aggregateKey(m));
+        if (blocked) held.push(m.id);
+        return !blocked;
+      });
+      if (wave.length === 0) continue;
+      let got: PublishOutcome[];
+      try {
+        got = await this.#publisher.publish(wave);
+        if (got.length !== wave.length) {
+          throw new Error(`publisher ${this.#publisher.name} answered ${got.length} of ${wave.length}`);
+        }
+      } catch (err) {
+        const error = errorOf(err);
+        if (isBrokerUnavailable(error)) {
+          // Nobody's fault: put the rest back now, count nothing, and let the loop back off.
+          this.stats.unavailable++;
+          this.#unavailableStreak++;
+          this.#onError(error);
+          const rest = [...wave, ...waves.slice(w + 1).flat()].map((m) => m.id);
+          await this.#db.query(this.#sql.release, [rest.join(","), error.message]);
+          if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
+          await this.#mark(sent, outcomes);
+          return batch.length;
+        }
+        got = wave.map(() => ({ ok: false, error }));
       }
-    } catch (err) {
-      const error = errorOf(err);
-      if (isBrokerUnavailable(error)) {
-        // Nobody's fault: put the rows back now, count nothing, and let the loop back off.
-        this.stats.unavailable++;
-        this.#unavailableStreak++;
-        this.#onError(error);
-        await this.#db.query(this.#sql.release, [batch.map((m) => m.id).join(","), error.message]);
-        return batch.length;
-      }
-      outcomes = batch.map(() => ({ ok: false, error }));
+      wave.forEach((m, i) => {
+        sent.push(m);
+        outcomes.push(got[i]!);
+        if (!got[i]!.ok && m.aggregateId !== null) failedAggregates.add(aggregateKey(m));
+      });
     }
     this.#unavailableStreak = 0;
     this.#maybeCrash("after-publish");
-    await this.#mark(batch, outcomes);
+    if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
+    await this.#mark(sent, outcomes);
     return batch.length;
   }
 
@@ -387,7 +473,9 @@ export class Relay {
       }
       if (this.#unavailableStreak > 0) {
         await this.#idle(Math.min(30_000, 250 * 2 ** Math.min(this.#unavailableStreak - 1, 7)), false);
-      } else if (claimed < this.#batchSize) {
+      } else if (claimed === 0) {
+        // Idle only when there was nothing to claim. A short batch does not mean the backlog is gone:
+        // with per-aggregate ordering, publishing it is what makes the next events claimable.
         await this.#idle(this.#pollMs);
       }
     }
