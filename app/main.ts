@@ -14,7 +14,7 @@
  *   LOG_LEVEL             pino level (default info)
  */
 import { serve } from "@hono/node-server";
-import { cleanInbox } from "idem/messaging";
+import { sweepInbox } from "idem/messaging";
 import { complete, PostgresStore } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
@@ -98,10 +98,10 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
 
   // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
   // clients never came back). Each instance may run them; both are safe to run concurrently.
-  // Inbox dedup records are kept a week: far past any redelivery of an event the relay published.
+  // Inbox dedup marks are kept a week (their partitions dropped after): far past any redelivery.
   const sweep = setInterval(
     () =>
-      Promise.all([store.sweep(), cleanInbox(db, { olderThanMs: 7 * 24 * 3_600_000 })]).catch((err) =>
+      Promise.all([store.sweep(), sweepInbox(db, { retentionMs: 7 * 24 * 3_600_000 })]).catch((err) =>
         logger.error({ err }, "sweep failed"),
       ),
     3_600_000,

@@ -10,13 +10,13 @@ export type {
   RunningConsumer,
 } from "./consumer.ts";
 export {
-  cleanInbox,
   Inbox,
   type InboxBatchHandler,
   type InboxHandler,
   type InboxOptions,
   InboxResult,
   type ParkedMessage,
+  sweepInbox,
 } from "./inbox.ts";
 export { type Listen, listenWithPg, listenWithPglite, listenWithPostgresJs } from "./listen.ts";
 export { MemoryBroker, type MemoryBrokerOptions } from "./memory.ts";
