@@ -14,13 +14,13 @@
  *   LOG_LEVEL             pino level (default info)
  */
 import { serve } from "@hono/node-server";
-import { sweepInbox } from "idem/messaging";
+import { IdemGauges, sweepInbox } from "idem/messaging";
 import { complete, PostgresStore } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
-import { createLogger, createMetrics } from "./observability.ts";
+import { createLogger, createMetrics, registerIdemGauges } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
 
@@ -64,6 +64,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   }
 
   const metrics = createMetrics();
+  registerIdemGauges(metrics.registry, new IdemGauges(db));
   const app = createApp({
     db,
     store,

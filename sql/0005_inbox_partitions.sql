@@ -34,3 +34,7 @@ BEGIN
   EXECUTE format('ALTER TABLE {{schema}}.inbox_unpartitioned RENAME TO inbox_b%s', b - 1);
   EXECUTE format('ALTER TABLE {{schema}}.inbox ATTACH PARTITION {{schema}}.inbox_b%s FOR VALUES FROM (MINVALUE) TO (%s)', b - 1, b);
 END $$;
+
+-- Parked outbox events, for the parked-events gauge (few rows: they wait for someone to requeue them).
+CREATE INDEX outbox_parked ON {{schema}}.outbox (parked_at)
+  WHERE parked_at IS NOT NULL AND published_at IS NULL;
