@@ -352,49 +352,61 @@ export class Relay {
     this.#maybeCrash("after-claim");
     const batch = rows.map(toMessage).sort((a, b) => (a.id < b.id ? -1 : 1));
     this.stats.batches++;
-    const sent: OutboxMessage[] = [];
-    const outcomes: PublishOutcome[] = [];
     const held: string[] = [];
     const failedAggregates = new Set<string>();
-    const waves = this.#ordered ? wavesOf(batch) : [batch];
-    for (let w = 0; w < waves.length; w++) {
-      const wave = waves[w]!.filter((m) => {
-        const blocked = m.aggregateId !== null && failedAggregates.has(aggregateKey(m));
-        if (blocked) held.push(m.id);
-        return !blocked;
-      });
-      if (wave.length === 0) continue;
-      let got: PublishOutcome[];
-      try {
-        got = await this.#publisher.publish(wave);
-        if (got.length !== wave.length) {
-          throw new Error(`publisher ${this.#publisher.name} answered ${got.length} of ${wave.length}`);
-        }
-      } catch (err) {
-        const error = errorOf(err);
-        if (isBrokerUnavailable(error)) {
-          // Nobody's fault: put the rest back now, count nothing, and let the loop back off.
-          this.stats.unavailable++;
-          this.#unavailableStreak++;
-          this.#onError(error);
-          const rest = [...wave, ...waves.slice(w + 1).flat()].map((m) => m.id);
-          await this.#db.query(this.#sql.release, [rest.join(","), error.message]);
-          if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
-          await this.#mark(sent, outcomes);
-          return batch.length;
-        }
-        got = wave.map(() => ({ ok: false, error }));
+    // Each wave is marked as soon as it is confirmed, while the next one is on its way to the broker.
+    const marking: Promise<unknown>[] = [];
+    const markWave = (wave: OutboxMessage[], got: PublishOutcome[]) => {
+      this.#maybeCrash("after-publish");
+      marking.push(this.#mark(wave, got).catch((err: unknown) => ({ failed: err })));
+    };
+    const settle = async () => {
+      for (const r of await Promise.all(marking)) {
+        if (r && typeof r === "object" && "failed" in r) throw r.failed;
       }
-      wave.forEach((m, i) => {
-        sent.push(m);
-        outcomes.push(got[i]!);
-        if (!got[i]!.ok && m.aggregateId !== null) failedAggregates.add(aggregateKey(m));
-      });
+    };
+    const waves = this.#ordered ? wavesOf(batch) : [batch];
+    try {
+      for (let w = 0; w < waves.length; w++) {
+        const wave = waves[w]!.filter((m) => {
+          const blocked = m.aggregateId !== null && failedAggregates.has(aggregateKey(m));
+          if (blocked) held.push(m.id);
+          return !blocked;
+        });
+        if (wave.length === 0) continue;
+        let got: PublishOutcome[];
+        try {
+          got = await this.#publisher.publish(wave);
+          if (got.length !== wave.length) {
+            throw new Error(`publisher ${this.#publisher.name} answered ${got.length} of ${wave.length}`);
+          }
+        } catch (err) {
+          const error = errorOf(err);
+          if (isBrokerUnavailable(error)) {
+            // Nobody's fault: put the rest back now, count nothing, and let the loop back off.
+            this.stats.unavailable++;
+            this.#unavailableStreak++;
+            this.#onError(error);
+            const rest = [...wave, ...waves.slice(w + 1).flat()].map((m) => m.id);
+            await this.#db.query(this.#sql.release, [rest.join(","), error.message]);
+            if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
+            await settle();
+            return batch.length;
+          }
+          got = wave.map(() => ({ ok: false, error }));
+        }
+        wave.forEach((m, i) => {
+          if (!got[i]!.ok && m.aggregateId !== null) failedAggregates.add(aggregateKey(m));
+        });
+        this.#unavailableStreak = 0;
+        markWave(wave, got);
+      }
+      if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
+    } catch (err) {
+      await Promise.all(marking);
+      throw err;
     }
-    this.#unavailableStreak = 0;
-    this.#maybeCrash("after-publish");
-    if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
-    await this.#mark(sent, outcomes);
+    await settle();
     return batch.length;
   }
 
