@@ -345,8 +345,11 @@ export function printMessagingRows(all: MessagingRow[]): void {
     console.log(cells.join(""));
   }
   for (const r of drains) {
+    // Against the same broker's unordered end to end with a batch effect, measured in this run.
+    const unordered = rows.find((u) => u.broker === r.broker && u.effect === "batch");
+    const ratio = unordered ? `, ${(r.endToEndRate / unordered.endToEndRate).toFixed(2)} of unordered` : "";
     console.log(
-      `${r.scenario}: relay ${Math.round(r.publishRate)} events/s, end to end ${Math.round(r.endToEndRate)} events/s (order kept, each once)`,
+      `${r.scenario}: relay ${Math.round(r.publishRate)} events/s, end to end ${Math.round(r.endToEndRate)} events/s${ratio} (order kept, each once)`,
     );
   }
   console.log("goal: end-to-end >= 5,000 events/s on this machine");

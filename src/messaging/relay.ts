@@ -8,9 +8,12 @@
  *            (`FOR UPDATE SKIP LOCKED`, so concurrent relays never wait on or take each other's rows)
  *            and set `locked_until = now() + leaseMs`. Committed at once: no transaction stays open
  *            while the broker is talked to.
- *   publish  hand the batch to the publisher, which resolves once the broker confirmed each message.
+ *   publish  hand the batch to the publisher, which resolves once the broker confirmed each message
+ *            (with `orderByAggregate`, in waves: see `runOnce`).
  *   mark     confirmed rows get `published_at`; failed ones `attempts + 1`, `last_error` and a
  *            backoff (as `locked_until`); at `maxAttempts` a row is parked.
+ *   again    a batch that found work is followed by the next claim at once; the relay sleeps
+ *            (`pollMs`, or until NOTIFY) only after a claim that found nothing.
  *
  * A relay that dies anywhere in between leaves its rows locked until the lease expires; then they are
  * claimed and published again. The copy is a duplicate with the same message id, which NATS drops
@@ -19,6 +22,7 @@
 import type { Db } from "../core/db.ts";
 import { checkSchemaName } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
+import { type Row, statements, toMessage } from "./relay-sql.ts";
 import {
   errorOf,
   isBrokerUnavailable,
@@ -26,6 +30,8 @@ import {
   type Publisher,
   type PublishOutcome,
 } from "./types.ts";
+
+export { outboxCounts, requeueParked } from "./outbox-admin.ts";
 
 /** Points where a test can make a relay die as a killed process would: nothing is released or marked. */
 export type RelayCrashPoint = "after-claim" | "after-publish";
@@ -91,113 +97,6 @@ export interface RelayStats {
 
 /** Thrown inside a relay loop by a test's crash point; the loop stops dead. */
 class RelayCrash extends Error {}
-
-interface Row {
-  id: string;
-  topic: string;
-  type: string;
-  body: string;
-  headers: Record<string, string> | string | null;
-  aggregate_type: string | null;
-  aggregate_id: string | null;
-  attempts: number;
-  created_at: Date | string;
-}
-
-/** The three statements a relay runs, built once per schema and option set. */
-function statements(schema: string, ordered: boolean, filtered: boolean) {
-  const t = `${schema}.outbox`;
-  const returning = `RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
-              o.aggregate_type, o.aggregate_id, o.attempts, o.created_at`;
-  const claimable = `o.published_at IS NULL AND o.parked_at IS NULL
-        AND (o.locked_until IS NULL OR o.locked_until <= now())
-        ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}`;
-  const claim = ordered
-    ? /*
-       * Ordered: a run of events per aggregate (the relay publishes them in waves, in order).
-       *   held        aggregates with an unpublished event in flight, backing off or parked (few rows:
-       *               the partial index outbox_held): none of their events may go now.
-       *   candidates  the oldest claimable events of the other aggregates, row-locked.
-       *   the UPDATE  keeps an event only if every older unpublished event of its aggregate is a
-       *               candidate too. (A concurrent claim may hold an older one's row lock, which SKIP
-       *               LOCKED passes over, or may have committed after this statement's snapshot.)
-       * The ids go to the UPDATE as an array, so it finds them by primary key.
-       */
-      `
-    WITH held AS (
-      SELECT DISTINCT aggregate_type, aggregate_id FROM ${t}
-      WHERE published_at IS NULL AND aggregate_id IS NOT NULL
-        AND (parked_at IS NOT NULL OR locked_until IS NOT NULL)
-        AND (parked_at IS NOT NULL OR locked_until > now())
-    ), candidates AS (
-      SELECT o.id, o.aggregate_type, o.aggregate_id FROM ${t} o
-      WHERE ${claimable}
-        AND NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = o.aggregate_id
-                          AND h.aggregate_type IS NOT DISTINCT FROM o.aggregate_type)
-      ORDER BY o.id
-      LIMIT $1::int
-      FOR UPDATE SKIP LOCKED
-    ), ranked AS (
-      SELECT id, aggregate_type, aggregate_id,
-             row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) - 1 AS older
-      FROM candidates
-    )
-    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
-    WHERE o.id = ANY (ARRAY(
-      SELECT r.id FROM ranked r
-      WHERE r.aggregate_id IS NULL OR r.older = (
-        SELECT count(*) FROM ${t} p
-        WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL AND p.id < r.id
-          AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type)))
-    ${returning}`
-    : `
-    WITH claimed AS (
-      SELECT o.id FROM ${t} o
-      WHERE ${claimable}
-      ORDER BY o.id
-      LIMIT $1::int
-      FOR UPDATE SKIP LOCKED
-    )
-    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
-    FROM claimed WHERE o.id = claimed.id
-    ${returning}`;
-  const published = `
-    UPDATE ${t} SET published_at = now(), locked_until = NULL, last_error = NULL
-    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
-  const failed = `
-    UPDATE ${t} SET
-      attempts = attempts + 1,
-      last_error = $2::text,
-      locked_until = now() + least($4::float8, $3::float8 * power(2, attempts)) * (0.5 + random() / 2)
-                             * interval '1 millisecond',
-      parked_at = CASE WHEN attempts + 1 >= $5::int THEN now() END
-    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL
-    RETURNING parked_at IS NOT NULL AS parked`;
-  const release = `
-    UPDATE ${t} SET locked_until = NULL, last_error = coalesce($2::text, last_error)
-    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
-  const cleanup = `
-    DELETE FROM ${t} WHERE id IN (
-      SELECT id FROM ${t} WHERE published_at < now() - $1::float8 * interval '1 millisecond'
-      ORDER BY published_at LIMIT $2::int)`;
-  return { claim, published, failed, release, cleanup };
-}
-
-function toMessage(r: Row): OutboxMessage {
-  const headers =
-    typeof r.headers === "string" ? (JSON.parse(r.headers) as Record<string, string>) : r.headers;
-  return {
-    id: r.id,
-    topic: r.topic,
-    type: r.type,
-    body: r.body,
-    headers: headers ?? {},
-    aggregateType: r.aggregate_type,
-    aggregateId: r.aggregate_id,
-    attempts: Number(r.attempts),
-    createdAt: r.created_at instanceof Date ? r.created_at : new Date(r.created_at),
-  };
-}
 
 function aggregateKey(m: OutboxMessage): string {
   return `${m.aggregateType ?? ""}\u0000${m.aggregateId}`;
@@ -522,38 +421,6 @@ export class Relay {
     }
     if (!woke && !all) this.#pending = true;
   }
-}
-
-/** Put parked rows back in the queue (all of them, or those of `ids` / `topic`), attempts reset. */
-export async function requeueParked(
-  db: Db,
-  options: { schema?: string; ids?: readonly string[]; topic?: string } = {},
-): Promise<number> {
-  const schema = checkSchemaName(options.schema ?? "idem");
-  const { rowCount } = await db.query(
-    `UPDATE ${schema}.outbox SET parked_at = NULL, attempts = 0, locked_until = NULL
-     WHERE parked_at IS NOT NULL AND published_at IS NULL
-       AND ($1::text IS NULL OR id = ANY(string_to_array($1::text, ',')::uuid[]))
-       AND ($2::text IS NULL OR topic = $2::text)`,
-    [options.ids ? options.ids.join(",") : null, options.topic ?? null],
-  );
-  return rowCount;
-}
-
-/** Counts of the outbox's rows by state, for dashboards and tests. */
-export async function outboxCounts(
-  db: Db,
-  options: { schema?: string } = {},
-): Promise<{ pending: number; published: number; parked: number }> {
-  const schema = checkSchemaName(options.schema ?? "idem");
-  const { rows } = await db.query<{ pending: string; published: string; parked: string }>(
-    `SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
-            count(*) FILTER (WHERE published_at IS NOT NULL) AS published,
-            count(*) FILTER (WHERE parked_at IS NOT NULL AND published_at IS NULL) AS parked
-     FROM ${schema}.outbox`,
-  );
-  const r = rows[0]!;
-  return { pending: Number(r.pending), published: Number(r.published), parked: Number(r.parked) };
 }
 
 function positive(n: number, name: string): number {
