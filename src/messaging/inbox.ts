@@ -108,10 +108,11 @@ export class Inbox {
     // The row in the previous partition has status 'marker' (count marks with status <> 'marker').
     // A mark counts only when every row of it went in. Rows go in (id, bucket) order, so two batches
     // sharing ids take their index entries in the same order (no deadlock).
-    const unseen = (
-      id: string,
-    ) => `NOT EXISTS (SELECT 1 FROM ${s}.inbox i WHERE i.consumer = $1::text AND i.message_id = ${id})
-        AND NOT EXISTS (SELECT 1 FROM ${s}.inbox_parked p WHERE p.consumer = $1::text AND p.message_id = ${id})`;
+    // Scalar subqueries, not NOT EXISTS: PostgreSQL would turn that into an anti-join and hash every
+    // mark of the consumer; these probe each partition's primary key, message by message.
+    const unseen = (id: string) =>
+      `(SELECT 1 FROM ${s}.inbox i WHERE i.consumer = $1::text AND i.message_id = ${id} LIMIT 1) IS NULL
+        AND (SELECT 1 FROM ${s}.inbox_parked p WHERE p.consumer = $1::text AND p.message_id = ${id}) IS NULL`;
     this.#sql = {
       mark: `INSERT INTO ${s}.inbox (bucket, consumer, message_id, status)
         SELECT b, $1::text, $2::text, CASE WHEN b = $3::int THEN 'done' ELSE 'marker' END
