@@ -3,7 +3,8 @@
  * -> inbox while the broker is hurt mid-stream:
  *   - a 3-node NATS JetStream cluster (started here, on loopback) with a stream of 3 replicas, whose
  *     stream leader is killed -9 and restarted;
- *   - a RabbitMQ quorum queue (single node), whose connections are cut.
+ *   - a RabbitMQ quorum queue (single node), whose connections (relay's and consumer's) are cut at
+ *     2,500, 5,000 and 7,500 events published.
  * Every event must be applied exactly once, each aggregate's events in the order they were written.
  * Throughput is printed (not asserted: the machine is shared).
  */
@@ -160,8 +161,12 @@ describe.skipIf(!backend)("a RabbitMQ quorum queue", () => {
     await relay.start();
     try {
       for (const at of [2_500, 5_000, 7_500]) {
-        await until(() => consumer.stats.applied >= at, 30_000, `${at} effects`);
-        proxy.cut(); // relay's and consumer's connections both: unconfirmed publishes, unacked deliveries
+        await until(() => relay.stats.published >= at, 30_000, `${at} published`);
+        // Cut while bytes go up (publishes or acks on the wire): the relay's and the consumer's connections, with
+        // unconfirmed publishes and unacked deliveries.
+        const bytes = proxy.bytesUp;
+        await until(() => proxy.bytesUp > bytes, 10_000, "a publish on the wire");
+        proxy.cut();
       }
       await until(() => consumer.stats.applied >= N, 45_000, `${N} effects`);
     } finally {
