@@ -162,8 +162,8 @@ describe.skipIf(!backend)("a RabbitMQ quorum queue", () => {
     try {
       for (const at of [2_500, 5_000, 7_500]) {
         await until(() => relay.stats.published >= at, 30_000, `${at} published`);
-        // Cut while bytes go up (publishes or acks on the wire): the relay's and the consumer's connections, with
-        // unconfirmed publishes and unacked deliveries.
+        // Cut while bytes go up (publishes or acks on the wire): the relay's and the consumer's
+        // connections, with unconfirmed publishes and unacked deliveries.
         const bytes = proxy.bytesUp;
         await until(() => proxy.bytesUp > bytes, 10_000, "a publish on the wire");
         proxy.cut();
