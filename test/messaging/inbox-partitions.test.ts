@@ -3,11 +3,13 @@
  * inside the retention window is never applied twice, including across a partition boundary, one copy
  * after the other or both at once, message by message or in batches.
  */
+
+import { readFile } from "node:fs/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Inbox, sweepInbox } from "../../src/messaging/inbox.ts";
 import type { Delivery } from "../../src/messaging/types.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { MIGRATIONS_DIR, migrate } from "../../src/postgres/migrate.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { unique } from "./helpers.ts";
 
@@ -111,6 +113,55 @@ describe.each(backends)("inbox partitions on $name", (backend) => {
     );
     expect(Number(rows[0]!.n)).toBe(0);
     expect(await appliedCount(db, consumer, "kept")).toBe(1);
+  });
+});
+
+describe.each(backends)("an inbox from before partitioning, on $name", (backend) => {
+  it("keeps its marks through the migration: their copies are still duplicates, until the sweep drops them", async () => {
+    const { db, close } = await backend.open();
+    try {
+      // The schema as 0004 left it, with marks in the unpartitioned inbox.
+      await db.exec(
+        "CREATE SCHEMA idem; CREATE TABLE idem.migrations (id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+      );
+      for (const name of ["0001_keys.sql", "0002_phases.sql", "0003_messaging.sql", "0004_compact.sql"]) {
+        const sql = await readFile(new URL(name, MIGRATIONS_DIR), "utf8");
+        await db.exec(sql.replaceAll("{{schema}}", "idem").replaceAll("{{partition_seconds}}", "3600"));
+        await db.query("INSERT INTO idem.migrations (id, name) VALUES ($1, $2)", [
+          Number.parseInt(name, 10),
+          name,
+        ]);
+      }
+      await db.exec(`INSERT INTO idem.inbox (consumer, message_id) VALUES ('c', 'old-1'), ('c', 'old-2')`);
+      expect((await migrate(db)).applied).toEqual(["0005_inbox_partitions.sql"]);
+      await db.exec("CREATE TABLE applied (consumer text NOT NULL, message_id text NOT NULL)");
+      let now = Date.now();
+      const inbox = new Inbox(db, { consumer: "c", clock: () => now });
+      const record = async (tx: Tx, m: Delivery) => {
+        await tx.query("INSERT INTO applied (consumer, message_id) VALUES ('c', $1)", [m.id]);
+      };
+      expect(await inbox.processBatch([delivery("old-1"), delivery("new-1")], record)).toEqual([
+        "duplicate",
+        "applied",
+      ]);
+      expect(await inbox.process(delivery("old-2"), record)).toBe("duplicate");
+      // The old marks form the first partition (every bucket before the migration's); it is dropped
+      // as a whole once a retention has passed.
+      const legacy = async () => {
+        const { rows } = await db.query<{ n: string }>(
+          `SELECT count(*) AS n FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = 'idem' AND c.relname LIKE 'inbox_b%' AND c.relispartition
+             AND pg_get_expr(c.relpartbound, c.oid) LIKE '%MINVALUE%'`,
+        );
+        return Number(rows[0]!.n);
+      };
+      expect(await legacy()).toBe(1);
+      now += 3 * HOUR;
+      await sweepInbox(db, { retentionMs: HOUR, clock: () => now });
+      expect(await legacy()).toBe(0);
+    } finally {
+      await close();
+    }
   });
 });
 
