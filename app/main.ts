@@ -18,14 +18,14 @@
  *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
  */
 import { Hono } from "hono";
-import { cleanInbox } from "idem/messaging";
+import { IdemGauges, sweepInbox } from "idem/messaging";
 import { complete, PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
 import { metricsRoutes } from "./metrics-route.ts";
-import { createLogger, createMetrics } from "./observability.ts";
+import { createLogger, createMetrics, registerIdemGauges } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
 import { regionsFromEnv } from "./regions.ts";
@@ -79,6 +79,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   }
 
   const metrics = createMetrics(undefined, async () => (await reviewGauge(store)).open);
+  registerIdemGauges(metrics.registry, new IdemGauges(db));
   const app = createApp({
     db,
     store,
@@ -121,10 +122,10 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
 
   // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
   // clients never came back). Each instance may run them; both are safe to run concurrently.
-  // Inbox dedup records are kept a week: far past any redelivery of an event the relay published.
+  // Inbox dedup marks are kept a week (their partitions dropped after): far past any redelivery.
   const sweep = setInterval(
     () =>
-      Promise.all([store.sweep(), cleanInbox(db, { olderThanMs: 7 * 24 * 3_600_000 })]).catch((err) =>
+      Promise.all([store.sweep(), sweepInbox(db, { retentionMs: 7 * 24 * 3_600_000 })]).catch((err) =>
         logger.error({ err }, "sweep failed"),
       ),
     3_600_000,

@@ -204,11 +204,14 @@ if (wanted("messaging")) {
         ? [
             {
               group,
-              scenario: `${r.broker}: end to end, effect ${r.effect === "batch" ? "per batch" : "per message"}`,
+              scenario:
+                typeof r.scenario === "string"
+                  ? r.scenario
+                  : `${r.broker}: end to end, effect ${r.effect === "batch" ? "per batch" : "per message"}`,
               throughput: r.endToEndRate,
               unit: "events/s",
-              p50Ms: Number(r.p50Ms),
-              p99Ms: Number(r.p99Ms),
+              p50Ms: r.p50Ms === undefined ? undefined : Number(r.p50Ms),
+              p99Ms: r.p99Ms === undefined ? undefined : Number(r.p99Ms),
             },
           ]
         : [],

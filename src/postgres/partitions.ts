@@ -1,12 +1,14 @@
 import type { Db } from "./db.ts";
 
-/** Bucket arithmetic and partition upkeep for the keys table. */
+/** Bucket arithmetic and partition upkeep for a table partitioned by `bucket`: keys, or the inbox. */
 export class Partitions {
   constructor(
     private readonly db: Db,
     private readonly schema: string,
     /** Width of one partition in milliseconds. */
     readonly widthMs: number,
+    /** The partitioned table. Default `"keys"`. */
+    private readonly table = "keys",
   ) {}
 
   bucketOf(atMs: number): number {
@@ -18,7 +20,7 @@ export class Partitions {
   }
 
   private nameOf(bucket: number): string {
-    return `keys_b${bucket}`;
+    return `${this.table}_b${bucket}`;
   }
 
   /**
@@ -38,7 +40,7 @@ export class Partitions {
       const table = `${this.schema}.${this.nameOf(b)}`;
       try {
         await this.db.exec(
-          `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+          `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.${this.table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
         );
       } catch (err) {
         // Another instance created it at the same moment: IF NOT EXISTS does not cover a concurrent
@@ -49,7 +51,7 @@ export class Partitions {
       }
       try {
         await this.db.exec(
-          `ALTER TABLE ${this.schema}.keys ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
+          `ALTER TABLE ${this.schema}.${this.table} ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
         );
       } catch (err) {
         // 42809: already a partition (attached earlier, or by another instance just now).
@@ -59,8 +61,9 @@ export class Partitions {
   }
 
   /**
-   * The keys tables in the schema, oldest first: attached partitions, one whose detach was interrupted
-   * (`pending`), and detached ones a crash left behind between detach and drop (`attached` false).
+   * The partitions' tables in the schema (`<table>_b<bucket>`), oldest first: attached partitions, one
+   * whose detach was interrupted (`pending`), and detached ones a crash left behind between detach and
+   * drop (`attached` false).
    */
   async tables(): Promise<{ bucket: number; attached: boolean; pending: boolean }[]> {
     const { rows } = await this.db.query<{ name: string; attached: boolean; pending: boolean }>(
@@ -69,12 +72,12 @@ export class Partitions {
          FROM pg_class c
          JOIN pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
-        WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^keys_b-?[0-9]+$'`,
-      [this.schema],
+        WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ ('^' || $2 || '_b-?[0-9]+$')`,
+      [this.schema, this.table],
     );
     return rows
       .map((r) => ({
-        bucket: Number(r.name.slice("keys_b".length)),
+        bucket: Number(r.name.slice(this.table.length + 2)),
         attached: r.attached,
         pending: r.pending,
       }))
@@ -105,7 +108,7 @@ export class Partitions {
       if (t.attached) {
         // Its own statement, outside any transaction block (CONCURRENTLY requires it).
         await this.db.exec(
-          `ALTER TABLE ${this.schema}.keys DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
+          `ALTER TABLE ${this.schema}.${this.table} DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
         );
       }
       await this.db.exec(`DROP TABLE IF EXISTS ${table}`);
