@@ -384,6 +384,7 @@ export class PostgresStore implements AtomicStore<Tx> {
           compact ? null : JSON.stringify(saved.headers),
           compact ? null : saved.body,
           compact ? result.compactId : null,
+          new Date(now - this.retentionMs).toISOString(),
         ]);
         return {
           kind: "executed",
@@ -446,9 +447,24 @@ function statements(s: string) {
     lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
     lookupPhases: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body,
                           lease_token::text AS lease_token, lease_until, phase_data ${lookupWhere}`,
-    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
-                                        resource_id)
-                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)`,
+    // The key row with its reply. A row of the same (scope, key) in this bucket that has expired (the
+    // retention is shorter than a partition, so it is still there) is replaced in place, every column
+    // reset; a live one is never touched: the second INSERT then runs and fails on the primary key
+    // (23505), which rolls the transaction back as a duplicate row always did.
+    insertDone: `WITH put AS (
+              INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
+                                     body, resource_id)
+              VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)
+              ON CONFLICT (scope, key, bucket) DO UPDATE
+                 SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
+                     recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,
+                     body = EXCLUDED.body, resource_id = EXCLUDED.resource_id, lease_token = NULL,
+                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL
+               WHERE ${s}.keys.created_at <= $10::timestamptz
+              RETURNING 1
+            )
+            INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
+            SELECT $1, $2, $3, $4, $5::timestamptz WHERE NOT EXISTS (SELECT 1 FROM put)`,
     claimPhases: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, lease_token,
                                          lease_until, runner, request, updated_at)
             VALUES ($1, $2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz)

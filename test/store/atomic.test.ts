@@ -180,6 +180,59 @@ describe.each(backends)("atomic store on $name", (backend) => {
     expect((await s.atomic(c, (tx) => charge(tx, "e"))).kind).toBe("executed");
   });
 
+  it("treats a key as new after expiry when the retention is shorter than a partition", async () => {
+    // Retention 3.6 s in one-day partitions: the expired row is still in the partition the retry writes to.
+    const boundary = Date.UTC(2034, 3, 5);
+    let now = boundary - 2_000;
+    const s = await stores({ clock: () => now, retentionMs: 3_600 });
+    const c = claimOf("acct_1", "k-short", "{}");
+    const bodies: string[] = [];
+    const run = async () => {
+      const out = await s.atomic(c, (tx) => charge(tx, "short"));
+      bodies.push(Buffer.from(out.response.body).toString());
+      return out.kind;
+    };
+    const before = await effects(open.db);
+    expect(await run()).toBe("executed"); // bucket b-1
+    now += 3_000;
+    expect(await run()).toBe("replayed"); // across the boundary, inside the window
+    expect(bodies[1]).toBe(bodies[0]);
+    now += 1_000; // expired: the retry lands in bucket b
+    expect(await run()).toBe("executed");
+    now += 3_700; // expired again: its row is in bucket b, where this retry writes too
+    expect(await run()).toBe("executed");
+    now += 1_000;
+    expect(await run()).toBe("replayed");
+    expect(bodies[4]).toBe(bodies[3]);
+    expect(new Set(bodies).size).toBe(3);
+    expect(await effects(open.db)).toBe(before + 3);
+    const { rows } = await open.db.query<{ bucket: number; n: number }>(
+      "SELECT bucket, count(*)::int AS n FROM idem.keys WHERE key = 'k-short' GROUP BY bucket ORDER BY bucket",
+    );
+    const b = s.partitions.bucketOf(boundary);
+    expect(rows.map((r) => [Number(r.bucket), r.n])).toEqual([
+      [b - 1, 1],
+      [b, 1],
+    ]);
+  });
+
+  it("never replaces a live row it did not see: the work rolls back", async () => {
+    const now = Date.UTC(2034, 4, 6, 12);
+    const s = await stores({ clock: () => now, retentionMs: 3_600 });
+    // A live marker row (phases mode's boundary marker), which lookups skip, holds the key's place.
+    await open.db.query(
+      `INSERT INTO idem.keys (bucket, scope, key, marker, fingerprint, created_at)
+       VALUES ($1, 'acct_1', 'k-live-marker', true, '\\x00', $2::timestamptz)`,
+      [s.partitions.bucketOf(now), new Date(now - 1_000).toISOString()],
+    );
+    const before = await effects(open.db);
+    const err = await s
+      .atomic(claimOf("acct_1", "k-live-marker", "{}"), (tx) => charge(tx, "live-marker"))
+      .catch((e) => e);
+    expect((err as { code?: string }).code).toBe("23505");
+    expect(await effects(open.db)).toBe(before);
+  });
+
   it("drops whole partitions past retention and keeps every key inside the window", async () => {
     let now = Date.UTC(2031, 5, 1, 23, 0);
     const s = await stores({ clock: () => now, retentionMs: DAY });
