@@ -22,8 +22,9 @@ export interface PostgresStoreOptions {
    */
   retentionMs?: number;
   /**
-   * How long a concurrent duplicate waits for the first request's transaction before it is answered
-   * 409 with `Retry-After`.
+   * How long a concurrent duplicate waits for the first request to finish before it is answered 409
+   * with `Retry-After`. A duplicate in the same process waits in memory; one in another process polls
+   * the key's lock with short sleeps. Neither holds a pooled connection while it waits.
    * Default: 5,000 ms.
    */
   lockTimeoutMs?: number;
@@ -96,6 +97,8 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly clock: () => number;
   readonly partitions: Partitions;
   private readonly sql: ReturnType<typeof statements>;
+  /** This process's atomic calls in progress, by (scope, key): a duplicate waits on it, in memory. */
+  private readonly inFlight = new Map<string, Promise<void>>();
 
   private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
     this.db = db;
@@ -296,14 +299,27 @@ export class PostgresStore implements AtomicStore<Tx> {
 
   /**
    * The SQL that serialises every request for one (scope, key): a transaction-scoped advisory lock,
-   * waited for at most `lockTimeoutMs`. Sent with BEGIN (a literal, no parameters) so that it costs no
-   * round trip of its own; the lock timeout is reset afterwards so it does not bound the work.
+   * waited for in the server at most `LOCK_WAIT_MS` (then 55P03, and the caller sleeps without a
+   * connection and tries again). Sent with BEGIN (a literal, no parameters) so that it costs no round
+   * trip of its own; the lock timeout is reset afterwards so it does not bound the work.
    */
   lockSql(scope: string, key: string): string {
+    const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
     return (
-      `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(this.lockTimeoutMs))}ms'; ` +
+      `SET LOCAL lock_timeout = '${wait}ms'; ` +
       `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`
     );
+  }
+
+  /**
+   * The answer a finished key gives, read without a lock or a transaction (a done row never changes
+   * until it expires): its replay, or `KeyMismatchError` for another request. Undefined when there is
+   * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
+   */
+  private async finishedAnswer(claim: Claim): Promise<AtomicOutcome | undefined> {
+    const row = await this.lookup(this.db, claim.scope, claim.key, this.clock());
+    if (!row || row.resource_id != null) return undefined;
+    return this.replayOf(claim, row);
   }
 
   /*
@@ -324,10 +340,63 @@ export class PostgresStore implements AtomicStore<Tx> {
    * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
    * and [INSERT key row, COMMIT].
    */
+  /*
+   * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
+   * take the whole pool from every other account):
+   *   - in this process, a duplicate waits on the in-flight call's promise, in memory;
+   *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
+   *     the transaction ends, the connection goes back, and the duplicate sleeps and tries again.
+   * After any wait the duplicate first reads the key without a lock (a finished key replays at once),
+   * then takes the locked path. Past `lockTimeoutMs` in all: 409 with Retry-After.
+   */
   async atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
     options: AtomicRunOptions<Tx> = {},
+  ): Promise<AtomicOutcome> {
+    const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    const deadline = Date.now() + this.lockTimeoutMs;
+    let waited = false;
+    for (;;) {
+      const running = this.inFlight.get(id);
+      if (!running) break;
+      waited = true;
+      if (!(await settlesBefore(running, deadline))) throw new KeyInFlightError(RETRY_AFTER_S);
+    }
+    let finish!: () => void;
+    this.inFlight.set(
+      id,
+      new Promise<void>((r) => {
+        finish = r;
+      }),
+    );
+    try {
+      for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
+        if (waited) {
+          const answer = await this.finishedAnswer(claim);
+          if (answer) return answer;
+        }
+        try {
+          return await this.atomicOnce(claim, work, options);
+        } catch (err) {
+          if (!(err instanceof LockBusy)) throw err;
+        }
+        waited = true;
+        const left = deadline - Date.now();
+        if (left <= 0) throw new KeyInFlightError(RETRY_AFTER_S);
+        await new Promise((r) => setTimeout(r, Math.min(left, pause * (0.5 + Math.random()))));
+      }
+    } finally {
+      this.inFlight.delete(id);
+      finish();
+    }
+  }
+
+  /** One locked attempt (LockBusy when another transaction holds the key past LOCK_WAIT_MS). */
+  private async atomicOnce(
+    claim: Claim,
+    work: (tx: Tx) => Promise<WorkResult>,
+    options: AtomicRunOptions<Tx>,
   ): Promise<AtomicOutcome> {
     for (let attempt = 0; ; attempt++) {
       try {
@@ -341,7 +410,7 @@ export class PostgresStore implements AtomicStore<Tx> {
             expiresAt: new Date(this.clock()),
           };
         }
-        if (sqlState(err) === "55P03" && !(err instanceof WorkError)) throw new KeyInFlightError(1);
+        if (sqlState(err) === "55P03" && !(err instanceof WorkError)) throw new LockBusy();
         if (err instanceof WorkError) throw err.cause;
         if (sqlState(err) === "23514" && attempt < 2 && /no partition/.test(String((err as Error).message))) {
           const b = this.partitions.bucketOf(this.clock());
@@ -396,6 +465,30 @@ export class PostgresStore implements AtomicStore<Tx> {
       { begin: this.lockSql(claim.scope, claim.key) },
     );
   }
+}
+
+/** How long the server waits for a key's lock before the duplicate lets its connection go and sleeps. */
+const LOCK_WAIT_MS = 10;
+/** The Retry-After of a 409 for a key still in flight. */
+const RETRY_AFTER_S = 1;
+
+/** Another transaction held the key's lock past LOCK_WAIT_MS. */
+class LockBusy {}
+
+/** Whether `p` settles (either way) before `deadline` (epoch ms). */
+function settlesBefore(p: Promise<unknown>, deadline: number): Promise<boolean> {
+  const left = deadline - Date.now();
+  if (left <= 0) return Promise.resolve(false);
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    p.then(
+      () => true,
+      () => true,
+    ),
+    new Promise<boolean>((r) => {
+      timer = setTimeout(() => r(false), left);
+    }),
+  ]).finally(() => clearTimeout(timer));
 }
 
 /** Thrown inside a transaction to roll it back and carry the unsaved response out. */

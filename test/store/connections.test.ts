@@ -87,6 +87,47 @@ describe.skipIf(!DATABASE_URL)("pooled connections on the real server (pg)", () 
     expect(after.sort()).toEqual(before.sort());
   });
 
+  it("a storm of duplicates of a slow key holds no connection: another account keeps its latency", async () => {
+    // Two stores on one pool stand for two service processes: each has its own in-memory waits.
+    const [one, two] = [store, await PostgresStore.open(db)];
+    const c = claimOf("acct_storm", "slow-key");
+    let runs = 0;
+    const slow = async (tx: Parameters<Parameters<PostgresStore["atomic"]>[1]>[0]) => {
+      runs++;
+      await tx.query("SELECT pg_sleep(2)");
+      const reply = { status: 201, headers: [] as [string, string][], body: enc.encode('{"id":1}') };
+      return { response: reply, save: reply };
+    };
+    /** Another account's plain reads, one after the other, for `ms`: their latencies. */
+    const otherAccount = async (ms: number) => {
+      const lat: number[] = [];
+      for (const end = Date.now() + ms; Date.now() < end; ) {
+        const t = performance.now();
+        await db.query("SELECT count(*) FROM idem.keys WHERE scope = 'acct_other'");
+        lat.push(performance.now() - t);
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      return lat.sort((a, b) => a - b);
+    };
+    const fig = (l: number[]) =>
+      `p50 ${l[Math.floor(l.length / 2)]!.toFixed(1)} ms, max ${l[l.length - 1]!.toFixed(1)} ms (${l.length} queries)`;
+
+    const quiet = await otherAccount(1_500);
+    const first = one.atomic(c, slow);
+    await new Promise((r) => setTimeout(r, 50));
+    const storm = Array.from({ length: 120 }, (_, i) => (i % 2 ? two : one).atomic(c, slow));
+    const during = await otherAccount(1_500);
+    const outs = await Promise.all([first, ...storm]);
+    console.log(
+      `other account without the storm: ${fig(quiet)}; during 120 duplicates of a 2 s key on a pool of ${POOL}: ${fig(during)}`,
+    );
+    expect(runs).toBe(1);
+    expect(outs.filter((o) => o.kind === "executed")).toHaveLength(1);
+    expect(outs.filter((o) => o.kind === "replayed")).toHaveLength(120);
+    // Loose: starved, every read would wait for the 2 s work to give a connection back.
+    expect(during[Math.floor(during.length / 2)]!).toBeLessThan(1_000);
+  });
+
   it("drops a connection that died, and the next transactions run on a new one", async () => {
     let victim = 0;
     const err = await db
