@@ -11,7 +11,13 @@ import {
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
 import { checkSchemaName } from "./migrate.ts";
-import { Partitions } from "./partitions.ts";
+import {
+  livePartitions,
+  MAX_LIVE_PARTITIONS,
+  PARTITIONS_AHEAD,
+  Partitions,
+  PartitionWidthError,
+} from "./partitions.ts";
 
 export interface PostgresStoreOptions {
   /** The schema idem's tables live in (as given to `migrate`). Default: `"idem"`. */
@@ -103,7 +109,7 @@ export class PostgresStore implements AtomicStore<Tx> {
   private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
     this.db = db;
     this.schema = checkSchemaName(options.schema ?? "idem");
-    this.retentionMs = options.retentionMs ?? 24 * 3_600_000;
+    this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
     this.clock = options.clock ?? Date.now;
@@ -135,15 +141,26 @@ export class PostgresStore implements AtomicStore<Tx> {
       }
       throw err;
     }
+    const retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
+    if (!(retentionMs > 0))
+      throw new RangeError(`retentionMs must be a positive number of ms, got ${retentionMs}`);
+    if (livePartitions(retentionMs, seconds * 1000) > MAX_LIVE_PARTITIONS) {
+      throw new PartitionWidthError(retentionMs, seconds);
+    }
     const store = new PostgresStore(db, options, seconds * 1000);
     await store.ensurePartitions();
     return store;
   }
 
-  /** Create the partitions for now and the next two widths (cheap; call it from a periodic job too). */
+  /**
+   * Create the partitions for the previous width, now and `PARTITIONS_AHEAD` ahead (cheap; call it from
+   * a periodic job too: `sweep()` does). Few empty ones ahead, since every lookup probes them too.
+   */
   async ensurePartitions(): Promise<void> {
     const b = this.partitions.bucketOf(this.clock());
-    await this.partitions.ensure([b - 1, b, b + 1, b + 2]);
+    const buckets = [b - 1];
+    for (let i = 0; i <= PARTITIONS_AHEAD; i++) buckets.push(b + i);
+    await this.partitions.ensure(buckets);
   }
 
   /**
@@ -166,14 +183,26 @@ export class PostgresStore implements AtomicStore<Tx> {
     nowMs: number,
     options: { phases?: boolean } = {},
   ): Promise<KeyRow | undefined> {
-    const oldest = nowMs - this.retentionMs;
-    const { rows } = await q.query<KeyRow>(options.phases ? this.sql.lookupPhases : this.sql.lookup, [
-      scope,
-      key,
-      this.partitions.bucketOf(oldest),
-      new Date(oldest).toISOString(),
-    ]);
+    const { text, params } = this.lookupQuery(scope, key, nowMs, options);
+    const { rows } = await q.query<KeyRow>(text, params);
     return rows[0];
+  }
+
+  /**
+   * The statement `lookup` runs: it reads only the partitions from the one holding `now - retention`
+   * on (pruned by `bucket >=`), at most `MAX_LIVE_PARTITIONS` of them while `sweep()` keeps up.
+   */
+  lookupQuery(
+    scope: string,
+    key: string,
+    nowMs: number,
+    options: { phases?: boolean } = {},
+  ): { text: string; params: unknown[] } {
+    const oldest = nowMs - this.retentionMs;
+    return {
+      text: options.phases ? this.sql.lookupPhases : this.sql.lookup,
+      params: [scope, key, this.partitions.bucketOf(oldest), new Date(oldest).toISOString()],
+    };
   }
 
   expiresAt(row: { created_at: Date }): Date {
@@ -466,6 +495,8 @@ export class PostgresStore implements AtomicStore<Tx> {
     );
   }
 }
+
+const DEFAULT_RETENTION_MS = 24 * 3_600_000;
 
 /** How long the server waits for a key's lock before the duplicate lets its connection go and sleeps. */
 const LOCK_WAIT_MS = 10;
