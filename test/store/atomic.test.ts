@@ -277,6 +277,10 @@ describe.each(backends)("atomic store on $name", (backend) => {
     const err = await stores({ schema: "narrow", retentionMs: 3_600_000 }).catch((e) => e);
     expect(err).toBeInstanceOf(PartitionWidthError);
     expect(err.message).toMatch(/partitionSeconds >= 360/);
+    // A schema migrated for a 30-day retention gets partitions wide enough for it.
+    await migrate(open.db, { schema: "month", retentionMs: 30 * DAY });
+    const month = await stores({ schema: "month", retentionMs: 30 * DAY });
+    expect(month.partitions.widthMs).toBe(3 * DAY);
   });
 
   it("tells which migrations are pending", async () => {
