@@ -474,6 +474,31 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     expect((await s.atomic(c, (tx) => charge(tx, "inflight"))).kind).toBe("replayed");
   });
 
+  it("answers 409 after lockTimeoutMs to a duplicate from another process, then replays", async () => {
+    // Two stores stand for two processes: the second cannot wait in memory, it polls the key's lock.
+    const [a, b] = await Promise.all([0, 1].map(() => PostgresStore.open(open.db, { lockTimeoutMs: 300 })));
+    const c = claimOf("acct_1", "k-inflight-two", "{}");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const first = a!.atomic(c, async (tx) => {
+      const r = await charge(tx, "inflight-two");
+      await gate;
+      return r;
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    const t = performance.now();
+    const err = await b!.atomic(c, (tx) => charge(tx, "inflight-two")).catch((e) => e);
+    const waited = performance.now() - t;
+    expect(isKeyInFlightError(err)).toBe(true);
+    expect(err.retryAfterSeconds).toBeGreaterThan(0);
+    expect(waited).toBeGreaterThanOrEqual(250);
+    release();
+    expect((await first).kind).toBe("executed");
+    expect((await b!.atomic(c, (tx) => charge(tx, "inflight-two"))).kind).toBe("replayed");
+  });
+
   /*
    * The partition boundary: A claims 1 ms before a new partition starts and is still running when its
    * duplicate B arrives 1 ms after. Their key rows belong to different partitions, whose unique indexes
