@@ -7,7 +7,8 @@
  * benchmark works in a database of its own and drops it). The messaging benchmark also needs RabbitMQ
  * and NATS (AMQP_URL, NATS_URL). A benchmark that fails is reported as not measured; the others run.
  *
- * BENCH_ONLY=http,client,phases,messaging,keys,retention runs a subset (the report then holds only those).
+ * BENCH_ONLY=http,client,phases,messaging,keys,retention,scale runs a subset (the report then holds only
+ * those); so do names after `--` (`npm run bench -- scale`).
  */
 import { existsSync } from "node:fs";
 import { relative } from "node:path";
@@ -18,7 +19,10 @@ import { type BenchResult, describeMachine, type Report, writeReport } from "./r
 import { printRetention, retentionBench } from "./retention.ts";
 
 const DATABASE_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
-const ONLY = process.env.BENCH_ONLY?.split(",").map((s) => s.trim());
+const ONLY = (process.argv.length > 2 ? process.argv.slice(2).join(",") : process.env.BENCH_ONLY)
+  ?.split(",")
+  .map((s) => s.trim())
+  .filter(Boolean);
 const wanted = (name: string) => !ONLY || ONLY.includes(name);
 const started = performance.now();
 
@@ -221,6 +225,25 @@ if (wanted("messaging")) {
 
 // --- Issue 8: bytes per key (bench/keys.ts) ---------------------------------------------------------------
 if (wanted("keys")) await optionalBench("keys", "Key storage: full and compact modes");
+
+// --- Issue 20: flat cost as keys, retention and partitions grow (bench/scale.ts) ---------------------------
+if (wanted("scale")) {
+  const group = "Scale: key count (atomic store, 16 workers)";
+  await optionalBench("scale", group, (value) => {
+    const sizes = (value as { sizes?: Record<string, any>[] })?.sizes ?? [];
+    return sizes.flatMap((r): BenchResult[] =>
+      (["first", "replay"] as const).map((kind) => ({
+        group,
+        scenario: `${kind === "first" ? "first-time" : "replay"} at ${f0(r.keys)} keys`,
+        throughput: r[kind].rate,
+        unit: "keys/s",
+        p50Ms: r[kind].p50,
+        p99Ms: r[kind].p99,
+        note: `${r.missBuffers} buffers per miss, ${f0(r.bytesPerKey)} B and ${f0(r.walPerKey)} B of WAL per key`,
+      })),
+    );
+  });
+}
 
 // --- Retention: a day of keys, dropped or deleted ------------------------------------------------------
 if (wanted("retention")) {

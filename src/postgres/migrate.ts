@@ -1,5 +1,6 @@
 import { readdir, readFile } from "node:fs/promises";
 import type { Db } from "./db.ts";
+import { minPartitionSeconds } from "./partitions.ts";
 
 /** Where the numbered `.sql` migrations live (the package's `sql/` folder). */
 export const MIGRATIONS_DIR = new URL("../../sql/", import.meta.url);
@@ -9,9 +10,13 @@ export interface MigrateOptions {
   schema?: string;
   /**
    * Width of one key partition, in seconds, fixed when the schema is first created (later runs keep
-   * the stored value). Default: 86,400 (one day).
+   * the stored value). Default: 86,400 (one day), or the narrowest width that the longest `retentionMs`
+   * you will run accepts, when that is wider (`PostgresStore.open` refuses a retention that makes a
+   * lookup touch more than `MAX_LIVE_PARTITIONS` partitions).
    */
   partitionSeconds?: number;
+  /** The longest retention the stores on this schema will use, to choose the default width. */
+  retentionMs?: number;
 }
 
 export interface MigrateResult {
@@ -52,7 +57,9 @@ async function loadMigrations(): Promise<Migration[]> {
  */
 export async function migrate(db: Db, options: MigrateOptions = {}): Promise<MigrateResult> {
   const schema = checkSchemaName(options.schema ?? "idem");
-  const partitionSeconds = Math.trunc(options.partitionSeconds ?? 86_400);
+  const partitionSeconds = Math.trunc(
+    options.partitionSeconds ?? Math.max(86_400, minPartitionSeconds(options.retentionMs ?? 0)),
+  );
   if (!(partitionSeconds >= 60)) throw new Error("partitionSeconds must be at least 60");
   const migrations = await loadMigrations();
   return db.transaction(async (tx) => {

@@ -1,5 +1,43 @@
 import type { Db } from "./db.ts";
 
+/**
+ * The most partitions a key lookup may touch. A lookup reads every partition that can hold a live key
+ * (a miss probes each one's index, and a generic plan locks each one), so its cost grows with
+ * `retention / width`: measured with 171 hourly partitions (7 days) at 0.17-0.28x the throughput of one,
+ * and with 10 daily ones at 0.66-1.04x (bench/scale.ts). Wider partitions keep it flat.
+ */
+export const MAX_LIVE_PARTITIONS = 12;
+/** Partitions created ahead of the current one (an instance whose clock runs ahead finds its own). */
+export const PARTITIONS_AHEAD = 1;
+
+/** How many partitions a lookup touches with this retention and width: the window's, plus those ahead. */
+export function livePartitions(retentionMs: number, widthMs: number): number {
+  return Math.ceil(retentionMs / widthMs) + 1 + PARTITIONS_AHEAD;
+}
+
+/** The narrowest partition width (whole seconds, at least 60) that keeps a lookup within the bound. */
+export function minPartitionSeconds(retentionMs: number): number {
+  return Math.max(60, Math.ceil(retentionMs / 1000 / (MAX_LIVE_PARTITIONS - 1 - PARTITIONS_AHEAD)));
+}
+
+/** The retention would spread a key's possible places over too many partitions of the migrated width. */
+export class PartitionWidthError extends Error {
+  override name = "PartitionWidthError";
+  readonly code = "IDEM_PARTITION_WIDTH";
+  constructor(
+    readonly retentionMs: number,
+    readonly partitionSeconds: number,
+  ) {
+    const live = livePartitions(retentionMs, partitionSeconds * 1000);
+    super(
+      `retention of ${retentionMs / 3_600_000} h over partitions of ${partitionSeconds} s makes every key lookup ` +
+        `touch ${live} partitions (at most ${MAX_LIVE_PARTITIONS}): shorten retentionMs to ` +
+        `${(MAX_LIVE_PARTITIONS - 1 - PARTITIONS_AHEAD) * partitionSeconds * 1000} ms or less, or migrate a new ` +
+        `schema with partitionSeconds >= ${minPartitionSeconds(retentionMs)}`,
+    );
+  }
+}
+
 /** Bucket arithmetic and partition upkeep for a table partitioned by `bucket`: keys, or the inbox. */
 export class Partitions {
   constructor(

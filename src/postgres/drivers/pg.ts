@@ -161,7 +161,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         await commit;
         return value;
       } catch (err) {
-        if (isConnectionError(err)) broken = true;
+        if (isConnectionError(err, client)) broken = true;
         throw err;
       } finally {
         wire.uncork();
@@ -209,7 +209,23 @@ function corkable(client: PgClientLike): { pipelined: boolean; cork(): void; unc
   };
 }
 
-function isConnectionError(err: unknown): boolean {
-  const code = (err as { code?: string })?.code;
-  return code === undefined || code === "ECONNRESET" || code === "57P01" || code === "EPIPE";
+/**
+ * Whether `err` means the connection itself is gone, so the pool must not hand it out again. Anything
+ * else (a handler's 4xx thrown as a plain object, a validation error, a unique violation) leaves the
+ * connection as good as before, and discarding it would cost a new server session per error.
+ * Gone: the server's connection-exception class (08) and shutdowns (57P01-57P03), a socket error (a
+ * Node code such as ECONNRESET or EPIPE), node-postgres' own "Connection terminated ..." and
+ * "... not queryable" errors (no code), and any error once the client says it is not queryable.
+ */
+export function isConnectionError(err: unknown, client?: unknown): boolean {
+  const c = client as { _queryable?: boolean; _ending?: boolean } | undefined;
+  if (c && (c._queryable === false || c._ending === true)) return true;
+  if (typeof err !== "object" || err === null) return false;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === "string") {
+    if (/^(08|57P0[123])/.test(code)) return true;
+    return /^E[A-Z]+$/.test(code); // a Node system error: ECONNRESET, EPIPE, ETIMEDOUT, ...
+  }
+  if (!(err instanceof Error)) return false;
+  return /^Connection terminated|not queryable|^Query read timeout/.test(err.message);
 }
