@@ -182,7 +182,7 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
     }),
     authenticate(deps.apiKeys),
     validatePayment,
-    idempotentPhases<PaymentJob>({
+    idempotentPhases<PaymentJob, Env>({
       runner,
       scope: (c) => c.var.accountId,
       input: (c) => c.var.payment,

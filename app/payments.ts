@@ -133,7 +133,7 @@ export function paymentRoutes(deps: {
     bodyLimit({ maxSize: MAX_BODY_BYTES, onError: tooLarge }),
     authenticate(deps.apiKeys),
     validatePayment,
-    idempotency({ store: deps.store, scope: (c) => c.var.accountId, required: deps.requireKey ?? true }),
+    idempotency<Env>({ store: deps.store, scope: (c) => c.var.accountId, required: deps.requireKey ?? true }),
     async (c) => {
       const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.payment);
       return c.json(payment, 201, { location: `/v1/payments/${payment.id}` });

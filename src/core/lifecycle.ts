@@ -33,7 +33,7 @@ import {
   type SavePolicy,
   type StoredResponse,
 } from "./response.ts";
-import { isDatabaseUnavailable } from "./sqlstate.ts";
+import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
 
 /** A request as the lifecycle sees it; each adapter builds one from its framework's request. */
@@ -273,17 +273,24 @@ export class Lifecycle<Tx> {
   failure(err: unknown, begun?: Begun): StoredResponse | undefined {
     const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
     let response: StoredResponse;
-    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed));
-    else if (isDatabaseUnavailable(err)) response = errorResponse(unavailable(err), this.errorContext(keyed));
-    else return undefined;
+    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed, this.phasesMode));
+    else if (isDatabaseUnavailable(err)) {
+      // Nothing can have committed when no connection was had; a connection lost later (even during
+      // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
+      const claimed = this.phasesMode || !isConnectFailure(err);
+      response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
+    } else return undefined;
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
     return response;
   }
 
-  private errorContext(claim: Claim | undefined): ErrorContext {
+  /**
+   * `claimed`: whether the key row may exist unfinished. An idem error in atomic mode rolled the claim back
+   * with the work; a phases key may stay claimed and unfinished.
+   */
+  private errorContext(claim: Claim | undefined, claimed: boolean): ErrorContext {
     if (!claim) return {};
-    // Atomic mode rolls the claim back with the work; a phases key may stay claimed and unfinished.
-    return { ref: encodeOperationRef(claim.scope, claim.key), claimed: this.phasesMode };
+    return { ref: encodeOperationRef(claim.scope, claim.key), claimed };
   }
 
   /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
