@@ -90,9 +90,17 @@ export interface CompactOptions<Tx> {
 
 /** What a phases route needs of its runner (`definePhases` from `idem/postgres` returns one). */
 export interface PhasesRunnerLike<I> {
-  readonly store: AtomicStore<any>;
   run(claim: Claim, input: I, options?: { signal?: HangUp; answerWithinMs?: number }): Promise<AtomicOutcome>;
+  /** The runner's key store; when it can `inspect(scope, key)`, `authorizeReplay` runs before a resume. */
+  readonly store?: unknown;
 }
+
+/** The options of a phases route's lifecycle: the runner holds the store, and a key is always required. */
+export type PhasesLifecycleOptions = Omit<LifecycleOptions<unknown>, "store" | "required" | "compact">;
+
+type Inspectable = { inspect(scope: string, key: string): Promise<unknown> };
+const canInspect = (store: unknown): store is Inspectable =>
+  typeof (store as Partial<Inspectable> | null)?.inspect === "function";
 
 /** The answer bound of a phases route when it sets none, in ms (docs/contract.md). */
 export const DEFAULT_ANSWER_WITHIN_MS = 5_000;
@@ -120,6 +128,12 @@ const REPLAY_REFUSED = problemResponse(
 
 export class Lifecycle<Tx> {
   readonly options: LifecycleOptions<Tx>;
+  /** A phases route's lifecycle: the runner does the work, so there is no atomic store. */
+  static forPhases<Tx>(options: PhasesLifecycleOptions, answerWithinMs?: number): Lifecycle<Tx> {
+    const noStore = { retentionMs: 0 } as AtomicStore<Tx>; // never called: phases() uses the runner
+    return new Lifecycle<Tx>({ ...options, store: noStore, required: true }, { answerWithinMs });
+  }
+
   private readonly replayHeaders: readonly string[];
   private readonly answerWithin: [string, string];
   private readonly phasesMode: boolean;
@@ -233,7 +247,12 @@ export class Lifecycle<Tx> {
     const claim = begun.claim;
     const authorize = options.authorize;
     const store = runner.store;
-    if (authorize && store.inspect && (await store.inspect(claim.scope, claim.key)) && !(await authorize())) {
+    if (
+      authorize &&
+      canInspect(store) &&
+      (await store.inspect(claim.scope, claim.key)) &&
+      !(await authorize())
+    ) {
       return this.refused(claim);
     }
     const run = () =>
