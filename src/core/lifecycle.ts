@@ -234,9 +234,9 @@ export class Lifecycle<Tx> {
 
   /**
    * Hand the claim and the route's input to a phases runner, with the route's answer bound (the runner
-   * answers 409 in-flight when its external call outlasts it, and goes on in the background). With `authorize`, a key that exists is
-   * checked before the runner may resume it (when the store can `inspect` keys) and before its saved
-   * answer is replayed.
+   * answers 409 in-flight when its external call outlasts it, and goes on in the background). With
+   * `authorize`, a key that exists is checked before the runner may resume it (when the store can
+   * `inspect` keys) and before its saved answer is replayed.
    */
   async phases<I>(
     begun: Keyed,
