@@ -203,7 +203,7 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
     // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
     validBody(PhasesPaymentRequest, { what: "payment", form: true }),
     toJob,
-    idempotentPhases<PaymentJob>({
+    idempotentPhases<PaymentJob, Env>({
       runner,
       scope: (c) => c.var.accountId,
       input: (c) => c.var.payment,
