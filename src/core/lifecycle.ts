@@ -371,7 +371,7 @@ export class Lifecycle<Tx> {
         [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
         this.answerWithin,
       ];
-      if (r.status >= 400 && r.status < 500) headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+      if (r.status >= 400 && r.status < 500) addStateHeader(headers);
       return this.report(claim, {
         response: { status: r.status, headers, body: r.body },
         outcome: Outcome.Replayed,
@@ -382,7 +382,7 @@ export class Lifecycle<Tx> {
     const headers = [...r.headers, this.answerWithin];
     if (outcome.saved) {
       headers.push([EXPIRES_HEADER, outcome.expiresAt.toUTCString()]);
-      if (r.status >= 400 && r.status < 500) headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+      if (r.status >= 400 && r.status < 500) addStateHeader(headers);
     }
     return this.report(claim, {
       response: { status: r.status, headers, body: r.body },
@@ -401,4 +401,11 @@ function unavailable(cause: unknown): RetryableError {
     cause,
     retryAfterSeconds: 1,
   });
+}
+
+/** A saved 4xx is a final "not applied": say so, unless the answer already states it itself. */
+function addStateHeader(headers: Array<[string, string]>): void {
+  if (!headers.some(([name]) => name.toLowerCase() === OPERATION_STATE_HEADER)) {
+    headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+  }
 }
