@@ -471,7 +471,8 @@ function statements(s: string) {
                  SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
                      recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,
                      body = EXCLUDED.body, resource_id = EXCLUDED.resource_id, lease_token = NULL,
-                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL
+                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
+                     attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL
                WHERE ${s}.keys.created_at <= $10::timestamptz
               RETURNING 1
             )
