@@ -8,6 +8,9 @@ export const SqlState = {
   SerializationFailure: "40001",
   DeadlockDetected: "40P01",
   UndefinedTable: "42P01",
+  DuplicateSchema: "42P06",
+  WrongObjectType: "42809",
+  CheckViolation: "23514",
   DuplicateObject: "42710",
   DuplicateTable: "42P07",
   ObjectInUse: "55006",
@@ -105,4 +108,12 @@ export function isConnectFailure(err: unknown): boolean {
     e = (e as { cause?: unknown }).cause;
   }
   return false;
+}
+
+/**
+ * An insert found no partition for its bucket (PostgreSQL answers a check violation, 23514, "no
+ * partition of relation ... found for row"): the caller creates the partition and tries again.
+ */
+export function isMissingPartition(err: unknown): boolean {
+  return sqlStateOf(err) === SqlState.CheckViolation && /no partition/.test(String((err as Error)?.message));
 }

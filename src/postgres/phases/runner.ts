@@ -14,9 +14,11 @@ import {
   OperationUncertainError,
   RetryableError,
   type SavePolicy,
+  SqlState,
   type StoredResponse,
+  sqlStateOf,
 } from "../../core/index.ts";
-import { RECOVERY_DONE, sqlState } from "../store.ts";
+import { RECOVERY_DONE } from "../store.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
   type CrashInfo,
@@ -165,7 +167,11 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       } catch (releaseError) {
         throw new AggregateError([err, releaseError], "the phase failed and freeing its lease failed too");
       }
-      if (sqlState(err) === "55P03" || sqlState(err) === "40001" || sqlState(err) === "40P01") {
+      if (
+        sqlStateOf(err) === SqlState.LockNotAvailable ||
+        sqlStateOf(err) === SqlState.SerializationFailure ||
+        sqlStateOf(err) === SqlState.DeadlockDetected
+      ) {
         throw new RetryableError("The database was busy; retry with the same key.", { cause: err });
       }
       throw err;
