@@ -8,6 +8,7 @@ import {
   DEFAULT_REPLAYED_HEADERS,
   encodeOperationRef,
   filterHeaders,
+  isDatabaseUnavailable,
   isSaved,
   KeyInFlightError,
   LeaseLostError,
@@ -165,6 +166,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       try {
         await release(lease);
       } catch (releaseError) {
+        // The database went away (the usual reason both fail): the lease expires on its own, and the
+        // caller answers 503 + Retry-After for an unavailable database, as for any other statement.
+        if (isDatabaseUnavailable(releaseError)) throw isDatabaseUnavailable(err) ? err : releaseError;
         throw new AggregateError([err, releaseError], "the phase failed and freeing its lease failed too");
       }
       if (
