@@ -115,7 +115,7 @@ if (wanted("http")) {
 if (wanted("compare")) {
   const group = "Against a bare handler and the peers (same handler, wrk, 32 connections)";
   console.log(`\n${group}${QUICK ? " (--quick)" : ""}`);
-  const c = await section(group, () => compareBench({ quick: QUICK }), QUICK ? 150_000 : 420_000);
+  const c = await section(group, () => compareBench({ quick: QUICK }), QUICK ? 300_000 : 600_000);
   if (c) {
     report.comparison = { group, data: c };
     const best = (kind: string) =>

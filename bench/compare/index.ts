@@ -2,16 +2,16 @@
  * What users compare: the same one-INSERT payment handler bare (no middleware, autocommitted), with
  * idem on each adapter (atomic mode, pg pipeline driver), and with the peers users pick (on Redis).
  * Every variant is a server in a child process; wrk, in another process, loads one of them at a time in
- * short slices, interleaved over several rounds (bare, keyed first-time, replay), so that drift on a
- * shared machine reaches all of them alike. Ratios are to the bare handler of the same framework in the
- * same round. Then the correctness columns: 50 requests at once with one key (executions counted in the
+ * short slices: per keyed variant, the bare handler of its framework, keyed first-time and replay in
+ * adjacent slices, over several rounds, so that drift on a shared machine reaches all of them alike.
+ * Ratios are to the adjacent bare slice. Then the correctness columns: 50 requests at once with one key (executions counted in the
  * table) and a crash right after the INSERT (kill -9, restart, retry the key).
  *
  *   npm run bench -- --only compare [--quick]
  *
  * Needs PostgreSQL (DATABASE_URL; a database of its own, dropped after), Redis (REDIS_URL, default
  * redis://127.0.0.1:6379) and wrk (`apt-get install -y wrk`). Full: 4 rounds of 2 s slices, under 4
- * minutes; --quick: one round of 1 s slices, under a minute. BENCH_COMPARE_ROUNDS and
+ * minutes on a quiet machine; --quick: one round of 1 s slices, about a minute. BENCH_COMPARE_ROUNDS and
  * BENCH_COMPARE_SLICE_S override the two.
  */
 import { randomUUID } from "node:crypto";
@@ -43,6 +43,8 @@ export interface CompareSettings {
   connections: number;
   poolSize: number;
   replayKeys: number;
+  /** Keys sent 50 times at once each. */
+  sameKeys: number;
   /** How long the crash check retries a key before calling it stuck. */
   crashWindowSeconds: number;
 }
@@ -117,6 +119,7 @@ function settingsFor(quick: boolean): CompareSettings {
     connections: 32,
     poolSize: POOL_SIZE,
     replayKeys: quick ? 64 : 256,
+    sameKeys: quick ? 5 : 20,
     crashWindowSeconds: quick ? 3 : 12,
   };
 }
@@ -232,58 +235,65 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     }
 
     console.log(`  warmed up, replay keys stored (${since()})`);
-    // The rounds: every (variant, mode) once per round, the order reversed every other round.
-    const slices: Array<{ v: Variant; mode: Mode }> = VARIANTS.flatMap((v) =>
-      v.kind === "bare"
-        ? [{ v, mode: "bare" as Mode }]
-        : [
-            { v, mode: "keyed" as Mode },
-            { v, mode: "replay" as Mode },
-          ],
-    );
+    // One slice: a few requests first (the pools close idle connections while the other variants
+    // run), then wrk, with the CPU of the server, of this database's backends and of Redis around it.
     const samples = new Map<string, Sample[]>(); // `${name}/${mode}`
+    const measure = async (v: Variant, mode: Mode, round: number): Promise<Sample> => {
+      const server = servers.get(v.name)!;
+      const prefix = mode === "replay" ? replayPrefix(v) : `${run}-${v.name}-k${round}`;
+      const pre = (i: number) =>
+        mode === "bare" ? undefined : mode === "replay" ? `${prefix}-${i}` : `${prefix}-pre-${i}`;
+      await send(
+        server.url,
+        Array.from({ length: 20 }, (_, i) => pre(i)),
+        POOL_SIZE,
+      );
+      const node0 = processCpuUs(server.pid);
+      const pg0 = await backendsCpu(admin, dbName);
+      const redis0 = redisPid ? processCpuUs(redisPid) : 0;
+      const w = await wrk(server.url, {
+        mode,
+        prefix,
+        replayKeys: settings.replayKeys,
+        seconds: settings.sliceSeconds,
+        connections: settings.connections,
+      });
+      const pgUs = backendsDelta(pg0, await backendsCpu(admin, dbName));
+      const n = Math.max(1, w.requests);
+      const sample: Sample = {
+        round,
+        rps: w.requests / w.seconds,
+        requests: w.requests,
+        errors: w.errors,
+        p50Ms: w.p50Ms,
+        p99Ms: w.p99Ms,
+        nodeUs: (processCpuUs(server.pid) - node0) / n,
+        postgresUs: pgUs / n,
+        redisUs: redisPid ? (processCpuUs(redisPid) - redis0) / n : 0,
+      };
+      const k = `${v.name}/${mode}`;
+      samples.set(k, [...(samples.get(k) ?? []), sample]);
+      console.log(
+        `  round ${round + 1}/${settings.rounds} ${v.name.padEnd(20)} ${mode.padEnd(6)} ${sample.rps.toFixed(0).padStart(6)} req/s` +
+          (w.errors ? ` (${w.errors} errors)` : ""),
+      );
+      return sample;
+    };
+
+    // The rounds: for each keyed variant, its framework's bare handler, keyed first-time and replay in
+    // adjacent slices (reversed every other round; the variants' order rotates), so each ratio compares
+    // slices a few seconds apart even when the machine's load drifts.
+    const ratios = new Map<string, { keyed: number[]; replay: number[] }>(
+      keyed.map((v) => [v.name, { keyed: [], replay: [] }]),
+    );
     for (let round = 0; round < settings.rounds; round++) {
-      const order = round % 2 === 0 ? slices : [...slices].reverse();
-      for (const { v, mode } of order) {
-        const server = servers.get(v.name)!;
-        const prefix = mode === "replay" ? replayPrefix(v) : `${run}-${v.name}-k${round}`;
-        // A few requests first: the pools close idle connections while the other variants run.
-        await send(
-          server.url,
-          Array.from({ length: 20 }, (_, i) =>
-            mode === "bare" ? undefined : mode === "replay" ? `${prefix}-${i}` : `${prefix}-pre-${i}`,
-          ),
-          POOL_SIZE,
-        );
-        const node0 = processCpuUs(server.pid);
-        const pg0 = await backendsCpu(admin, dbName);
-        const redis0 = redisPid ? processCpuUs(redisPid) : 0;
-        const w = await wrk(server.url, {
-          mode,
-          prefix,
-          replayKeys: settings.replayKeys,
-          seconds: settings.sliceSeconds,
-          connections: settings.connections,
-        });
-        const pgUs = backendsDelta(pg0, await backendsCpu(admin, dbName));
-        const n = Math.max(1, w.requests);
-        const sample: Sample = {
-          round,
-          rps: w.requests / w.seconds,
-          requests: w.requests,
-          errors: w.errors,
-          p50Ms: w.p50Ms,
-          p99Ms: w.p99Ms,
-          nodeUs: (processCpuUs(server.pid) - node0) / n,
-          postgresUs: pgUs / n,
-          redisUs: redisPid ? (processCpuUs(redisPid) - redis0) / n : 0,
-        };
-        const k = `${v.name}/${mode}`;
-        samples.set(k, [...(samples.get(k) ?? []), sample]);
-        console.log(
-          `  round ${round + 1}/${settings.rounds} ${v.name.padEnd(20)} ${mode.padEnd(6)} ${sample.rps.toFixed(0).padStart(6)} req/s` +
-            (w.errors ? ` (${w.errors} errors)` : ""),
-        );
+      const shift = (round * 3) % keyed.length;
+      for (const v of [...keyed.slice(shift), ...keyed.slice(0, shift)]) {
+        const modes: Mode[] = round % 2 === 0 ? ["bare", "keyed", "replay"] : ["replay", "keyed", "bare"];
+        const got: Partial<Record<Mode, Sample>> = {};
+        for (const mode of modes) got[mode] = await measure(mode === "bare" ? bareOf(v) : v, mode, round);
+        ratios.get(v.name)!.keyed.push(got.keyed!.rps / got.bare!.rps);
+        ratios.get(v.name)!.replay.push(got.replay!.rps / got.bare!.rps);
       }
     }
 
@@ -299,10 +309,10 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         const s = samples.get(`${v.name}/${mode}`);
         if (s) row.modes[mode] = stats(s);
       }
-      if (v.kind !== "bare") {
-        const bare = samples.get(`${bareOf(v).name}/bare`)!;
-        row.keyedRatio = ratio(samples.get(`${v.name}/keyed`)!, bare);
-        row.replayRatio = ratio(samples.get(`${v.name}/replay`)!, bare);
+      const r = ratios.get(v.name);
+      if (r) {
+        row.keyedRatio = spread(r.keyed);
+        row.replayRatio = spread(r.replay);
       }
       return row;
     });
@@ -314,26 +324,24 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     // The instances that take over after the crashes below start meanwhile.
     const replacing = Promise.all(checked.map((v) => start(v.name, env)));
     replacing.catch(() => {});
-    for (const v of checked) {
-      const r = await sameKeyAtOnce(
-        servers.get(v.name)!.url,
-        benchDb,
-        `${run}-${v.name}-same`,
-        settings.quick ? 10 : 20,
+    // Four variants at a time (pools of 10 each: max_connections is shared).
+    for (let i = 0; i < checked.length; i += 4) {
+      await Promise.all(
+        checked.slice(i, i + 4).map(async (v) => {
+          const r = await sameKeyAtOnce(
+            servers.get(v.name)!.url,
+            benchDb,
+            `${run}-${v.name}-same`,
+            settings.sameKeys,
+          );
+          const row = rows.find((x) => x.name === v.name)!;
+          row.sameKey = r;
+          row.sameKeyVerdict = sameKeyVerdict(r, v.kind !== "bare");
+          console.log(`  50 at once: ${v.name.padEnd(20)} ${row.sameKeyVerdict}`);
+        }),
       );
-      const row = rows.find((x) => x.name === v.name)!;
-      row.sameKey = r;
-      row.sameKeyVerdict = sameKeyVerdict(r, v.kind !== "bare");
-      console.log(`  50 at once: ${v.name.padEnd(20)} ${row.sameKeyVerdict}`);
     }
-    // The servers not checked for crashes are done.
-    for (const [name, s] of servers) {
-      if (!checked.some((v) => v.name === name)) {
-        await s.stop();
-        servers.delete(name);
-      }
-    }
-
+    console.log(`  50 at once checked (${since()})`);
     // Crash: each checked server killed right after its INSERT, the key retried on a new instance.
     const replacements = await replacing;
     const crashes = await Promise.all(
@@ -387,8 +395,6 @@ function stats(s: Sample[]): ModeStats {
   };
 }
 
-/** Per round: this variant's throughput over the bare handler's of the same round. */
-function ratio(mine: Sample[], bare: Sample[]): Ratio {
-  const rs = mine.map((m) => m.rps / bare.find((b) => b.round === m.round)!.rps);
+function spread(rs: number[]): Ratio {
   return { median: median(rs), min: Math.min(...rs), max: Math.max(...rs) };
 }

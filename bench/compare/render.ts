@@ -16,11 +16,11 @@ export function compareMarkdown(c: Comparison): string[] {
   const s = c.settings;
   const out = [
     `Each variant is a server in a child process on 127.0.0.1 (pg pool of ${s.poolSize}); wrk runs in another ` +
-      `process, ${s.connections} connections, and loads one server at a time in ${s.sliceSeconds} s slices ` +
-      `interleaved over ${s.rounds} round${s.rounds > 1 ? "s" : ""}${s.quick ? " (--quick)" : ""}. The handler is ` +
-      "one INSERT; **bare** is that handler with no middleware, autocommitted. Ratios are taken per round against " +
-      "the bare handler on the same framework: median (lowest–highest round). Measured in " +
-      `${f0(c.seconds)} s.`,
+      `process, ${s.connections} connections, and loads one server at a time in ${s.sliceSeconds} s slices: per ` +
+      "keyed variant, the bare handler of its framework, keyed first-time and replay in adjacent slices, over " +
+      `${s.rounds} round${s.rounds > 1 ? "s" : ""}${s.quick ? " (--quick)" : ""}. The handler is one INSERT; ` +
+      "**bare** is that handler with no middleware, autocommitted. Each ratio is to the adjacent bare slice: " +
+      `median (lowest–highest round). Measured in ${f0(c.seconds)} s.`,
     "",
     "| variant | keyed first-time / bare | replay / bare | runs each key once under 50 concurrent | survives a crash |",
     "|---|---:|---:|---|---|",
@@ -28,7 +28,7 @@ export function compareMarkdown(c: Comparison): string[] {
   for (const r of c.rows.filter((x) => x.kind !== "bare" || x.sameKeyVerdict)) {
     const bare = r.kind === "bare";
     out.push(
-      `| ${cell(r.label)} | ${bare ? "1" : ratioCell(r.keyedRatio, s.rounds)} | ${bare ? "" : ratioCell(r.replayRatio, s.rounds)} | ${cell(r.sameKeyVerdict ?? "not measured")} | ${cell(r.crashVerdict ?? "not measured")} |`,
+      `| ${cell(r.label)} | ${bare ? "1 (reference)" : ratioCell(r.keyedRatio, s.rounds)} | ${bare ? "" : ratioCell(r.replayRatio, s.rounds)} | ${cell(r.sameKeyVerdict ?? "not measured")} | ${cell(r.crashVerdict ?? "not measured")} |`,
     );
   }
   out.push(
