@@ -77,6 +77,7 @@ export interface Ratio {
 export interface CompareRow {
   name: string;
   label: string;
+  short: string;
   kind: Variant["kind"];
   framework: Framework;
   modes: Partial<Record<Mode, ModeStats>>;
@@ -301,6 +302,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       const row: CompareRow = {
         name: v.name,
         label: v.label,
+        short: v.short,
         kind: v.kind,
         framework: v.framework,
         modes: {},

@@ -22,13 +22,15 @@ export function compareMarkdown(c: Comparison): string[] {
       "**bare** is that handler with no middleware, autocommitted. Each ratio is to the adjacent bare slice: " +
       `median (lowest–highest round). Measured in ${f0(c.seconds)} s.`,
     "",
-    "| variant | keyed first-time / bare | replay / bare | runs each key once under 50 concurrent | survives a crash |",
-    "|---|---:|---:|---|---|",
+    "| variant | keyed first-time / bare | replay / bare | CPU per request / bare, keyed · replay | runs each key once under 50 concurrent | survives a crash |",
+    "|---|---:|---:|---:|---|---|",
   ];
   for (const r of c.rows.filter((x) => x.kind !== "bare" || x.sameKeyVerdict)) {
     const bare = r.kind === "bare";
+    const base = c.rows.find((x) => x.kind === "bare" && x.framework === r.framework)?.modes.bare;
+    const cpu = (m: ModeStats | undefined) => (m && base ? f2(cpuOf(m) / cpuOf(base)) : "");
     out.push(
-      `| ${cell(r.label)} | ${bare ? "1 (reference)" : ratioCell(r.keyedRatio, s.rounds)} | ${bare ? "" : ratioCell(r.replayRatio, s.rounds)} | ${cell(r.sameKeyVerdict ?? "not measured")} | ${cell(r.crashVerdict ?? "not measured")} |`,
+      `| ${cell(r.label)} | ${bare ? "1 (reference)" : ratioCell(r.keyedRatio, s.rounds)} | ${bare ? "" : ratioCell(r.replayRatio, s.rounds)} | ${bare ? "1" : `${cpu(r.modes.keyed)} · ${cpu(r.modes.replay)}`} | ${cell(r.sameKeyVerdict ?? "not measured")} | ${cell(r.crashVerdict ?? "not measured")} |`,
     );
   }
   out.push(
@@ -53,10 +55,15 @@ export function compareMarkdown(c: Comparison): string[] {
     "",
     "CPU per request from /proc: the server's process, the PostgreSQL backends of the bench's database (other " +
       "databases on the server are not counted), and the Redis server (shared with whatever else uses it). " +
-      "Errors: connection errors, timeouts and answers of 400 or more.",
+      "CPU per request / bare: node + PostgreSQL + Redis CPU per request over the bare handler's on the same " +
+      "framework; on a busy shared machine it is steadier than throughput. Errors: connection errors, timeouts " +
+      "and answers of 400 or more.",
   );
   return out;
 }
+
+/** CPU of one request, all processes counted (the server, PostgreSQL, Redis). */
+const cpuOf = (m: ModeStats) => m.nodeUs + m.postgresUs + m.redisUs;
 
 const esc = (s: string) =>
   s.replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;").replaceAll('"', "&quot;");
@@ -75,7 +82,7 @@ function shortVerdict(v: string | undefined): string {
 export function compareSvg(c: Comparison, footer: string): string {
   const rows = c.rows.filter((r) => r.kind !== "bare");
   const W = 1100;
-  const LABEL_W = 290;
+  const LABEL_W = 230;
   const BAR_W = 380;
   const CHECK_X = LABEL_W + BAR_W + 60;
   const ROW_H = 46;
@@ -88,7 +95,8 @@ export function compareSvg(c: Comparison, footer: string): string {
     if (i > 0 && r.kind !== rows[i - 1]!.kind)
       parts.push(`<line x1="16" x2="${W - 16}" y1="${y - 3}" y2="${y - 3}" stroke="#d0d7de"/>`);
     parts.push(
-      `<text x="${LABEL_W - 10}" y="${y + 24}" class="label" text-anchor="end">${esc(r.label)}</text>`,
+      `<text x="${LABEL_W - 10}" y="${y + 17}" class="label" text-anchor="end">${esc(r.short)}</text>`,
+      `<text x="${LABEL_W - 10}" y="${y + 32}" class="axis" text-anchor="end">${esc(r.kind === "idem" ? "atomic, pg pipeline" : "Express, Redis")}</text>`,
     );
     for (const [j, ratio, color] of [
       [0, r.keyedRatio, "#3b6ea5"],
@@ -109,9 +117,9 @@ export function compareSvg(c: Comparison, footer: string): string {
     }
     for (const [j, v] of [r.sameKeyVerdict, r.crashVerdict].entries()) {
       const { mark, color } = verdictMark(v);
-      const cx = CHECK_X + j * 170;
+      const cx = CHECK_X + j * 190;
       parts.push(`<text x="${cx}" y="${y + 17}" class="mark" fill="${color}">${mark}</text>`);
-      wrap(shortVerdict(v), 27, 2).forEach((line, k) => {
+      wrap(shortVerdict(v), 30, 2).forEach((line, k) => {
         parts.push(`<text x="${cx + 18}" y="${y + 16 + k * 14}" class="small">${esc(line)}</text>`);
       });
     }
@@ -134,7 +142,7 @@ export function compareSvg(c: Comparison, footer: string): string {
 <rect x="${LABEL_W}" y="60" width="12" height="10" fill="#3b6ea5"/><text x="${LABEL_W + 16}" y="69" class="axis">keyed first-time / bare</text>
 <rect x="${LABEL_W + 150}" y="60" width="12" height="10" fill="#d1793a"/><text x="${LABEL_W + 166}" y="69" class="axis">replay / bare</text>
 <text x="${CHECK_X}" y="69" class="axis">runs each key once (50 at once)</text>
-<text x="${CHECK_X + 170}" y="69" class="axis">survives a crash (kill -9, retry)</text>
+<text x="${CHECK_X + 190}" y="69" class="axis">survives a crash (kill -9, retry)</text>
 <line x1="${one.toFixed(1)}" x2="${one.toFixed(1)}" y1="${top - 6}" y2="${top + rows.length * ROW_H}" stroke="#59636e" stroke-dasharray="4 3"/>
 <text x="${one.toFixed(1)}" y="${top + rows.length * ROW_H + 14}" class="axis" text-anchor="middle">1 = bare</text>
 ${parts.join("\n")}

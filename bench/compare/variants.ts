@@ -9,6 +9,8 @@ export interface Variant {
   name: string;
   /** As shown in the results table. */
   label: string;
+  /** As shown in the chart. */
+  short: string;
   framework: Framework;
   /** bare: no middleware, the INSERT autocommitted; idem: atomic mode on the pg pipeline driver; peer: from npm. */
   kind: "bare" | "idem" | "peer";
@@ -17,16 +19,47 @@ export interface Variant {
 }
 
 export const VARIANTS: readonly Variant[] = [
-  { name: "bare-express", label: "bare handler, Express 5", framework: "express", kind: "bare" },
-  { name: "bare-hono", label: "bare handler, Hono", framework: "hono", kind: "bare" },
-  { name: "bare-fastify", label: "bare handler, Fastify", framework: "fastify", kind: "bare" },
-  { name: "bare-node", label: "bare handler, node:http", framework: "node", kind: "bare" },
-  { name: "idem-express", label: "idem/express, pg pipeline", framework: "express", kind: "idem" },
-  { name: "idem-hono", label: "idem/hono, pg pipeline", framework: "hono", kind: "idem" },
-  { name: "idem-fastify", label: "idem/fastify, pg pipeline", framework: "fastify", kind: "idem" },
-  { name: "idem-node", label: "idem/node, pg pipeline", framework: "node", kind: "idem" },
+  {
+    name: "bare-express",
+    short: "bare, Express",
+    label: "bare handler, Express 5",
+    framework: "express",
+    kind: "bare",
+  },
+  { name: "bare-hono", short: "bare, Hono", label: "bare handler, Hono", framework: "hono", kind: "bare" },
+  {
+    name: "bare-fastify",
+    short: "bare, Fastify",
+    label: "bare handler, Fastify",
+    framework: "fastify",
+    kind: "bare",
+  },
+  {
+    name: "bare-node",
+    short: "bare, node:http",
+    label: "bare handler, node:http",
+    framework: "node",
+    kind: "bare",
+  },
+  {
+    name: "idem-express",
+    short: "idem/express",
+    label: "idem/express, pg pipeline",
+    framework: "express",
+    kind: "idem",
+  },
+  { name: "idem-hono", short: "idem/hono", label: "idem/hono, pg pipeline", framework: "hono", kind: "idem" },
+  {
+    name: "idem-fastify",
+    short: "idem/fastify",
+    label: "idem/fastify, pg pipeline",
+    framework: "fastify",
+    kind: "idem",
+  },
+  { name: "idem-node", short: "idem/node", label: "idem/node, pg pipeline", framework: "node", kind: "idem" },
   {
     name: "express-idempotency",
+    short: "express-idempotency",
     label: "express-idempotency + Redis",
     framework: "express",
     kind: "peer",
@@ -34,6 +67,7 @@ export const VARIANTS: readonly Variant[] = [
   },
   {
     name: "node-idempotency",
+    short: "@node-idempotency/core",
     label: "@node-idempotency/core + Redis (Express)",
     framework: "express",
     kind: "peer",
@@ -41,6 +75,7 @@ export const VARIANTS: readonly Variant[] = [
   },
   {
     name: "powertools",
+    short: "Powertools idempotency",
     label: "Powertools idempotency, cache layer on Redis (Express)",
     framework: "express",
     kind: "peer",
