@@ -121,11 +121,11 @@ export async function crashAndRetry(
 }
 
 /** One line for the table. */
-export function sameKeyVerdict(r: SameKey, keyed: boolean): string {
-  if (!keyed) return `no key: ${r.concurrency} runs per request group`;
+export function sameKeyVerdict(r: SameKey): string {
   if (r.once === r.keys) return `yes (${r.keys} of ${r.keys} keys once)`;
-  const bad = r.others;
-  return `no (${Math.min(...bad)}-${Math.max(...bad)} runs for ${bad.length} of ${r.keys} keys)`;
+  const lo = Math.min(...r.others);
+  const hi = Math.max(...r.others);
+  return `no (${lo === hi ? lo : `${lo}-${hi}`} runs for ${r.others.length} of ${r.keys} keys)`;
 }
 
 export function crashVerdict(c: Crash, stuckUntil: string | undefined): string {

@@ -338,7 +338,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
           );
           const row = rows.find((x) => x.name === v.name)!;
           row.sameKey = r;
-          row.sameKeyVerdict = sameKeyVerdict(r, v.kind !== "bare");
+          row.sameKeyVerdict = sameKeyVerdict(r);
           console.log(`  50 at once: ${v.name.padEnd(20)} ${row.sameKeyVerdict}`);
         }),
       );
