@@ -4,28 +4,12 @@
  */
 import { randomUUID } from "node:crypto";
 import type pg from "pg";
-import { BODY, CRASH_HEADER, PATH } from "./handler.ts";
+import { CRASH_HEADER } from "./handler.ts";
+import { post } from "./requests.ts";
 import type { RunningServer } from "./spawn.ts";
 
-const HEADERS = { "content-type": "application/json" };
-
-function post(base: string, key: string | undefined, extra: Record<string, string> = {}): Promise<number> {
-  return fetch(`${base}${PATH}`, {
-    method: "POST",
-    headers: { ...HEADERS, ...(key ? { "idempotency-key": key } : {}), ...extra },
-    body: BODY,
-    signal: AbortSignal.timeout(15_000),
-  }).then(
-    async (r) => {
-      await r.arrayBuffer();
-      return r.status;
-    },
-    () => 0, // no answer (connection reset, timeout)
-  );
-}
-
 /** How many rows the handler wrote for each key. */
-export async function executions(db: pg.Client, keys: string[]): Promise<Map<string, number>> {
+export async function executions(db: pg.Pool, keys: string[]): Promise<Map<string, number>> {
   const { rows } = await db.query<{ idem_key: string; n: number }>(
     "SELECT idem_key, count(*)::int AS n FROM payments WHERE idem_key = ANY($1) GROUP BY idem_key",
     [keys],
@@ -47,7 +31,7 @@ export interface SameKey {
 /** `keys` rounds of `concurrency` requests at once with one key each; executions counted in the table. */
 export async function sameKeyAtOnce(
   base: string,
-  db: pg.Client,
+  db: pg.Pool,
   prefix: string,
   keys = 20,
   concurrency = 50,
@@ -90,7 +74,7 @@ export interface Crash {
 export async function crashAndRetry(
   server: RunningServer,
   again: RunningServer,
-  db: pg.Client,
+  db: pg.Pool,
   prefix: string,
   windowMs: number,
 ): Promise<Crash> {

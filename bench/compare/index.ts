@@ -15,7 +15,6 @@
  * BENCH_COMPARE_SLICE_S override the two.
  */
 import { randomUUID } from "node:crypto";
-import { createClient } from "@redis/client";
 import { fromPg, migrate } from "idem/postgres";
 import pg from "pg";
 import { freshBenchDatabase } from "../http.ts";
@@ -28,13 +27,14 @@ import {
   sameKeyVerdict,
 } from "./correctness.ts";
 import { backendsCpu, backendsDelta, findProcess, processCpuUs } from "./cpu.ts";
-import { BODY, PATH, PAYMENTS_DDL } from "./handler.ts";
+import { PAYMENTS_DDL } from "./handler.ts";
+import { checkRedis, REDIS_URL, redisCleanup } from "./redis.ts";
+import { send } from "./requests.ts";
 import { type RunningServer, startServer } from "./spawn.ts";
 import { bareOf, type Framework, POOL_SIZE, VARIANTS, type Variant } from "./variants.ts";
 import { checkWrk, type Mode, wrk } from "./wrk.ts";
 
 const BASE = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 
 export interface CompareSettings {
   quick: boolean;
@@ -125,27 +125,6 @@ function settingsFor(quick: boolean): CompareSettings {
   };
 }
 
-/** Send `keys` requests, `concurrency` at a time; how many were answered 2xx. */
-async function send(base: string, keys: (string | undefined)[], concurrency: number): Promise<number> {
-  let ok = 0;
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < keys.length) {
-        const key = keys[next++];
-        const r = await fetch(`${base}${PATH}`, {
-          method: "POST",
-          headers: { "content-type": "application/json", ...(key ? { "idempotency-key": key } : {}) },
-          body: BODY,
-        }).catch(() => undefined);
-        await r?.arrayBuffer();
-        if (r && r.status < 300) ok++;
-      }
-    }),
-  );
-  return ok;
-}
-
 /** Every server started here, killed if the process ends before they were stopped. */
 const started = new Set<RunningServer>();
 process.on("exit", () => {
@@ -159,33 +138,6 @@ async function start(name: string, env: Record<string, string>): Promise<Running
   return s;
 }
 
-async function redisCleanup(run: string): Promise<void> {
-  const client = await createClient({ url: REDIS_URL }).connect();
-  try {
-    for await (const batch of client.scanIterator({ MATCH: `*${run}*`, COUNT: 1000 })) {
-      const keys = (Array.isArray(batch) ? batch : [batch]) as string[];
-      if (keys.length) await client.unlink(keys);
-    }
-  } finally {
-    client.destroy();
-  }
-}
-
-async function checkRedis(): Promise<void> {
-  const client = createClient({ url: REDIS_URL, socket: { connectTimeout: 3000, reconnectStrategy: false } });
-  client.on("error", () => {});
-  try {
-    await client.connect();
-    await client.ping();
-  } catch (err) {
-    throw new Error(
-      `Redis at ${REDIS_URL} is not reachable (set REDIS_URL): the peers need it (${(err as Error).message})`,
-    );
-  } finally {
-    if (client.isOpen) client.destroy();
-  }
-}
-
 export async function compareBench(options: { quick?: boolean } = {}): Promise<Comparison> {
   const t0 = performance.now();
   const settings = settingsFor(options.quick ?? false);
@@ -194,11 +146,12 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
   const run = randomUUID().slice(0, 8);
   const db = await freshBenchDatabase();
   const dbName = new URL(db.url).pathname.slice(1);
-  const benchDb = new pg.Client({ connectionString: db.url });
+  // Counts executions for checks that run side by side: a small pool.
+  const benchDb = new pg.Pool({ connectionString: db.url, max: 4 });
+  benchDb.on("error", () => {});
   const admin = new pg.Client({ connectionString: BASE }); // outside the bench database: not counted
   const servers = new Map<string, RunningServer>();
   try {
-    await benchDb.connect();
     await admin.connect();
     await benchDb.query(PAYMENTS_DDL);
     const pool = new pg.Pool({ connectionString: db.url, max: 1 });

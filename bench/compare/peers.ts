@@ -18,9 +18,9 @@ import express, { type RequestHandler } from "express";
 import expressIdempotency from "express-idempotency";
 import { listenExpress, pool, type Started } from "./frameworks.ts";
 import { CRASH_HEADER, CREATED, insertPayment, PATH, type Payment } from "./handler.ts";
+import { REDIS_URL } from "./redis.ts";
 import { POWERTOOLS_REMAINING_MS, type Variant } from "./variants.ts";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 const RUN = process.env.BENCH_RUN ?? "run";
 // express-idempotency-redis-adapter ships no type declarations.
 const require = createRequire(import.meta.url);
