@@ -119,7 +119,7 @@ function settingsFor(quick: boolean): CompareSettings {
     sliceSeconds: Number(process.env.BENCH_COMPARE_SLICE_S ?? (quick ? 1 : 2)),
     connections: 32,
     poolSize: POOL_SIZE,
-    replayKeys: quick ? 64 : 256,
+    replayKeys: quick ? 32 : 256,
     sameKeys: quick ? 5 : 20,
     crashWindowSeconds: quick ? 3 : 12,
   };
@@ -173,7 +173,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       if (settings.quick) {
         await send(
           url,
-          Array.from({ length: 100 }, (_, i) => (v.kind === "bare" ? undefined : `${prefix}-${i}`)),
+          Array.from({ length: 50 }, (_, i) => (v.kind === "bare" ? undefined : `${prefix}-${i}`)),
           16,
         );
       } else {
