@@ -40,7 +40,8 @@ export function compareMarkdown(c: Comparison): string[] {
       "Crash: the server is killed (SIGKILL) right after the handler's INSERT returned (inside the key's " +
       "transaction with idem; already committed with the others), and the key is retried on a new instance of " +
       `the variant every 500 ms for up to ${s.crashWindowSeconds} s after the crash; executions counted in the ` +
-      "table. The Powertools variant tells Powertools a request has 10 s (a Lambda context's remaining time), " +
+      "table. The Powertools variant tells Powertools a request has " +
+      `${POWERTOOLS_REMAINING_MS / 1000} s (a Lambda context's remaining time), ` +
       "and runs without payload validation: in 2.35.0 the cache layer drops the payload hash when it completes " +
       "a key, so with validation on every replay is answered 422.",
     "",
