@@ -4,6 +4,7 @@
  * latest.svg.
  */
 import type { CompareRow, Comparison, ModeStats, Ratio } from "./index.ts";
+import { POWERTOOLS_REMAINING_MS } from "./variants.ts";
 
 const f0 = (n: number) => n.toLocaleString("en-US", { maximumFractionDigits: 0 });
 const f2 = (n: number) => n.toFixed(2);
