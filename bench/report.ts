@@ -61,7 +61,7 @@ export interface Report {
   /** Wall-clock seconds the whole run took. */
   seconds?: number;
   /** The comparison with a bare handler and the peers (bench/compare), under its own heading. */
-  comparison?: { group: string; data: Comparison };
+  comparison?: { group: string; data: Comparison; machine?: Machine };
   /** Groups not run this time, kept from an earlier report, with the date each was measured. */
   carried?: Array<{ group: string; date: string }>;
 }
@@ -268,7 +268,7 @@ export function writeReport(report: Report, dir = RESULTS_DIR): { markdown: stri
   writeFileSync(markdown, renderMarkdown(report));
   writeFileSync(svg, renderSvg(report));
   if (report.comparison) {
-    const m = report.machine;
+    const m = report.comparison.machine ?? report.machine; // a comparison kept from an earlier run has its own
     const footer = `${m.cpu} × ${m.cores}, Node ${m.node}, PostgreSQL ${m.postgres}, load ${m.load} at start · ${m.date}`;
     writeFileSync(join(dir, "compare.svg"), compareSvg(report.comparison.data, footer));
   }

@@ -117,7 +117,7 @@ if (wanted("compare")) {
   console.log(`\n${group}${QUICK ? " (--quick)" : ""}`);
   const c = await section(group, () => compareBench({ quick: QUICK }), QUICK ? 300_000 : 600_000);
   if (c) {
-    report.comparison = { group, data: c };
+    report.comparison = { group, data: c, machine: report.machine };
     const best = (kind: string) =>
       c.rows
         .filter((r) => r.kind === kind && r.keyedRatio)
