@@ -11,7 +11,7 @@
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
  * http, compare, client, phases, messaging, keys, retention; the report keeps the others' figures from the
- * previous run, marked as such. `--quick`: the comparison's short mode (under a minute).
+ * previous run, marked as such. `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
  */
 import { existsSync } from "node:fs";
 import { relative } from "node:path";
@@ -26,7 +26,7 @@ const DATABASE_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:
 const argv = process.argv.slice(2);
 const onlyArg = argv.find((a, i) => a.startsWith("--only=") || argv[i - 1] === "--only");
 const ONLY = (onlyArg?.replace(/^--only=/, "") ?? process.env.BENCH_ONLY)?.split(",").map((s) => s.trim());
-const QUICK = argv.includes("--quick");
+const QUICK = argv.includes("--quick") || process.env.BENCH_QUICK === "1";
 const wanted = (name: string) => !ONLY || ONLY.includes(name);
 const started = performance.now();
 
