@@ -46,6 +46,16 @@ export function compareMarkdown(c: Comparison): string[] {
       "and runs without payload validation: in 2.35.0 the cache layer drops the payload hash when it completes " +
       "a key, so with validation on every replay is answered 422.",
     "",
+    `What the clients got under 50 concurrent (status × count; 0: no answer within 15 s): ${c.rows
+      .filter((r) => r.sameKey)
+      .map(
+        (r) =>
+          `${r.short} ${Object.entries(r.sameKey!.statuses)
+            .map(([status, n]) => `${status}×${n}`)
+            .join(", ")}`,
+      )
+      .join("; ")}.`,
+    "",
     "| variant | mode | req/s (median, range) | p50 ms | p99 ms | node CPU µs/req | PostgreSQL CPU µs/req | Redis CPU µs/req | errors |",
     "|---|---|---:|---:|---:|---:|---:|---:|---:|",
   );
