@@ -65,9 +65,9 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
   const owned = options.owned ?? true;
   return {
     driver: "pg",
-    query: (sql, params) => run(pool, sql, params),
+    query: (sql, params) => onOwnClient(pool, (client) => run(client, sql, params)),
     async exec(sql: string) {
-      await pool.query(sql);
+      await onOwnClient(pool, (client) => client.query(sql));
     },
     async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       const client = await pool.connect();
@@ -175,6 +175,31 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       if (owned) await pool.end();
     },
   };
+}
+
+/**
+ * Run one statement on a client checked out for it, with an 'error' listener until it is back in the
+ * pool. Not `pool.query`: pg-pool listens for the client's 'error' only until the statement's callback,
+ * and node-postgres emits the 'error' of a connection the server cut (57P01 on a restart) just after
+ * failing the statement, so with no listener left the process crashed (seen in the chaos suite).
+ */
+async function onOwnClient<T>(pool: PgPoolLike, fn: (client: PgClientLike) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  let broken = false;
+  const onError = () => {
+    broken = true;
+  };
+  client.on("error", onError);
+  try {
+    return await fn(client);
+  } catch (err) {
+    if (isConnectionError(err, client)) broken = true;
+    throw err;
+  } finally {
+    // A broken client keeps our listener for the late errors of its dying connection.
+    if (!broken) client.removeListener("error", onError);
+    client.release(broken);
+  }
 }
 
 /**
