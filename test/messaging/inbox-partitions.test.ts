@@ -133,7 +133,8 @@ describe.each(backends)("an inbox from before partitioning, on $name", (backend)
         ]);
       }
       await db.exec(`INSERT INTO idem.inbox (consumer, message_id) VALUES ('c', 'old-1'), ('c', 'old-2')`);
-      expect((await migrate(db)).applied).toEqual(["0005_inbox_partitions.sql"]);
+      // 0005 and any later migration (this test is about 0005 turning the old inbox into partitions).
+      expect((await migrate(db)).applied[0]).toBe("0005_inbox_partitions.sql");
       await db.exec("CREATE TABLE applied (consumer text NOT NULL, message_id text NOT NULL)");
       let now = Date.now();
       const inbox = new Inbox(db, { consumer: "c", clock: () => now });
