@@ -1,4 +1,7 @@
 /**
+ * (About 410 lines: every way a keyed request can end is decided here, in one place, which is the point
+ * of this file; bodies, problems and outcomes already live in their own files.)
+ *
  * The one request lifecycle every HTTP adapter delegates to (as AWS Powertools' idempotency
  * middlewares delegate to one IdempotencyHandler):
  *

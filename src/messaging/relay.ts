@@ -1,4 +1,7 @@
 /**
+ * (About 430 lines: the claim, publish and mark loop with its ordered waves is one state machine; its
+ * SQL lives in relay-sql.ts and the requeue/parking tools in outbox-admin.ts.)
+ *
  * The outbox relay: takes events committed into `<schema>.outbox` and publishes them, at least once,
  * with the event id as the broker's message id.
  *

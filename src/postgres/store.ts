@@ -1,3 +1,11 @@
+/**
+ * The PostgreSQL store: the atomic runner, its lookup and waits, and retention.
+ *
+ * Longer than most files here (about 480 lines) on purpose: the atomic path (lookup, in-process and
+ * cross-process waits, the per-key lock, the work, the saved reply) is one concurrency argument, told
+ * by the timeline comment above `atomic`; split across files it could no longer be checked in one read.
+ * Phases mode lives in ./phases/, the partitions in ./partitions.ts, inspection in ./inspect.ts.
+ */
 import { createHash } from "node:crypto";
 import {
   type AtomicOutcome,
