@@ -108,7 +108,10 @@ describe.skipIf(unavailable)("the service across PostgreSQL restarts", () => {
     const byStatus: Record<string, number> = {};
     for (const s of seen) byStatus[s.status] = (byStatus[s.status] ?? 0) + 1;
     console.log(`payments across 3 PostgreSQL restarts: ${JSON.stringify(byStatus)}`);
-    const errors = output.split("\n").filter((l) => l.includes("\"level\":50")).slice(0, 5);
+    const errors = output
+      .split("\n")
+      .filter((l) => l.includes('"level":50'))
+      .slice(0, 5);
     expect(byStatus["500"] ?? 0, `${JSON.stringify(byStatus)}\n${errors.join("\n")}`).toBe(0);
     expect(byStatus["0"] ?? 0, "requests that got no answer at all").toBe(0);
     for (const s of seen.filter((x) => x.status === 503)) expect(s.retryAfter).not.toBeNull();

@@ -1,0 +1,232 @@
+/**
+ * Web-standard adapter: wraps a `(request: Request, ctx) => Promise<Response>` handler, the shape of
+ * Next.js route handlers, Bun.serve, Deno.serve, Cloudflare-style `fetch` and anything else built on the
+ * Fetch API. `idempotent(handler, options)` is a keyed route in atomic mode, `idempotentPhases(options)`
+ * one in phases mode; both return a function of the same shape.
+ *
+ *   // app/api/payments/route.ts (Next.js)
+ *   export const POST = idempotent(
+ *     async (request, { tx, scope, body }) => {
+ *       const payment = await insertPayment(tx, scope, body as PaymentInput);
+ *       return Response.json(payment, { status: 201 });
+ *     },
+ *     { store, scope: (request) => accountOf(request) },
+ *   );
+ *
+ * The wrapper reads the body once (up to `limit` bytes, 413 beyond) and hands the handler a request
+ * whose body can be read again, plus the value it fingerprinted as `ctx.body`. The reply is read whole
+ * before it is saved: a streamed body is buffered. Only Fetch API globals are used here (no `node:`
+ * module at run time), so the same code runs on Node, Bun, Deno and edge runtimes.
+ */
+import type {
+  Begun,
+  HangUp,
+  IdemRequest,
+  LifecycleOptions,
+  PhasesRunnerLike,
+  RunOptions,
+  StoredResponse,
+  Tx,
+} from "../core/index.ts";
+import { IdemError, Lifecycle, ProblemCode, problemResponse } from "../core/index.ts";
+import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
+
+/** What the wrapped handler gets besides the request. */
+export interface WebIdempotencyContext<C = unknown> {
+  /** The transaction of this request (atomic mode): do the work's writes here. */
+  tx: Tx;
+  /** The request's idempotency key, or undefined on an optional-key route called without one. */
+  key: string | undefined;
+  scope: string | undefined;
+  /** The body as read once, and fingerprinted: parsed JSON, form fields, the raw bytes, or undefined. */
+  body: unknown;
+  /** The body's bytes as received. */
+  rawBody: Uint8Array;
+  /** The platform's second argument (Next.js `{ params }`, Bun's server, Deno's info), as passed. */
+  context: C;
+}
+
+export type WebIdempotentHandler<C = unknown> = (
+  request: Request,
+  ctx: WebIdempotencyContext<C>,
+) => Promise<Response>;
+
+/** The wrapped route: the same shape as the handler's platform expects. */
+export type WebHandler<C = unknown> = (request: Request, context: C) => Promise<Response>;
+
+interface WebRouteOptions<C> {
+  /** The caller's scope (their account id), from authentication, never from the body. Required. */
+  scope: (request: Request, context: C) => string | undefined | Promise<string | undefined>;
+  /** The largest request body read, in bytes; a larger one is answered 413 problem+json. Default: 1 MiB. */
+  limit?: number;
+  /** Called with an error the handler threw, before the 500 problem+json answer. Default: `console.error`. */
+  onError?: (err: unknown, request: Request) => void;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer. Default: none.
+   */
+  authorizeReplay?: (request: Request, context: C) => boolean | Promise<boolean>;
+}
+
+export interface WebIdempotencyOptions<C = unknown> extends LifecycleOptions<Tx>, WebRouteOptions<C> {}
+
+export interface WebPhasesOptions<I, C = unknown>
+  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
+    WebRouteOptions<C> {
+  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
+  runner: PhasesRunnerLike<I>;
+  /**
+   * The runner's input from the body as read once (JSON: it is stored for the completer). Throw an
+   * `IdemError` (e.g. `InvalidBodyError`) to answer 400 before anything is claimed. Required.
+   */
+  input: (request: Request, body: unknown, context: C) => I | Promise<I>;
+  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
+  answerWithinMs?: number;
+}
+
+const INTERNAL_ERROR = problemResponse(
+  500,
+  "internal-error",
+  "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
+);
+
+/** The lifecycle's view of a Fetch API request. */
+class WebIdemRequest implements IdemRequest {
+  readonly method: string;
+  readonly path: string;
+  constructor(private readonly request: Request) {
+    this.method = request.method;
+    const url = new URL(request.url);
+    this.path = url.pathname + url.search;
+  }
+  header(name: string): string | null {
+    return this.request.headers.get(name);
+  }
+}
+
+/** The request's signal, read only when the store asks (just before its commit). */
+class SignalHangUp implements HangUp {
+  constructor(private readonly signal: AbortSignal) {}
+  get aborted(): boolean {
+    return this.signal.aborted;
+  }
+}
+
+/** Read the whole body, rejecting with a 413 `IdemError` past `limit` bytes (declared or streamed). */
+async function readBody(request: Request, limit: number): Promise<Uint8Array> {
+  const tooLarge = () =>
+    new IdemError(ProblemCode.BodyTooLarge, 413, `The request body is larger than ${limit} bytes.`);
+  if (Number(request.headers.get("content-length")) > limit) throw tooLarge();
+  if (!request.body) return new Uint8Array(0);
+  const reader = request.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > limit) {
+      await reader.cancel().catch(() => {});
+      throw tooLarge();
+    }
+    chunks.push(value);
+  }
+  if (chunks.length === 1) return chunks[0]!;
+  const all = new Uint8Array(size);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.byteLength;
+  }
+  return all;
+}
+
+/** The request again, with the body already read, so the handler may read it as usual. */
+function replayable(request: Request, raw: Uint8Array): Request {
+  if (request.method === "GET" || request.method === "HEAD") return request;
+  return new Request(request, { body: raw as Uint8Array<ArrayBuffer> });
+}
+
+export function toResponse(r: StoredResponse): Response {
+  const headers = new Headers();
+  for (const [k, v] of r.headers) headers.append(k, v);
+  const body = NULL_BODY.has(r.status) || r.body.length === 0 ? null : (r.body as Uint8Array<ArrayBuffer>);
+  return new Response(body, { status: r.status, headers });
+}
+
+/** A handler's `Response`, read whole (Set-Cookie stays one pair per cookie). */
+export async function toStored(res: Response): Promise<StoredResponse> {
+  return { status: res.status, headers: [...res.headers], body: new Uint8Array(await res.arrayBuffer()) };
+}
+
+type Run<C> = (
+  request: Request,
+  context: C,
+  begun: Begun & { kind: "keyed" | "unkeyed" },
+  raw: Uint8Array,
+) => Promise<StoredResponse>;
+
+/** Read the request, let `run` answer it, and turn what escapes into idem's answer or a 500. */
+function route<C>(lifecycle: Lifecycle<Tx>, options: WebRouteOptions<C>, run: Run<C>): WebHandler<C> {
+  const onError = options.onError ?? ((err: unknown) => console.error(err));
+  const limit = options.limit ?? DEFAULT_BODY_LIMIT;
+  return async function idempotentRoute(request, context) {
+    let begun: Begun | undefined;
+    try {
+      const raw = await readBody(request, limit);
+      const scope = await options.scope(request, context);
+      begun = lifecycle.begin(new WebIdemRequest(request), scope, raw);
+      if (begun.kind === "answer") return toResponse(begun.response);
+      return toResponse(await run(request, context, begun, raw));
+    } catch (err) {
+      const owed = lifecycle.failure(err, begun); // 413, or the database down
+      if (owed) return toResponse(owed);
+      onError(err, request); // the handler threw: the transaction rolled back, nothing was saved
+      return toResponse(INTERNAL_ERROR);
+    }
+  };
+}
+
+function runOptions<C>(options: WebRouteOptions<C>, request: Request, context: C): RunOptions {
+  const check = options.authorizeReplay;
+  return {
+    signal: new SignalHangUp(request.signal),
+    authorize: check && (() => check(request, context)),
+  };
+}
+
+/** Wrap a Fetch API handler as a keyed route in atomic mode. */
+export function idempotent<C = unknown>(
+  handler: WebIdempotentHandler<C>,
+  options: WebIdempotencyOptions<C>,
+): WebHandler<C> {
+  const lifecycle = new Lifecycle<Tx>(options);
+  return route(lifecycle, options, async (request, context, begun, rawBody) => {
+    const body = begun.body.value;
+    const again = () => replayable(request, rawBody);
+    if (begun.kind === "unkeyed") {
+      const scope = begun.scope;
+      return lifecycle.unkeyed(begun, async (tx) =>
+        toStored(await handler(again(), { tx, key: undefined, scope, body, rawBody, context })),
+      );
+    }
+    const { scope, key } = begun.claim;
+    const out = await lifecycle.keyed(
+      begun,
+      async (tx) => toStored(await handler(again(), { tx, key, scope, body, rawBody, context })),
+      runOptions(options, request, context),
+    );
+    return out.response;
+  });
+}
+
+/** A Fetch API handler for a route in phases mode; a key is always required. */
+export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  return route(lifecycle, options, async (request, context, begun) => {
+    if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
+    const input = await options.input(request, begun.body.value, context);
+    const out = await lifecycle.phases(begun, options.runner, input, runOptions(options, request, context));
+    return out.response;
+  });
+}

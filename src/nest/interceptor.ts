@@ -1,0 +1,219 @@
+/**
+ * The NestJS interceptor behind `@Idempotent()` and `@IdempotentPhases()`: it translates a Nest request
+ * (on Express or on Fastify alike) into the one lifecycle (src/core/lifecycle.ts) and the lifecycle's
+ * answers into a web `Response`, which Nest sends with its status and headers as they are. Routes
+ * without one of the two decorators pass through untouched.
+ *
+ * In atomic mode the route handler runs inside the key's transaction: it finds it with the
+ * `@IdempotencyCtx()` parameter decorator and writes through it (or through its ORM's transaction,
+ * e.g. `idemDb.tx(idem.tx)` from `idem/drizzle`); what it returns is saved and replayed byte for byte.
+ * An exception it throws (an `HttpException` too) rolls everything back, saves nothing, and goes on to
+ * Nest's exception filters.
+ */
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { CallHandler, ExecutionContext, NestInterceptor } from "@nestjs/common";
+import { from, lastValueFrom, type Observable } from "rxjs";
+import type {
+  Begun,
+  LifecycleOptions,
+  PhasesRunnerLike,
+  RequestBody,
+  RunOptions,
+  StoredResponse,
+  Tx,
+} from "../core/index.ts";
+import { Lifecycle, parsedBody } from "../core/index.ts";
+import { headerPairs, NodeIdemRequest, SocketHangUp } from "../http/shared.ts";
+import { toResponse, toStored } from "../http/web.ts";
+
+/** What an `@Idempotent()` handler gets through `@IdempotencyCtx()`. */
+export interface NestIdempotencyContext {
+  /** The transaction of this request (atomic mode): do the work's writes here. */
+  tx: Tx;
+  /** The request's idempotency key, or undefined on an optional-key route called without one. */
+  key: string | undefined;
+  scope: string | undefined;
+  /** The body as read once, and fingerprinted. */
+  body: unknown;
+}
+
+/** The module's options: the store and how to find the caller, shared by every idempotent route. */
+export interface IdempotencyModuleOptions extends LifecycleOptions<Tx> {
+  /** The caller's scope (their account id), from authentication, never from the body. Required. */
+  scope: (request: any) => string | undefined | Promise<string | undefined>;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer. Default: none.
+   */
+  authorizeReplay?: (request: any) => boolean | Promise<boolean>;
+}
+
+/** Per-route options of `@Idempotent()`: anything of the module's lifecycle options, overridden. */
+export type IdempotentRouteOptions = Partial<Omit<IdempotencyModuleOptions, "store" | "scope">>;
+
+export interface IdempotentPhasesRouteOptions
+  extends Partial<Omit<IdempotencyModuleOptions, "store" | "required" | "compact">> {
+  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
+  answerWithinMs?: number;
+}
+
+type Route =
+  | { mode: "atomic"; options: IdempotentRouteOptions }
+  | { mode: "phases"; runner: PhasesRunnerLike<unknown>; options: IdempotentPhasesRouteOptions };
+
+/** Route handlers marked by the decorators (keyed by the handler function Nest reports). */
+const routes = new WeakMap<object, Route>();
+const CONTEXT = Symbol("idem:nest-context");
+
+/**
+ * Mark a route handler idempotent (atomic mode). `IdempotencyModule.forRoot()` supplies the store and
+ * the scope; `options` override the module's per route (e.g. `{ required: false }`).
+ */
+export function Idempotent(options: IdempotentRouteOptions = {}): MethodDecorator {
+  return (_target, _key, descriptor) => {
+    routes.set(descriptor.value as object, { mode: "atomic", options });
+  };
+}
+
+/**
+ * Mark a route handler as a phases route: the handler validates the request and returns the runner's
+ * input (it runs before the key is claimed); the runner does the work and its answer is sent.
+ */
+export function IdempotentPhases<I>(
+  runner: PhasesRunnerLike<I>,
+  options: IdempotentPhasesRouteOptions = {},
+): MethodDecorator {
+  return (_target, _key, descriptor) => {
+    routes.set(descriptor.value as object, { mode: "phases", runner, options });
+  };
+}
+
+/** The idempotency context of a request inside an `@Idempotent()` handler (what `@IdempotencyCtx()` reads). */
+export function idempotencyOf(request: object): NestIdempotencyContext {
+  const ctx = (request as { [CONTEXT]?: NestIdempotencyContext })[CONTEXT];
+  if (!ctx) throw new Error("idem: no idempotency context here; mark the route handler with @Idempotent()");
+  return ctx;
+}
+
+const encoder = new TextEncoder();
+
+/** What a handler returned, as Nest would send it: a `Response` as it is, else the body and `res`'s status. */
+async function storedOf(value: unknown, res: NestResponse): Promise<StoredResponse> {
+  if (value instanceof Response) return toStored(value);
+  const headers = headerPairs(res.getHeaders());
+  const type = (t: string) => {
+    if (!headers.some(([k]) => k === "content-type")) headers.push(["content-type", t]);
+  };
+  let body: Uint8Array = new Uint8Array(0);
+  if (value instanceof Uint8Array) {
+    type("application/octet-stream");
+    body = value;
+  } else if (typeof value === "string") {
+    type("text/plain; charset=utf-8");
+    body = encoder.encode(value);
+  } else if (value !== undefined && value !== null) {
+    type("application/json; charset=utf-8");
+    body = encoder.encode(JSON.stringify(value));
+  }
+  return { status: res.statusCode, headers, body };
+}
+
+/** The slice of an Express request or a Fastify request this reads. */
+interface NestRequest {
+  raw?: IncomingMessage;
+  originalUrl?: string;
+  url: string;
+  body?: unknown;
+  rawBody?: Buffer;
+  [CONTEXT]?: NestIdempotencyContext;
+}
+/** The slice of an Express response or a Fastify reply this reads. */
+interface NestResponse {
+  raw?: ServerResponse;
+  statusCode: number;
+  getHeaders(): Record<string, number | string | readonly string[] | undefined>;
+}
+
+/** The bytes when Nest kept them (`rawBody: true`), else the value its parser made. */
+function bodyOf(req: NestRequest): Uint8Array | RequestBody {
+  if (req.rawBody instanceof Uint8Array) return req.rawBody;
+  if (req.body instanceof Uint8Array) return req.body;
+  if (typeof req.body === "string") return encoder.encode(req.body);
+  return parsedBody(req.body);
+}
+
+export class IdempotencyInterceptor implements NestInterceptor {
+  private readonly lifecycles = new WeakMap<object, Lifecycle<Tx>>();
+  constructor(private readonly options: IdempotencyModuleOptions) {}
+
+  intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    const route = context.getType() === "http" ? routes.get(context.getHandler()) : undefined;
+    if (!route) return next.handle();
+    return from(this.handle(route, this.lifecycleOf(context.getHandler(), route), context, next));
+  }
+
+  private lifecycleOf(handler: object, route: Route): Lifecycle<Tx> {
+    let lifecycle = this.lifecycles.get(handler);
+    if (!lifecycle) {
+      lifecycle =
+        route.mode === "atomic"
+          ? new Lifecycle<Tx>({ ...this.options, ...route.options })
+          : Lifecycle.forPhases<Tx>({ ...this.options, ...route.options }, route.options.answerWithinMs);
+      this.lifecycles.set(handler, lifecycle);
+    }
+    return lifecycle;
+  }
+
+  private async handle(
+    route: Route,
+    lifecycle: Lifecycle<Tx>,
+    context: ExecutionContext,
+    next: CallHandler,
+  ): Promise<Response> {
+    const http = context.switchToHttp();
+    const req = http.getRequest<NestRequest>();
+    const res = http.getResponse<NestResponse>();
+    const incoming = req.raw ?? (req as unknown as IncomingMessage);
+    const outgoing = res.raw ?? (res as unknown as ServerResponse);
+    const check = route.options.authorizeReplay ?? this.options.authorizeReplay;
+    const run: RunOptions = {
+      signal: new SocketHangUp(incoming.socket, outgoing),
+      authorize: check && (() => check(req)),
+    };
+    const produce = async () =>
+      storedOf(await lastValueFrom(next.handle(), { defaultValue: undefined }), res);
+    let begun: Begun | undefined;
+    try {
+      const scope = await this.options.scope(req);
+      begun = lifecycle.begin(new NodeIdemRequest(incoming, req.originalUrl ?? req.url), scope, bodyOf(req));
+      if (begun.kind === "answer") return toResponse(begun.response);
+      const body = begun.body.value;
+      if (begun.kind === "unkeyed") {
+        return toResponse(
+          await lifecycle.unkeyed(begun, async (tx) => {
+            req[CONTEXT] = { tx, key: undefined, scope, body };
+            return produce();
+          }),
+        );
+      }
+      const key = begun.claim.key;
+      if (route.mode === "phases") {
+        const input = await lastValueFrom(next.handle(), { defaultValue: undefined });
+        return toResponse((await lifecycle.phases(begun, route.runner, input, run)).response);
+      }
+      const out = await lifecycle.keyed(
+        begun,
+        async (tx) => {
+          req[CONTEXT] = { tx, key, scope, body };
+          return produce();
+        },
+        run,
+      );
+      return toResponse(out.response);
+    } catch (err) {
+      const owed = lifecycle.failure(err, begun); // e.g. 503 when the database is down
+      if (owed) return toResponse(owed);
+      throw err; // the handler's: rolled back, nothing saved; Nest's exception filters answer
+    }
+  }
+}
