@@ -8,5 +8,6 @@ export * from "./operation-ref.ts";
 export * from "./outcome.ts";
 export * from "./problem.ts";
 export * from "./response.ts";
+export * from "./sealing.ts";
 export * from "./sqlstate.ts";
 export * from "./store.ts";

@@ -15,6 +15,8 @@ import {
   RetryableError,
   type SavePolicy,
   type StoredResponse,
+  sealBytes,
+  sealContext,
 } from "../../core/index.ts";
 import { RECOVERY_DONE, sqlState } from "../store.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
@@ -373,7 +375,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       ...fence(lease),
       saved.status,
       JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
-      saved.body,
+      sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
       JSON.stringify(step.data ?? {}),
       nowIso(lease.table),
     ];
