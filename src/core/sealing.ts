@@ -18,7 +18,7 @@
  *
  * node:crypto only (OpenSSL's AES-GCM); no framework, no driver.
  */
-import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
+import { createCipheriv, createDecipheriv, randomFillSync } from "node:crypto";
 
 /** Seals bytes for storage and opens them again. */
 export interface Sealer {
@@ -112,7 +112,7 @@ export class AesGcmSealer implements Sealer {
   }
 
   seal(plain: Uint8Array, context = ""): Uint8Array {
-    const iv = randomBytes(IV_BYTES);
+    const iv = nextIv();
     const cipher = createCipheriv("aes-256-gcm", this.keys.get(this.currentId)!, iv);
     cipher.setAAD(aad(this.header, context));
     const body = cipher.update(plain);
@@ -149,6 +149,24 @@ export class AesGcmSealer implements Sealer {
     }
     return new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
   }
+}
+
+/*
+ * Random IVs, drawn from a pool refilled 4 KiB at a time: one call into OpenSSL per 341 values instead
+ * of one per value (it was a third of a seal's time). Random 96-bit IVs are safe for 2^32 values per
+ * key (NIST SP 800-38D); rotating keys yearly keeps far below that.
+ */
+const ivPool = Buffer.alloc(IV_BYTES * 341);
+let ivAt = ivPool.length;
+
+function nextIv(): Buffer {
+  if (ivAt + IV_BYTES > ivPool.length) {
+    randomFillSync(ivPool);
+    ivAt = 0;
+  }
+  const iv = Buffer.from(ivPool.subarray(ivAt, ivAt + IV_BYTES)); // a copy: the pool is refilled later
+  ivAt += IV_BYTES;
+  return iv;
 }
 
 function aad(header: Uint8Array, context: string): Buffer {

@@ -42,6 +42,12 @@ describe("the AES-256-GCM sealer", () => {
     expect(plainLength(a.subarray(0, 6), a.length)).toBe(plain.length);
   });
 
+  it("draws a fresh IV for every value, across refills of its pool", () => {
+    const ivs = new Set<string>();
+    for (let i = 0; i < 2000; i++) ivs.add(Buffer.from(sealer.seal(plain).subarray(8, 20)).toString("hex"));
+    expect(ivs.size).toBe(2000);
+  });
+
   it("reads a value that was never sealed as it is", () => {
     expect(isSealed(plain)).toBe(false);
     expect(sealer.open(plain, "ctx")).toBe(plain);
