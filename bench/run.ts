@@ -7,7 +7,7 @@
  * benchmark works in a database of its own and drops it). The messaging benchmark also needs RabbitMQ
  * and NATS (AMQP_URL, NATS_URL). A benchmark that fails is reported as not measured; the others run.
  *
- * BENCH_ONLY=http,client,phases,messaging,keys,retention,scale runs a subset (the report then holds only
+ * BENCH_ONLY=http,client,phases,messaging,keys,sealing,retention,scale runs a subset (the report then holds only
  * those); so do names after `--` (`npm run bench -- scale`).
  */
 import { existsSync } from "node:fs";
@@ -225,6 +225,18 @@ if (wanted("messaging")) {
 
 // --- Issue 8: bytes per key (bench/keys.ts) ---------------------------------------------------------------
 if (wanted("keys")) await optionalBench("keys", "Key storage: full and compact modes");
+
+// --- Issue 13: encryption at rest (bench/sealing.ts) -----------------------------------------------------
+if (wanted("sealing")) {
+  const group = "Encryption at rest: atomic store, 1 KB replies, sealed vs clear";
+  await optionalBench("sealing", group, (value) => {
+    const store = (value as { store?: Record<string, { firstRps: number; replayRps: number }> })?.store ?? {};
+    return Object.entries(store).flatMap(([mode, r]): BenchResult[] => [
+      { group, scenario: `${mode}: keyed first-time`, throughput: r.firstRps, unit: "req/s" },
+      { group, scenario: `${mode}: keyed replay`, throughput: r.replayRps, unit: "req/s" },
+    ]);
+  });
+}
 
 // --- Issue 20: flat cost as keys, retention and partitions grow (bench/scale.ts) ---------------------------
 if (wanted("scale")) {
