@@ -5,7 +5,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { AesGcmSealer, isSealed } from "../../src/core/index.ts";
+import { AesGcmSealer, isSealed, SealedValueError } from "../../src/core/index.ts";
 import { complete } from "../../src/postgres/complete.ts";
 import { openReviews, SimulatedCrashError, settleKey } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -84,6 +84,26 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
         .subarray(6, 8)
         .toString(),
     ).toBe("k2");
+  });
+
+  it("an input sealed with a dropped key fails the takeover clearly, runs nothing and takes no lease", async () => {
+    const key = "p-dropped";
+    const c = claimOf("acct", key, input(400));
+    const k3 = { id: "k3", key: randomBytes(32) };
+    const old = await PostgresStore.open(w.db, { clock: () => w.now.ms, sealer: new AesGcmSealer([k3]) });
+    await expect(
+      paymentsRunner(old, w.provider.url, { faults: crashAt("after-claim") }).run(c, input(400)),
+    ).rejects.toBeInstanceOf(SimulatedCrashError);
+    const dead = (await store.inspect("acct", key))?.lease;
+    expect(dead).not.toBeNull();
+    w.now.ms += LEASE_MS + 1;
+    const err = await runner()
+      .run(c, input(400))
+      .catch((e) => e);
+    expect(err).toBeInstanceOf(SealedValueError);
+    expect(String(err.message)).toMatch(/key "k3", which is not configured/);
+    expect((await store.inspect("acct", key))?.lease).toEqual(dead); // not taken over: still the dead worker's
+    expect(w.provider.charges().filter((ch) => ch.idempotency_key === `acct:${key}`)).toHaveLength(0);
   });
 
   it("the completer finishes an abandoned key with its decrypted stored input", async () => {

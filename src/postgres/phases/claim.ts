@@ -224,6 +224,10 @@ async function takeLease<I, D>(
   if (row.lease_token && row.lease_until && new Date(row.lease_until).getTime() > now) {
     throw new KeyInFlightError(retryAfter(row.lease_until, now));
   }
+  // Open the stored input BEFORE taking the lease: one that cannot be opened (a dropped key, an altered
+  // value) fails this request without leaving a lease nobody holds.
+  const context = sealContext(claim.scope, claim.key, "request");
+  const stored = openJson(table.sealer, row.request, context);
   const token = randomUUID();
   const { rows } = await table.db.query<
     Pick<PhaseRow, "recovery_point" | "phase_data" | "request" | "attempted_at">
@@ -253,7 +257,7 @@ async function takeLease<I, D>(
       input:
         taken.request === null || taken.request === undefined
           ? input
-          : (openJson(table.sealer, taken.request, sealContext(claim.scope, claim.key, "request")) as I),
+          : ((taken.request === row.request ? stored : openJson(table.sealer, taken.request, context)) as I),
       attempted: taken.attempted_at !== null,
     };
   }
