@@ -4,7 +4,6 @@ import {
   type AtomicRunOptions,
   type AtomicStore,
   type Claim,
-  encodeOperationRef,
   KeyInFlightError,
   type KeyInspection,
   KeyMismatchError,
