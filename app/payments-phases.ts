@@ -42,6 +42,11 @@ type PaymentData = { chargeId: string };
 type Env = { Variables: { accountId: string; body: PhasesPaymentInput; payment: PaymentJob } };
 
 export interface PaymentPhasesOptions {
+  /**
+   * The route's answer bound: a payment still charging then is answered 409 in flight, Retry-After,
+   * while it goes on. Default: 5,000 ms (the contract's; the playground's slow worker waits it out).
+   */
+  answerWithinMs?: number;
   store: PostgresStore;
   /** Base URL of the payment provider (`idem provider`, or `startProvider()` in tests). */
   providerUrl: string;
@@ -203,10 +208,11 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
     // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
     validBody(PhasesPaymentRequest, { what: "payment", form: true }),
     toJob,
-    idempotentPhases<PaymentJob>({
+    idempotentPhases<PaymentJob, Env>({
       runner,
       scope: (c) => c.var.accountId,
       input: (c) => c.var.payment,
+      answerWithinMs: deps.answerWithinMs,
     }),
   );
   app.route("/", paymentReadRoutes(deps));

@@ -84,7 +84,7 @@ export function paymentRoutes(deps: {
     authenticate(deps.apiKeys),
     // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
     validBody(PaymentRequest, { what: "payment", form: true }),
-    idempotency({ store: deps.store, scope: (c) => c.var.accountId, required: deps.requireKey ?? true }),
+    idempotency<Env>({ store: deps.store, scope: (c) => c.var.accountId, required: deps.requireKey ?? true }),
     async (c) => {
       const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.body);
       return c.json(payment, 201, { location: `/v1/payments/${payment.id}` });

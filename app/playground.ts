@@ -181,7 +181,8 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
       faults = stall;
     }
     const worker = new Hono();
-    worker.route("/", paymentPhasesRoutes({ ...o, leaseMs, faults }));
+    // The faulty worker holds its caller past the stall, so the page shows how its attempt really ends.
+    worker.route("/", paymentPhasesRoutes({ ...o, leaseMs, faults, answerWithinMs: slowMs + 10_000 }));
     let crashed = false;
     worker.onError((err) => {
       if (err.name !== "SimulatedCrashError") {

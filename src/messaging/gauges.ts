@@ -8,7 +8,7 @@
  * alongside the outbox and inbox, so they live here with them.
  */
 import type { Db } from "../core/db.ts";
-import { checkSchemaName } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/migrate.ts";
 
 /** Counts stop at this many rows (a gauge at the cap means "at least this many"). */
 export const GAUGE_COUNT_CAP = 100_000;
@@ -33,7 +33,7 @@ export class IdemGauges {
 
   constructor(db: Db, options: { schema?: string } = {}) {
     this.#db = db;
-    this.#s = checkSchemaName(options.schema ?? "idem");
+    this.#s = schemaOf(options);
   }
 
   /** From the partial index keys_unfinished (as many rows as requests in progress), capped. */

@@ -29,8 +29,10 @@
  *     outcome. (Two copies at once further apart than the overlap would need a transaction open longer
  *     than it: ten minutes by default.)
  */
+
 import type { Db, Tx } from "../core/db.ts";
-import { checkSchemaName } from "../postgres/migrate.ts";
+import { isMissingPartition } from "../core/index.ts";
+import { schemaOf } from "../postgres/migrate.ts";
 import { Partitions } from "../postgres/partitions.ts";
 import { type Delivery, errorOf } from "./types.ts";
 
@@ -100,7 +102,7 @@ export class Inbox {
     if (!options.consumer) throw new TypeError("Inbox needs a consumer name");
     this.#db = db;
     this.consumer = options.consumer;
-    this.#schema = checkSchemaName(options.schema ?? "idem");
+    this.#schema = schemaOf(options);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? 5);
     this.#onError = options.onError;
     const s = this.#schema;
@@ -351,11 +353,6 @@ export interface ParkedMessage {
   parkedAt: Date;
 }
 
-/** The insert hit a bucket that has no partition yet. */
-function isMissingPartition(err: unknown): boolean {
-  return (err as { code?: string }).code === "23514" && /no partition/.test(String((err as Error).message));
-}
-
 /**
  * Retention of dedup marks: drop the inbox partitions whose marks are all older than `retentionMs`,
  * and create those ahead. Keep marks longer than a message can take to be redelivered (broker
@@ -366,7 +363,7 @@ export async function sweepInbox(
   db: Db,
   options: { retentionMs: number; schema?: string; clock?: () => number },
 ): Promise<{ dropped: number[] }> {
-  const schema = checkSchemaName(options.schema ?? "idem");
+  const schema = schemaOf(options);
   const now = (options.clock ?? Date.now)();
   const { rows } = await db.query<{ partition_seconds: number }>(
     `SELECT partition_seconds FROM ${schema}.settings`,

@@ -1,13 +1,13 @@
 /** Operating the outbox by hand: requeue parked events, count rows by state. */
 import type { Db } from "../core/db.ts";
-import { checkSchemaName } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/migrate.ts";
 
 /** Put parked rows back in the queue (all of them, or those of `ids` / `topic`), attempts reset. */
 export async function requeueParked(
   db: Db,
   options: { schema?: string; ids?: readonly string[]; topic?: string } = {},
 ): Promise<number> {
-  const schema = checkSchemaName(options.schema ?? "idem");
+  const schema = schemaOf(options);
   const { rowCount } = await db.query(
     `UPDATE ${schema}.outbox SET parked_at = NULL, attempts = 0, locked_until = NULL
      WHERE parked_at IS NOT NULL AND published_at IS NULL
@@ -23,7 +23,7 @@ export async function outboxCounts(
   db: Db,
   options: { schema?: string } = {},
 ): Promise<{ pending: number; published: number; parked: number }> {
-  const schema = checkSchemaName(options.schema ?? "idem");
+  const schema = schemaOf(options);
   const { rows } = await db.query<{ pending: string; published: string; parked: string }>(
     `SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
             count(*) FILTER (WHERE published_at IS NOT NULL) AS published,

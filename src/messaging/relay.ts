@@ -20,7 +20,7 @@
  * within its window and every inbox drops for good. That is the whole of "at least once".
  */
 import type { Db } from "../core/db.ts";
-import { checkSchemaName } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
 import { type Row, statements, toMessage } from "./relay-sql.ts";
 import {
@@ -169,7 +169,7 @@ export class Relay {
   #crashed = false;
 
   constructor(options: RelayOptions) {
-    const schema = checkSchemaName(options.schema ?? "idem");
+    const schema = schemaOf(options);
     this.#db = options.db;
     this.#publisher = options.publisher;
     this.#topics = options.topics ? JSON.stringify(options.topics) : undefined;

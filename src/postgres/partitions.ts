@@ -1,3 +1,4 @@
+import { SqlState, sqlStateOf } from "../core/index.ts";
 import type { Db } from "./db.ts";
 
 /**
@@ -85,7 +86,12 @@ export class Partitions {
         // CREATE, which fails on the catalog instead (42P07 duplicate table, 42710 "type already
         // exists", 23505 on pg_type's unique index).
         const code = (err as { code?: string }).code;
-        if (code !== "42P07" && code !== "42710" && code !== "23505") throw err;
+        if (
+          code !== SqlState.DuplicateTable &&
+          code !== SqlState.DuplicateObject &&
+          code !== SqlState.UniqueViolation
+        )
+          throw err;
       }
       try {
         await this.db.exec(
@@ -93,7 +99,7 @@ export class Partitions {
         );
       } catch (err) {
         // 42809: already a partition (attached earlier, or by another instance just now).
-        if ((err as { code?: string }).code !== "42809") throw err;
+        if (sqlStateOf(err) !== SqlState.WrongObjectType) throw err;
       }
     }
   }

@@ -4,19 +4,22 @@ import {
   type AtomicRunOptions,
   type AtomicStore,
   type Claim,
+  isMissingPartition,
   KeyInFlightError,
   type KeyInspection,
   KeyMismatchError,
   openBytes,
   type Sealer,
+  SqlState,
   type StoredResponse,
   sealBytes,
   sealContext,
+  sqlStateOf,
   type WorkResult,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
 import { inspectKey } from "./inspect.ts";
-import { checkSchemaName } from "./migrate.ts";
+import { schemaOf } from "./migrate.ts";
 import {
   livePartitions,
   MAX_LIVE_PARTITIONS,
@@ -77,11 +80,6 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return true;
 }
 
-/** The SQLSTATE of a driver error, if it has one. */
-export function sqlState(err: unknown): string | undefined {
-  return (err as { code?: string })?.code;
-}
-
 /**
  * The PostgreSQL store: keys, saved responses and the atomic runner.
  *
@@ -102,7 +100,7 @@ export class PostgresStore implements AtomicStore<Tx> {
 
   private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
     this.db = db;
-    this.schema = checkSchemaName(options.schema ?? "idem");
+    this.schema = schemaOf(options);
     this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
@@ -118,7 +116,7 @@ export class PostgresStore implements AtomicStore<Tx> {
 
   /** Read the partition width chosen at migration, and make sure the current partitions exist. */
   static async open(db: Db, options: PostgresStoreOptions = {}): Promise<PostgresStore> {
-    const schema = checkSchemaName(options.schema ?? "idem");
+    const schema = schemaOf(options);
     let seconds: number;
     try {
       const { rows } = await db.query<{ partition_seconds: number }>(
@@ -126,7 +124,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       );
       seconds = Number(rows[0]?.partition_seconds);
     } catch (err) {
-      if (sqlState(err) === "42P01") {
+      if (sqlStateOf(err) === SqlState.UndefinedTable) {
         throw new Error(
           `idem's tables are missing in schema "${schema}": run migrate(db) or \`idem migrate\` first`,
           {
@@ -364,9 +362,10 @@ export class PostgresStore implements AtomicStore<Tx> {
             expiresAt: new Date(this.clock()),
           };
         }
-        if (sqlState(err) === "55P03" && !(err instanceof WorkError)) throw new LockBusy();
+        if (sqlStateOf(err) === SqlState.LockNotAvailable && !(err instanceof WorkError))
+          throw new LockBusy();
         if (err instanceof WorkError) throw err.cause;
-        if (sqlState(err) === "23514" && attempt < 2 && /no partition/.test(String((err as Error).message))) {
+        if (attempt < 2 && isMissingPartition(err)) {
           const b = this.partitions.bucketOf(this.clock());
           await this.partitions.ensure([b, b + 1]);
           continue;
@@ -490,7 +489,8 @@ function statements(s: string) {
                  SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
                      recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,
                      body = EXCLUDED.body, resource_id = EXCLUDED.resource_id, lease_token = NULL,
-                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL
+                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
+                     attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL
                WHERE ${s}.keys.created_at <= $10::timestamptz
               RETURNING 1
             )

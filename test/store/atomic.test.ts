@@ -400,7 +400,8 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
       );
       expect(many.every((o) => o.kind === "replayed")).toBe(true);
       const { rows } = await one.query<{ n: number }>(
-        "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory'",
+        `SELECT count(*)::int AS n FROM pg_locks
+          WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
       );
       expect(rows[0]).toEqual({ n: 0 });
       expect(
@@ -482,12 +483,17 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     const gate = new Promise<void>((r) => {
       release = r;
     });
+    let running!: () => void;
+    const holding = new Promise<void>((r) => {
+      running = r;
+    });
     const first = a!.atomic(c, async (tx) => {
       const r = await charge(tx, "inflight-two");
+      running(); // the work runs: the key's lock is held
       await gate;
       return r;
     });
-    await new Promise((r) => setTimeout(r, 100));
+    await holding;
     const t = performance.now();
     const err = await b!.atomic(c, (tx) => charge(tx, "inflight-two")).catch((e) => e);
     const waited = performance.now() - t;
@@ -514,12 +520,17 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     const gate = new Promise<void>((r) => {
       release = r;
     });
+    let running!: () => void;
+    const holding = new Promise<void>((r) => {
+      running = r;
+    });
     const first = a.atomic(c, async (tx) => {
       const r = await charge(tx, "boundary");
+      running(); // the work runs: the key's lock is held
       await gate;
       return r;
     });
-    await new Promise((r) => setTimeout(r, 100));
+    await holding;
     const second = b.atomic(c, (tx) => charge(tx, "boundary"));
     await new Promise((r) => setTimeout(r, 100));
     release();

@@ -34,7 +34,12 @@ describe.skipIf(!DATABASE_URL)("pooled connections on the real server (pg)", () 
 
   beforeAll(async () => {
     fresh = await freshDatabase();
-    const pool = new pg.Pool({ connectionString: fresh.url, max: POOL, pipeline: true } as pg.PoolConfig);
+    const pool = new pg.Pool({
+      connectionString: fresh.url,
+      max: POOL,
+      pipeline: true,
+      idleTimeoutMillis: 0, // a connection closed for idling would count as a new session
+    } as pg.PoolConfig);
     pool.on("error", () => {});
     db = fromPg(pool);
     await migrate(db);
