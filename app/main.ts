@@ -11,6 +11,8 @@
  *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
+ *   IDEM_ENCRYPTION_KEYS  encrypt saved replies and stored inputs at rest: `id:base64-32-bytes,...`,
+ *                         the current key first (docs/operations.md, "Encryption at rest")
  *   METRICS_PORT          serve /metrics on its own port (on HOST) instead of the API's
  *   IDEM_METRICS_TOKEN    require `Authorization: Bearer <token>` on /metrics
  *   LOG_LEVEL             pino level (default info)
@@ -18,6 +20,7 @@
  *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
  */
 import { Hono } from "hono";
+import { sealerFromEnv } from "idem";
 import { IdemGauges, sweepInbox } from "idem/messaging";
 import { complete, PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
@@ -47,6 +50,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   if (mode !== "phases" && mode !== "atomic") {
     throw new Error(`IDEM_PAYMENTS_MODE must be phases or atomic, got ${mode}`);
   }
+  const sealer = sealerFromEnv(env); // undefined when IDEM_ENCRYPTION_KEYS is unset: stored in clear
   const logger = createLogger({ level: env.LOG_LEVEL });
   const { db, listen, embedded, where } = await openDatabase({
     url: env.DATABASE_URL || undefined,
@@ -56,7 +60,10 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   await prepareSchema(db);
   const demo = embedded || env.IDEM_DEMO === "1";
   if (demo) await ensureDemoAccounts(db);
-  const store = await PostgresStore.open(db, { retentionMs: retentionHours * 3_600_000 });
+  const store = await PostgresStore.open(db, {
+    retentionMs: retentionHours * 3_600_000,
+    sealer,
+  });
 
   // The receipt-email worker: outbox -> broker (AMQP_URL, NATS_URL, else in process) -> inbox -> email.
   const receipts = await startReceipts(db, {

@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, keys, retention, scale (or names after `--`:
+ * http, compare, client, phases, messaging, keys, sealing, retention, scale (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
  */
@@ -255,6 +255,18 @@ if (wanted("messaging")) {
 
 // --- Issue 8: bytes per key (bench/keys.ts) ---------------------------------------------------------------
 if (wanted("keys")) await optionalBench("keys", "Key storage: full and compact modes");
+
+// --- Issue 13: encryption at rest (bench/sealing.ts) -----------------------------------------------------
+if (wanted("sealing")) {
+  const group = "Encryption at rest: atomic store, 1 KB replies, sealed vs clear";
+  await optionalBench("sealing", group, (value) => {
+    const store = (value as { store?: Record<string, { firstRps: number; replayRps: number }> })?.store ?? {};
+    return Object.entries(store).flatMap(([mode, r]): BenchResult[] => [
+      { group, scenario: `${mode}: keyed first-time`, throughput: r.firstRps, unit: "req/s" },
+      { group, scenario: `${mode}: keyed replay`, throughput: r.replayRps, unit: "req/s" },
+    ]);
+  });
+}
 
 // --- Issue 20: flat cost as keys, retention and partitions grow (bench/scale.ts) ---------------------------
 if (wanted("scale")) {

@@ -9,5 +9,6 @@ export * from "./outcome.ts";
 export * from "./problem.ts";
 export * from "./redact.ts";
 export * from "./response.ts";
+export * from "./sealing.ts";
 export * from "./sqlstate.ts";
 export * from "./store.ts";

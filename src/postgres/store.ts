@@ -16,8 +16,12 @@ import {
   KeyInFlightError,
   type KeyInspection,
   KeyMismatchError,
+  openBytes,
+  type Sealer,
   SqlState,
   type StoredResponse,
+  sealBytes,
+  sealContext,
   sqlStateOf,
   type WorkResult,
 } from "../core/index.ts";
@@ -55,6 +59,12 @@ export interface PostgresStoreOptions {
   boundaryOverlapMs?: number;
   /** The clock, in epoch milliseconds (tests inject one). Default: `Date.now`. */
   clock?: () => number;
+  /**
+   * Encrypts saved reply bodies and phases-mode stored inputs at rest (e.g. `sealerFromEnv()`: AES-256-GCM
+   * under `IDEM_ENCRYPTION_KEYS`). Values stored in clear before it was set are still read. Default: none
+   * (stored in clear; a sealed value then fails to open rather than being replayed as ciphertext).
+   */
+  sealer?: Sealer;
 }
 
 /** A key row as read back. */
@@ -90,6 +100,7 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly lockTimeoutMs: number;
   readonly boundaryOverlapMs: number;
   readonly clock: () => number;
+  readonly sealer: Sealer | undefined;
   readonly partitions: Partitions;
   private readonly sql: ReturnType<typeof statements>;
   /** This process's atomic calls in progress, by (scope, key): a duplicate waits on it, in memory. */
@@ -102,6 +113,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
     this.clock = options.clock ?? Date.now;
+    this.sealer = options.sealer;
     this.partitions = new Partitions(db, this.schema, partitionMs);
     this.sql = statements(this.schema);
   }
@@ -206,7 +218,15 @@ export class PostgresStore implements AtomicStore<Tx> {
     return {
       kind: "replayed",
       expiresAt: this.expiresAt(row),
-      response: { status: row.status, headers: row.headers ?? [], body: row.body ?? new Uint8Array() },
+      response: {
+        status: row.status,
+        headers: row.headers ?? [],
+        body: openBytes(
+          this.sealer,
+          row.body ?? new Uint8Array(),
+          sealContext(claim.scope, claim.key, "body"),
+        ),
+      },
     };
   }
 
@@ -392,7 +412,7 @@ export class PostgresStore implements AtomicStore<Tx> {
           new Date(now).toISOString(),
           saved.status,
           compact ? null : JSON.stringify(saved.headers),
-          compact ? null : saved.body,
+          compact ? null : sealBytes(this.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
           compact ? result.compactId : null,
           new Date(now - this.retentionMs).toISOString(),
         ]);

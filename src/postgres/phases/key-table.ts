@@ -3,7 +3,7 @@
  * `PostgresStore` is one such table; a `ShardedStore` routes each scope to one of its shards'. The
  * runner and the completer reach the store through this interface only.
  */
-import { type AtomicStore, isMissingPartition } from "../../core/index.ts";
+import { type AtomicStore, isMissingPartition, type Sealer } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import type { Partitions } from "../partitions.ts";
 
@@ -19,6 +19,8 @@ export interface KeyTable {
   readonly boundaryOverlapMs: number;
   /** The clock leases are measured by, in epoch ms. */
   readonly clock: () => number;
+  /** Seals saved bodies and stored inputs at rest (`PostgresStoreOptions.sealer`); none: in clear. */
+  readonly sealer?: Sealer;
   readonly partitions: Pick<Partitions, "bucketOf" | "startOf" | "ensure">;
 }
 

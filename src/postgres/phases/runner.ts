@@ -17,6 +17,8 @@ import {
   type SavePolicy,
   SqlState,
   type StoredResponse,
+  sealBytes,
+  sealContext,
   sqlStateOf,
 } from "../../core/index.ts";
 import { RECOVERY_DONE } from "../store.ts";
@@ -383,7 +385,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       ...fence(lease),
       saved.status,
       JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
-      saved.body,
+      sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
       JSON.stringify(step.data ?? {}),
       nowIso(lease.table),
     ];
