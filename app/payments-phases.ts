@@ -25,7 +25,14 @@ import {
 } from "idem/postgres";
 import { chargeProvider, findCharges } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
-import { authenticate, MAX_BODY_BYTES, type PaymentInput, paymentReadRoutes, toPayment } from "./payments.ts";
+import {
+  authenticate,
+  MAX_BODY_BYTES,
+  type PaymentInput,
+  paymentReadRoutes,
+  replayAuthorized,
+  toPayment,
+} from "./payments.ts";
 import { problem } from "./problems.ts";
 import { type PhasesPaymentInput, PhasesPaymentRequest } from "./schemas.ts";
 import { validBody } from "./validate.ts";
@@ -213,6 +220,7 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
       scope: (c) => c.var.accountId,
       input: (c) => c.var.payment,
       answerWithinMs: deps.answerWithinMs,
+      authorizeReplay: replayAuthorized(deps.apiKeys),
     }),
   );
   app.route("/", paymentReadRoutes(deps));
