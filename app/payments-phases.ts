@@ -150,7 +150,11 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
                 const [charge] = await findCharges(o.providerUrl, ctx.idempotencyKey, { timeoutMs: 5_000 });
                 if (!charge) return undefined; // sure it did not charge: the runner charges again
                 if (charge.status === "failed") {
-                  return { response: problemResponse(402, "card-declined", "The card was declined.") };
+                  return {
+                    response: problemResponse(402, "card-declined", "The card was declined.", {
+                      operation: FAILED_NOT_APPLIED,
+                    }),
+                  };
                 }
                 return { data: { chargeId: charge.id } };
               },
