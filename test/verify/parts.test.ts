@@ -209,5 +209,7 @@ describe("the problem-fields check", () => {
     expect(isCheckedProblem({ status: 404, contentType: "text/plain", body: "" })).toBe(false);
     expect(isCheckedProblem({ status: 404, contentType: "text/plain", body: "" }, true)).toBe(true);
     expect(isCheckedProblem(problem(201, {}))).toBe(false);
+    // Authentication is decided before any key is looked at: a wrong API key is not this check's.
+    expect(isCheckedProblem(problem(401, {}), true)).toBe(false);
   });
 });

@@ -18,13 +18,16 @@ export function isProblemJson(contentType: string | undefined): boolean {
   return /^application\/problem\+json\s*(;|$)/i.test(contentType ?? "");
 }
 
+/** Authentication answers (401, 403, 407): decided before any key is looked at, so not checked. */
+const AUTH_STATUSES = new Set([401, 403, 407]);
+
 /**
  * Whether `a` is a problem answer this check looks at: a 4xx/5xx `application/problem+json`, or any
  * 4xx/5xx when `expected` (an answer that can only be an idempotency problem, e.g. to a request sent
- * without its key).
+ * without its key); never an authentication answer.
  */
 export function isCheckedProblem(a: SeenAnswer, expected = false): boolean {
-  return a.status >= 400 && (expected || isProblemJson(a.contentType));
+  return a.status >= 400 && !AUTH_STATUSES.has(a.status) && (expected || isProblemJson(a.contentType));
 }
 
 /** What is wrong with a problem answer's fields, or undefined when they follow the contract. */
