@@ -2,7 +2,9 @@
  * Replay authorization in the reference service (issue 18): a saved answer is replayed only to a caller
  * whose API key the database still knows, past the 30 s key cache.
  */
+import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createAccount, revokeApiKey } from "../../app/accounts.ts";
 import { backends } from "../helpers/db.ts";
@@ -81,3 +83,32 @@ for (const mode of ["atomic", "phases"] as const) {
     });
   });
 }
+
+const CLI = new URL("../../app/cli.ts", import.meta.url).pathname;
+const run = promisify(execFile);
+
+describe.skipIf(backend.name === "pglite")("npm run payments -- accounts revoke", () => {
+  let svc: RunningService;
+  beforeAll(async () => {
+    svc = await startService(backend);
+  });
+  afterAll(async () => {
+    await svc?.stop();
+  });
+
+  it("revokes a key (exit 0; replays refused), and says so in one line when there is none (exit 1)", async () => {
+    const { apiKey } = await createAccount(svc.open.db, "revoked by the command");
+    const key = randomUUID();
+    expect((await pay(svc.url, { key, apiKey })).status).toBe(201);
+    const argv = ["--conditions=source", "--import", "tsx", CLI, "accounts", "revoke", "--api-key", apiKey];
+    const args = [...argv, "--database-url", svc.open.url!];
+    const ok = await run(process.execPath, args);
+    expect(ok.stdout.trim()).toBe("api key revoked");
+    expect((await pay(svc.url, { key, apiKey })).status).toBe(401);
+    const again = await run(process.execPath, args).catch((e: { code: number; stderr: string }) => e);
+    expect((again as { code: number }).code).toBe(1);
+    expect((again as { stderr: string }).stderr.trim()).toBe(
+      "idem-payments: no such API key (already revoked, or mistyped)",
+    );
+  }, 30_000);
+});
