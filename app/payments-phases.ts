@@ -25,7 +25,14 @@ import {
 } from "idem/postgres";
 import { chargeProvider, findCharges } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
-import { authenticate, MAX_BODY_BYTES, type PaymentInput, paymentReadRoutes, toPayment } from "./payments.ts";
+import {
+  authenticate,
+  MAX_BODY_BYTES,
+  type PaymentInput,
+  paymentReadRoutes,
+  replayAuthorized,
+  toPayment,
+} from "./payments.ts";
 import { problem } from "./problems.ts";
 import { type PhasesPaymentInput, PhasesPaymentRequest } from "./schemas.ts";
 import { validBody } from "./validate.ts";
@@ -143,7 +150,11 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
                 const [charge] = await findCharges(o.providerUrl, ctx.idempotencyKey, { timeoutMs: 5_000 });
                 if (!charge) return undefined; // sure it did not charge: the runner charges again
                 if (charge.status === "failed") {
-                  return { response: problemResponse(402, "card-declined", "The card was declined.") };
+                  return {
+                    response: problemResponse(402, "card-declined", "The card was declined.", {
+                      operation: FAILED_NOT_APPLIED,
+                    }),
+                  };
                 }
                 return { data: { chargeId: charge.id } };
               },
@@ -213,6 +224,7 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
       scope: (c) => c.var.accountId,
       input: (c) => c.var.payment,
       answerWithinMs: deps.answerWithinMs,
+      authorizeReplay: replayAuthorized(deps.apiKeys),
     }),
   );
   app.route("/", paymentReadRoutes(deps));
