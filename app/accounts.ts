@@ -32,8 +32,18 @@ export async function ensureDemoAccounts(db: Db): Promise<void> {
 }
 
 /**
+ * Revoke an API key: its row is deleted, so it authenticates nothing from now on. Returns whether the
+ * key existed. Other processes' caches (`ApiKeys`) may accept it for new requests for up to their TTL,
+ * but never to replay a saved answer: the keyed routes re-check it uncached (`accountForUncached`).
+ */
+export async function revokeApiKey(db: Db, apiKey: string): Promise<boolean> {
+  const { rowCount } = await db.query("DELETE FROM api_keys WHERE key_hash = $1", [hashApiKey(apiKey)]);
+  return (rowCount ?? 0) > 0;
+}
+
+/**
  * API key -> account id, with a short in-memory cache so that authentication costs no round trip on
- * the hot path. A revoked key stops working within `ttlMs`.
+ * the hot path. A revoked key stops working within `ttlMs`; `accountForUncached` sees it at once.
  */
 export class ApiKeys {
   private cache = new Map<string, { account: string | undefined; until: number }>();
@@ -43,11 +53,16 @@ export class ApiKeys {
   ) {}
 
   async accountFor(apiKey: string): Promise<string | undefined> {
+    const hit = this.cache.get(hashApiKey(apiKey).toString("hex"));
+    if (hit && hit.until > Date.now()) return hit.account;
+    return this.accountForUncached(apiKey);
+  }
+
+  /** The database's answer now (one round trip), which also refreshes the cache. */
+  async accountForUncached(apiKey: string): Promise<string | undefined> {
     const hash = hashApiKey(apiKey);
     const k = hash.toString("hex");
-    const hit = this.cache.get(k);
     const now = Date.now();
-    if (hit && hit.until > now) return hit.account;
     const { rows } = await this.db.query<{ account_id: string }>(
       "SELECT account_id FROM api_keys WHERE key_hash = $1",
       [hash],

@@ -4,11 +4,12 @@
  *
  *   npm run payments -- serve [--port N] [--host H] [--database-url URL]
  *   npm run payments -- accounts create --name NAME [--database-url URL]
+ *   npm run payments -- accounts revoke --api-key KEY [--database-url URL]
  *
  * Exit codes as idem's: 0 success, 1 failure, 2 bad usage; errors are one line with the fix.
  */
 import { parseArgs } from "node:util";
-import { createAccount } from "./accounts.ts";
+import { createAccount, revokeApiKey } from "./accounts.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
 import { start } from "./main.ts";
 
@@ -18,6 +19,8 @@ const USAGE = `usage: npm run payments -- <command> [options]
         run the reference payments service (the same as npm start; PORT, HOST, DATABASE_URL)
   accounts create --name NAME [--database-url URL]
         create an account and print its API key once (only its SHA-256 is stored)
+  accounts revoke --api-key KEY [--database-url URL]
+        revoke an API key: new requests get 401 within 30 s, replays of saved answers at once
 
 Exit codes: 0 success, 1 failure, 2 bad usage.`;
 
@@ -31,6 +34,7 @@ async function main(argv: string[]): Promise<number> {
         host: { type: "string" };
         "database-url": { type: "string" };
         name: { type: "string" };
+        "api-key": { type: "string" };
         help: { type: "boolean"; short: "h" };
       };
       allowPositionals: true;
@@ -44,6 +48,7 @@ async function main(argv: string[]): Promise<number> {
         host: { type: "string" },
         "database-url": { type: "string" },
         name: { type: "string" },
+        "api-key": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
       allowPositionals: true,
@@ -69,12 +74,21 @@ async function main(argv: string[]): Promise<number> {
     await service.stop();
     return 0;
   }
-  if (command === "accounts" && sub === "create") {
-    if (!values.name) throw new UsageError("accounts create needs --name NAME");
+  if (command === "accounts" && (sub === "create" || sub === "revoke")) {
+    if (sub === "create" && !values.name) throw new UsageError("accounts create needs --name NAME");
+    if (sub === "revoke" && !values["api-key"]) throw new UsageError("accounts revoke needs --api-key KEY");
     const { db } = await openDatabase({ url: env.DATABASE_URL || undefined, dataDir: env.IDEM_DATA_DIR });
     try {
       await prepareSchema(db);
-      const { id, apiKey } = await createAccount(db, values.name);
+      if (sub === "revoke") {
+        if (await revokeApiKey(db, values["api-key"]!)) {
+          console.log("api key revoked");
+          return 0;
+        }
+        console.error("idem-payments: no such API key (already revoked, or mistyped)");
+        return 1;
+      }
+      const { id, apiKey } = await createAccount(db, values.name!);
       console.log(`account ${id}\napi key ${apiKey}  (shown once: store it now)`);
       return 0;
     } finally {

@@ -11,6 +11,8 @@
  *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
+ *   IDEM_ENCRYPTION_KEYS  encrypt saved replies and stored inputs at rest: `id:base64-32-bytes,...`,
+ *                         the current key first (docs/operations.md, "Encryption at rest")
  *   METRICS_PORT          serve /metrics on its own port (on HOST) instead of the API's
  *   IDEM_METRICS_TOKEN    require `Authorization: Bearer <token>` on /metrics
  *   LOG_LEVEL             pino level (default info)
@@ -18,14 +20,15 @@
  *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
  */
 import { Hono } from "hono";
-import { cleanInbox } from "idem/messaging";
+import { sealerFromEnv } from "idem";
+import { IdemGauges, sweepInbox } from "idem/messaging";
 import { complete, PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
 import { metricsRoutes } from "./metrics-route.ts";
-import { createLogger, createMetrics } from "./observability.ts";
+import { createLogger, createMetrics, registerIdemGauges } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
 import { regionsFromEnv } from "./regions.ts";
@@ -47,6 +50,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   if (mode !== "phases" && mode !== "atomic") {
     throw new Error(`IDEM_PAYMENTS_MODE must be phases or atomic, got ${mode}`);
   }
+  const sealer = sealerFromEnv(env); // undefined when IDEM_ENCRYPTION_KEYS is unset: stored in clear
   const logger = createLogger({ level: env.LOG_LEVEL });
   const { db, listen, embedded, where } = await openDatabase({
     url: env.DATABASE_URL || undefined,
@@ -56,7 +60,10 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   await prepareSchema(db);
   const demo = embedded || env.IDEM_DEMO === "1";
   if (demo) await ensureDemoAccounts(db);
-  const store = await PostgresStore.open(db, { retentionMs: retentionHours * 3_600_000 });
+  const store = await PostgresStore.open(db, {
+    retentionMs: retentionHours * 3_600_000,
+    sealer,
+  });
 
   // The receipt-email worker: outbox -> broker (AMQP_URL, NATS_URL, else in process) -> inbox -> email.
   const receipts = await startReceipts(db, {
@@ -79,6 +86,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   }
 
   const metrics = createMetrics(undefined, async () => (await reviewGauge(store)).open);
+  registerIdemGauges(metrics.registry, new IdemGauges(db));
   const app = createApp({
     db,
     store,
@@ -121,10 +129,10 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
 
   // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
   // clients never came back). Each instance may run them; both are safe to run concurrently.
-  // Inbox dedup records are kept a week: far past any redelivery of an event the relay published.
+  // Inbox dedup marks are kept a week (their partitions dropped after): far past any redelivery.
   const sweep = setInterval(
     () =>
-      Promise.all([store.sweep(), cleanInbox(db, { olderThanMs: 7 * 24 * 3_600_000 })]).catch((err) =>
+      Promise.all([store.sweep(), sweepInbox(db, { retentionMs: 7 * 24 * 3_600_000 })]).catch((err) =>
         logger.error({ err }, "sweep failed"),
       ),
     3_600_000,

@@ -10,6 +10,7 @@ import type { MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
 import { Outcome, parseIdempotencyKey } from "idem";
 import { idempotencyOutcome } from "idem/hono";
+import type { IdemGauges } from "idem/messaging";
 import pino, { type Logger } from "pino";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 
@@ -87,6 +88,54 @@ export function createMetrics(
       },
     }),
   };
+}
+
+/**
+ * The gauges of idem's tables (issue 16), each read by its own bounded SQL statement at scrape time:
+ * unfinished keys by recovery point, the oldest one's age, parked outbox events, parked inbox messages
+ * and the relay's lag. A read that fails leaves NaN (the scrape still answers).
+ */
+export function registerIdemGauges(registry: Registry, gauges: IdemGauges): void {
+  const value = (name: string, help: string, read: () => Promise<number>) =>
+    new Gauge({
+      name,
+      help,
+      registers: [registry],
+      async collect() {
+        this.set(await read().catch(() => Number.NaN));
+      },
+    });
+  new Gauge({
+    name: "idem_keys_unfinished",
+    help: "Phases-mode keys not finished yet, by recovery point (counted up to 100,000)",
+    labelNames: ["recovery_point"],
+    registers: [registry],
+    async collect() {
+      const byPoint = await gauges.unfinishedKeys().catch(() => undefined);
+      this.reset();
+      for (const [point, n] of Object.entries(byPoint ?? {})) this.set({ recovery_point: point }, n);
+    },
+  });
+  value(
+    "idem_keys_unfinished_oldest_seconds",
+    "Seconds since the least recently advanced unfinished key last moved (0 when none)",
+    () => gauges.oldestUnfinishedKeySeconds(),
+  );
+  value(
+    "idem_outbox_parked",
+    "Outbox events parked after their last failed publish, waiting for a requeue",
+    () => gauges.parkedOutboxEvents(),
+  );
+  value(
+    "idem_inbox_parked",
+    "Inbox messages parked after their last failed attempt, waiting for an unpark",
+    () => gauges.parkedInboxMessages(),
+  );
+  value(
+    "idem_relay_lag_seconds",
+    "Age of the oldest event waiting to be published, parked ones aside (0 when none)",
+    () => gauges.relayLagSeconds(),
+  );
 }
 
 /**

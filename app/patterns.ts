@@ -15,7 +15,7 @@ import type { AtomicStore } from "idem";
 import { idempotency } from "idem/hono";
 import type { Db, Tx } from "idem/postgres";
 import type { ApiKeys } from "./accounts.ts";
-import { authenticate, MAX_BODY_BYTES } from "./payments.ts";
+import { authenticate, MAX_BODY_BYTES, replayAuthorized } from "./payments.ts";
 import { problem } from "./problems.ts";
 import { AmountRequest, CartItemRequest, ProductRequest, TopUpRequest } from "./schemas.ts";
 import { validBody, validIds } from "./validate.ts";
@@ -80,7 +80,11 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
     onError: () => problem(413, "body-too-large", `The body is larger than ${MAX_BODY_BYTES} bytes.`),
   });
   const auth = authenticate(deps.apiKeys) as unknown as MiddlewareHandler<Env>;
-  const keyed = idempotency({ store: deps.store, scope: (c) => c.var.accountId });
+  const keyed = idempotency<Env>({
+    store: deps.store,
+    scope: (c) => c.var.accountId,
+    authorizeReplay: replayAuthorized(deps.apiKeys),
+  });
   // One schema per body (app/schemas.ts), checked before any key is claimed or row written.
   const topUp = validBody(TopUpRequest, { what: "top-up" });
   const amountBody = validBody(AmountRequest, { what: "amount" });

@@ -25,7 +25,14 @@ import {
 } from "idem/postgres";
 import { chargeProvider, findCharges } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
-import { authenticate, MAX_BODY_BYTES, type PaymentInput, paymentReadRoutes, toPayment } from "./payments.ts";
+import {
+  authenticate,
+  MAX_BODY_BYTES,
+  type PaymentInput,
+  paymentReadRoutes,
+  replayAuthorized,
+  toPayment,
+} from "./payments.ts";
 import { problem } from "./problems.ts";
 import { type PhasesPaymentInput, PhasesPaymentRequest } from "./schemas.ts";
 import { validBody } from "./validate.ts";
@@ -42,6 +49,11 @@ type PaymentData = { chargeId: string };
 type Env = { Variables: { accountId: string; body: PhasesPaymentInput; payment: PaymentJob } };
 
 export interface PaymentPhasesOptions {
+  /**
+   * The route's answer bound: a payment still charging then is answered 409 in flight, Retry-After,
+   * while it goes on. Default: 5,000 ms (the contract's; the playground's slow worker waits it out).
+   */
+  answerWithinMs?: number;
   store: PostgresStore;
   /** Base URL of the payment provider (`idem provider`, or `startProvider()` in tests). */
   providerUrl: string;
@@ -138,7 +150,11 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
                 const [charge] = await findCharges(o.providerUrl, ctx.idempotencyKey, { timeoutMs: 5_000 });
                 if (!charge) return undefined; // sure it did not charge: the runner charges again
                 if (charge.status === "failed") {
-                  return { response: problemResponse(402, "card-declined", "The card was declined.") };
+                  return {
+                    response: problemResponse(402, "card-declined", "The card was declined.", {
+                      operation: FAILED_NOT_APPLIED,
+                    }),
+                  };
                 }
                 return { data: { chargeId: charge.id } };
               },
@@ -203,10 +219,12 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
     // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
     validBody(PhasesPaymentRequest, { what: "payment", form: true }),
     toJob,
-    idempotentPhases<PaymentJob>({
+    idempotentPhases<PaymentJob, Env>({
       runner,
       scope: (c) => c.var.accountId,
       input: (c) => c.var.payment,
+      answerWithinMs: deps.answerWithinMs,
+      authorizeReplay: replayAuthorized(deps.apiKeys),
     }),
   );
   app.route("/", paymentReadRoutes(deps));

@@ -2,7 +2,7 @@
  * Payments, first cut (atomic mode): the payment row and the saved response commit together.
  */
 import { randomBytes } from "node:crypto";
-import type { MiddlewareHandler } from "hono";
+import type { Context, MiddlewareHandler } from "hono";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import type { AtomicStore } from "idem";
@@ -38,11 +38,15 @@ export function toPayment(row: Record<string, unknown>): Payment {
   };
 }
 
+function bearerOf(c: Context): string | undefined {
+  return /^Bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "")?.[1];
+}
+
 /** `Authorization: Bearer <api key>` -> `c.var.accountId`, or 401. */
 export function authenticate(apiKeys: ApiKeys): MiddlewareHandler<Env> {
   return async function authenticateMiddleware(c, next) {
-    const m = /^Bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "");
-    const account = m ? await apiKeys.accountFor(m[1]!) : undefined;
+    const apiKey = bearerOf(c);
+    const account = apiKey ? await apiKeys.accountFor(apiKey) : undefined;
     if (!account) {
       return problem(401, "unauthorized", "Send a valid API key as `Authorization: Bearer <api key>`.", [
         ["www-authenticate", 'Bearer realm="idem"'],
@@ -51,6 +55,20 @@ export function authenticate(apiKeys: ApiKeys): MiddlewareHandler<Env> {
     c.set("accountId", account);
     if (c.var.log) c.set("log", c.var.log.child({ scope: account }) as Logger);
     await next();
+  };
+}
+
+/**
+ * The keyed routes' `authorizeReplay`: before a saved answer is replayed (or a phases key resumed), the
+ * caller's API key is looked up again in the database, past `authenticate`'s cache, and must still
+ * belong to the account the key was claimed for. A key revoked a second ago gets 401, not the answer.
+ */
+export function replayAuthorized<E extends { Variables: { accountId: string } }>(
+  apiKeys: ApiKeys,
+): (c: Context<E>) => Promise<boolean> {
+  return async function authorizeReplay(c) {
+    const apiKey = bearerOf(c);
+    return apiKey !== undefined && (await apiKeys.accountForUncached(apiKey)) === c.var.accountId;
   };
 }
 
@@ -84,7 +102,12 @@ export function paymentRoutes(deps: {
     authenticate(deps.apiKeys),
     // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
     validBody(PaymentRequest, { what: "payment", form: true }),
-    idempotency({ store: deps.store, scope: (c) => c.var.accountId, required: deps.requireKey ?? true }),
+    idempotency<Env>({
+      store: deps.store,
+      scope: (c) => c.var.accountId,
+      required: deps.requireKey ?? true,
+      authorizeReplay: replayAuthorized(deps.apiKeys),
+    }),
     async (c) => {
       const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.body);
       return c.json(payment, 201, { location: `/v1/payments/${payment.id}` });

@@ -79,6 +79,8 @@ export interface AttemptReport {
   expires?: string | null;
   retryAfter?: string | null;
   location?: string | null;
+  /** `Idempotency-Operation-State` (problem answers): where the operation stands, for the next step. */
+  operationState?: string | null;
   body?: unknown;
   ms: number;
 }
@@ -153,6 +155,7 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
       report.expires = res.headers.get("idempotency-expires");
       report.retryAfter = res.headers.get("retry-after");
       report.location = res.headers.get("location");
+      report.operationState = res.headers.get("idempotency-operation-state");
       try {
         report.body = JSON.parse(text);
       } catch {
@@ -181,7 +184,8 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
       faults = stall;
     }
     const worker = new Hono();
-    worker.route("/", paymentPhasesRoutes({ ...o, leaseMs, faults }));
+    // The faulty worker holds its caller past the stall, so the page shows how its attempt really ends.
+    worker.route("/", paymentPhasesRoutes({ ...o, leaseMs, faults, answerWithinMs: slowMs + 10_000 }));
     let crashed = false;
     worker.onError((err) => {
       if (err.name !== "SimulatedCrashError") {

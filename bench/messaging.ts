@@ -6,6 +6,9 @@
  *   end to end           a backlog drained by relay and consumer running together
  *   latency              events written at a steady rate; from the outbox row's commit to its effect's
  *                        commit, p50 and p99
+ *   ordered backlog      10,000 events over 40 aggregates waiting in the outbox, drained by a relay with
+ *                        `orderByAggregate` and a consumer applying one transaction at a time (which
+ *                        keeps the order); each applied once and in order, checked (issue 16)
  *
  * Each broker runs twice, with the two ways to write a consumer's effect: a handler that runs one
  * statement per message (simplest; each message costs a round trip inside the batch's transaction),
@@ -15,13 +18,13 @@
  *
  * Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; a database of its own is
  * created and dropped), AMQP_URL, NATS_URL (loopback defaults), BENCH_EVENTS (default 20,000),
- * BENCH_RATE (events/s for the latency run, default 1,000), BENCH_HANDLER (message, batch or both, the
- * default). Run: `npx tsx --conditions=source bench/messaging.ts`.
+ * BENCH_RATE (events/s for the latency run, default 1,000), BENCH_HANDLER (message, batch, both
+ * (the default) or none), BENCH_DRAIN=0 skips the ordered backlog. Run: `npx tsx --conditions=source bench/messaging.ts`.
  */
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
-import type { RunningConsumer } from "../src/messaging/consumer.ts";
+import type { ConsumerOptions, RunningConsumer } from "../src/messaging/consumer.ts";
 import { Inbox } from "../src/messaging/inbox.ts";
 import { listenWithPg } from "../src/messaging/listen.ts";
 import { connectNats, consumeNats, NatsPublisher } from "../src/messaging/nats.ts";
@@ -31,6 +34,7 @@ import type { Db, Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { writeOutbox } from "../src/postgres/outbox.ts";
+import { orderedEffect, orderedResult, prepareOrdered, writeBacklog } from "../test/messaging/ordered.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 
 const AMQP_URL = process.env.AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672";
@@ -42,20 +46,26 @@ export type EffectStyle = "message" | "batch";
 
 export interface MessagingRow {
   broker: string;
+  /** For the report; default "<broker>: end to end, effect per message|batch". */
+  scenario?: string;
   /** "message": one statement per message; "batch": one statement per batch. */
   effect: EffectStyle;
   publishRate: number;
   consumeRate: number;
   endToEndRate: number;
-  p50Ms: number;
-  p99Ms: number;
+  p50Ms?: number;
+  p99Ms?: number;
 }
 
 interface Broker {
   name: string;
   topic: string;
   publisher(): Publisher;
-  consume(db: Db, consumer: string, effect: EffectStyle): Promise<RunningConsumer>;
+  consume(
+    db: Db,
+    consumer: string,
+    effect: EffectStyle | Pick<ConsumerOptions, "batchHandler" | "batchSize" | "concurrency">,
+  ): Promise<RunningConsumer>;
   /** Drop whatever is left on the broker (between runs). */
   reset(): Promise<void>;
   cleanup(): Promise<void>;
@@ -131,12 +141,14 @@ async function effects(tx: Tx, ms: { id: string }[]): Promise<void> {
   ]);
 }
 
-const handlers = (style: EffectStyle) =>
-  style === "batch" ? { batchHandler: effects } : { handler: effect };
+const handlers = (style: Parameters<Broker["consume"]>[2]) =>
+  typeof style === "object" ? style : style === "batch" ? { batchHandler: effects } : { handler: effect };
 const STYLES: EffectStyle[] =
   process.env.BENCH_HANDLER === "message" || process.env.BENCH_HANDLER === "batch"
     ? [process.env.BENCH_HANDLER]
-    : ["message", "batch"];
+    : process.env.BENCH_HANDLER === "none"
+      ? []
+      : ["message", "batch"];
 
 async function writeEvents(db: Db, topic: string, n: number, perTx = 500, writers = 4): Promise<void> {
   let next = 0;
@@ -256,7 +268,59 @@ async function runBroker(make: () => Promise<Broker>, style: EffectStyle): Promi
   }
 }
 
-export function printMessagingRows(rows: MessagingRow[]): void {
+/**
+ * Issue 16: a backlog of 10,000 events over 40 aggregates (no new commits) drained end to end by an
+ * ordered relay and a consumer running one transaction at a time (which keeps each aggregate's order).
+ * Throws if an event was lost, applied twice or out of order.
+ */
+async function orderedDrain(make: () => Promise<Broker>): Promise<MessagingRow> {
+  const n = 10_000;
+  const fresh = await freshBenchDatabase();
+  const pool = benchPool(fresh.url, { max: 24, pipeline: true });
+  const db = fromPg(pool);
+  const broker = await make();
+  try {
+    await migrate(db);
+    await prepareOrdered(db);
+    await writeBacklog(db, broker.topic, n, 40);
+    const consumer = await broker.consume(db, "drain", {
+      batchHandler: orderedEffect("drain"),
+      batchSize: 500,
+      concurrency: 1,
+    });
+    const publisher = broker.publisher();
+    const relay = new Relay({ db, publisher, topics: [broker.topic], orderByAggregate: true, pollMs: 5_000 });
+    const t0 = performance.now();
+    await relay.start();
+    await waitFor(async () => relay.stats.published >= n, "the ordered relay");
+    const publishRate = n / ((performance.now() - t0) / 1000);
+    await waitFor(async () => consumer.stats.applied >= n, "the ordered drain");
+    const endToEndRate = n / ((performance.now() - t0) / 1000);
+    await relay.stop();
+    await consumer.stop();
+    await publisher.close();
+    const r = await orderedResult(db, "drain");
+    if (r.total !== n || r.distinct !== n || r.outOfOrder !== 0) {
+      throw new Error(`ordered drain: ${JSON.stringify(r)} (expected ${n} once each, in order)`);
+    }
+    return {
+      broker: broker.name,
+      scenario: `${broker.name}: ordered backlog of ${n.toLocaleString("en")} over 40 aggregates, drained`,
+      effect: "batch",
+      publishRate,
+      consumeRate: Number.NaN,
+      endToEndRate,
+    };
+  } finally {
+    await broker.cleanup();
+    await db.close();
+    await fresh.drop();
+  }
+}
+
+export function printMessagingRows(all: MessagingRow[]): void {
+  const rows = all.filter((r) => r.scenario === undefined);
+  const drains = all.filter((r) => r.scenario !== undefined);
   console.log(`\nOutbox -> broker -> inbox (${EVENTS.toLocaleString("en")} events; latency at ${RATE}/s)`);
   const head = [
     "broker".padEnd(16),
@@ -275,10 +339,18 @@ export function printMessagingRows(rows: MessagingRow[]): void {
       Math.round(r.publishRate).toString().padStart(18),
       Math.round(r.consumeRate).toString().padStart(17),
       Math.round(r.endToEndRate).toString().padStart(14),
-      r.p50Ms.toFixed(1).padStart(9),
-      r.p99Ms.toFixed(1).padStart(9),
+      (r.p50Ms?.toFixed(1) ?? "").padStart(9),
+      (r.p99Ms?.toFixed(1) ?? "").padStart(9),
     ];
     console.log(cells.join(""));
+  }
+  for (const r of drains) {
+    // Against the same broker's unordered end to end with a batch effect, measured in this run.
+    const unordered = rows.find((u) => u.broker === r.broker && u.effect === "batch");
+    const ratio = unordered ? `, ${(r.endToEndRate / unordered.endToEndRate).toFixed(2)} of unordered` : "";
+    console.log(
+      `${r.scenario}: relay ${Math.round(r.publishRate)} events/s, end to end ${Math.round(r.endToEndRate)} events/s${ratio} (order kept, each once)`,
+    );
   }
   console.log("goal: end-to-end >= 5,000 events/s on this machine");
 }
@@ -289,6 +361,7 @@ export async function messagingBench(): Promise<MessagingRow[]> {
   for (const make of [rabbit, nats]) {
     for (const style of STYLES) rows.push(await runBroker(make, style));
   }
+  if (process.env.BENCH_DRAIN !== "0") for (const make of [rabbit, nats]) rows.push(await orderedDrain(make));
   printMessagingRows(rows);
   return rows;
 }

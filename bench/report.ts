@@ -1,14 +1,18 @@
 /**
  * The benchmark report: `npm run bench` hands every figure it measured to `writeReport`, which writes
- * `bench/results/latest.md` (a Markdown table per group, with the machine it ran on) and
- * `bench/results/latest.svg` (a bar chart of throughput per scenario, p99 beside each bar). The SVG is
- * written by hand: no charting dependency.
+ * `bench/results/latest.md` (a Markdown table per group, with the machine it ran on),
+ * `bench/results/latest.svg` (a bar chart of throughput per scenario, p99 beside each bar) and, when the
+ * comparison with a bare handler and the peers ran, `bench/results/compare.svg`. The SVGs are written
+ * by hand: no charting dependency. A run of some benchmarks only (`--only`) keeps the others' figures
+ * from the previous report.
  */
-import { mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
+import type { Comparison } from "./compare/index.ts";
+import { compareMarkdown, compareSvg } from "./compare/render.ts";
 
 /** One measured scenario. */
 export interface BenchResult {
@@ -56,6 +60,10 @@ export interface Report {
   highlights?: string[];
   /** Wall-clock seconds the whole run took. */
   seconds?: number;
+  /** The comparison with a bare handler and the peers (bench/compare), under its own heading. */
+  comparison?: { group: string; data: Comparison; machine?: Machine };
+  /** Groups not run this time, kept from an earlier report, with the date each was measured. */
+  carried?: Array<{ group: string; date: string }>;
 }
 
 export const RESULTS_DIR = join(dirname(fileURLToPath(import.meta.url)), "results");
@@ -126,10 +134,19 @@ export function renderMarkdown(report: Report): string {
     `| Node.js | ${m.node} |`,
     `| PostgreSQL | ${cell(m.postgres)} |`,
     "",
+    ...(report.carried?.length
+      ? [
+          `Not run this time, kept from earlier runs: ${report.carried.map((c) => `${c.group} (${c.date})`).join("; ")}.`,
+          "",
+        ]
+      : []),
     ...(report.highlights?.length ? [...report.highlights.map((h) => `- ${h}`), ""] : []),
+    ...(report.comparison ? ["![idem and its peers against a bare handler](compare.svg)", ""] : []),
     "![throughput and p99 per scenario](latest.svg)",
     "",
   ];
+  if (report.comparison)
+    out.push(`## ${report.comparison.group}`, "", ...compareMarkdown(report.comparison.data), "");
   for (const group of groupsOf(report)) {
     out.push(`## ${group}`, "");
     const rows = report.results.filter((r) => r.group === group);
@@ -250,6 +267,54 @@ export function writeReport(report: Report, dir = RESULTS_DIR): { markdown: stri
   const svg = join(dir, "latest.svg");
   writeFileSync(markdown, renderMarkdown(report));
   writeFileSync(svg, renderSvg(report));
+  if (report.comparison) {
+    const m = report.comparison.machine ?? report.machine; // a comparison kept from an earlier run has its own
+    const footer = `${m.cpu} × ${m.cores}, Node ${m.node}, PostgreSQL ${m.postgres}, load ${m.load} at start · ${m.date}`;
+    writeFileSync(join(dir, "compare.svg"), compareSvg(report.comparison.data, footer));
+  }
   writeFileSync(join(dir, "latest.json"), `${JSON.stringify(report, null, 2)}\n`);
   return { markdown, svg };
+}
+
+/**
+ * This run's report with what the previous one (`latest.json` in `dir`) measured in groups this run did
+ * not run: a run of one benchmark does not erase the others' figures.
+ */
+export function withPrevious(report: Report, dir = RESULTS_DIR): Report {
+  const file = join(dir, "latest.json");
+  if (!existsSync(file)) return report;
+  let prev: Report;
+  try {
+    prev = JSON.parse(readFileSync(file, "utf8")) as Report;
+  } catch {
+    return report;
+  }
+  const ran = new Set(groupsOf(report));
+  if (report.comparison) ran.add(report.comparison.group);
+  const keep = <T extends { group: string }>(xs: T[] | undefined) =>
+    (xs ?? []).filter((x) => !ran.has(x.group));
+  const carried = [...groupsOf(prev), ...(prev.comparison ? [prev.comparison.group] : [])]
+    .filter((group) => !ran.has(group))
+    .map((group) => ({
+      group,
+      date: prev.carried?.find((c) => c.group === group)?.date ?? prev.machine.date,
+    }));
+  if (!carried.length) return report;
+  // A highlight begins with its subject ("HTTP: ..."): this run's replace the previous ones on the same subject.
+  const subject = (h: string) => h.split(":")[0];
+  const fresh = new Set((report.highlights ?? []).map(subject));
+  return {
+    ...report,
+    results: [...keep(prev.results), ...report.results],
+    figures: [...keep(prev.figures), ...report.figures],
+    notes: [...keep(prev.notes), ...report.notes],
+    failures: [...keep(prev.failures), ...report.failures],
+    highlights: [
+      ...(prev.highlights ?? []).filter((h) => !fresh.has(subject(h))),
+      ...(report.highlights ?? []),
+    ],
+    comparison:
+      report.comparison ?? (prev.comparison && !ran.has(prev.comparison.group) ? prev.comparison : undefined),
+    carried,
+  };
 }

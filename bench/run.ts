@@ -7,18 +7,33 @@
  * benchmark works in a database of its own and drops it). The messaging benchmark also needs RabbitMQ
  * and NATS (AMQP_URL, NATS_URL). A benchmark that fails is reported as not measured; the others run.
  *
- * BENCH_ONLY=http,client,phases,messaging,keys,retention runs a subset (the report then holds only those).
+ * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
+ *
+ * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
+ * http, compare, client, phases, messaging, keys, sealing, retention, scale (or names after `--`:
+ * `npm run bench -- scale`); the report keeps the others' figures from the
+ * previous run, marked as such. `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
  */
 import { existsSync } from "node:fs";
 import { relative } from "node:path";
 import { clientBench } from "./client.ts";
+import { compareBench } from "./compare/index.ts";
 import { httpBench, printRows } from "./http.ts";
 import { phasesBench } from "./phases.ts";
-import { type BenchResult, describeMachine, type Report, writeReport } from "./report.ts";
+import { type BenchResult, describeMachine, type Report, withPrevious, writeReport } from "./report.ts";
 import { printRetention, retentionBench } from "./retention.ts";
 
 const DATABASE_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
-const ONLY = process.env.BENCH_ONLY?.split(",").map((s) => s.trim());
+const argv = process.argv.slice(2);
+const onlyArg = argv.find((a, i) => a.startsWith("--only=") || argv[i - 1] === "--only");
+const bareNames = argv.filter((a, i) => !a.startsWith("--") && argv[i - 1] !== "--only");
+const ONLY = (
+  onlyArg?.replace(/^--only=/, "") ?? (bareNames.length ? bareNames.join(",") : process.env.BENCH_ONLY)
+)
+  ?.split(",")
+  .map((s) => s.trim())
+  .filter(Boolean);
+const QUICK = argv.includes("--quick") || process.env.BENCH_QUICK === "1";
 const wanted = (name: string) => !ONLY || ONLY.includes(name);
 const started = performance.now();
 
@@ -100,6 +115,25 @@ if (wanted("http")) {
       figure(group, "keyed replay / unkeyed", f2(again), "goal >= 1.00");
       highlight(`HTTP: keyed first-time / unkeyed ${f2(first)}, keyed replay / unkeyed ${f2(again)}`);
     }
+  }
+}
+
+// --- Issue 15: against a bare handler and the peers users pick ---------------------------------------------
+if (wanted("compare")) {
+  const group = "Against a bare handler and the peers (same handler, wrk, 32 connections)";
+  console.log(`\n${group}${QUICK ? " (--quick)" : ""}`);
+  const c = await section(group, () => compareBench({ quick: QUICK }), QUICK ? 300_000 : 600_000);
+  if (c) {
+    report.comparison = { group, data: c, machine: report.machine };
+    const best = (kind: string) =>
+      c.rows
+        .filter((r) => r.kind === kind && r.keyedRatio)
+        .sort((a, b) => b.keyedRatio!.median - a.keyedRatio!.median)[0];
+    const idem = best("idem");
+    const peer = best("peer");
+    const line = (r: typeof idem) =>
+      r ? `${r.label} ${f2(r.keyedRatio!.median)} keyed / ${f2(r.replayRatio!.median)} replay` : "";
+    highlight(`Against a bare handler: best idem adapter ${line(idem)}; best peer ${line(peer)}`);
   }
 }
 
@@ -204,11 +238,14 @@ if (wanted("messaging")) {
         ? [
             {
               group,
-              scenario: `${r.broker}: end to end, effect ${r.effect === "batch" ? "per batch" : "per message"}`,
+              scenario:
+                typeof r.scenario === "string"
+                  ? r.scenario
+                  : `${r.broker}: end to end, effect ${r.effect === "batch" ? "per batch" : "per message"}`,
               throughput: r.endToEndRate,
               unit: "events/s",
-              p50Ms: Number(r.p50Ms),
-              p99Ms: Number(r.p99Ms),
+              p50Ms: r.p50Ms === undefined ? undefined : Number(r.p50Ms),
+              p99Ms: r.p99Ms === undefined ? undefined : Number(r.p99Ms),
             },
           ]
         : [],
@@ -218,6 +255,37 @@ if (wanted("messaging")) {
 
 // --- Issue 8: bytes per key (bench/keys.ts) ---------------------------------------------------------------
 if (wanted("keys")) await optionalBench("keys", "Key storage: full and compact modes");
+
+// --- Issue 13: encryption at rest (bench/sealing.ts) -----------------------------------------------------
+if (wanted("sealing")) {
+  const group = "Encryption at rest: atomic store, 1 KB replies, sealed vs clear";
+  await optionalBench("sealing", group, (value) => {
+    const store = (value as { store?: Record<string, { firstRps: number; replayRps: number }> })?.store ?? {};
+    return Object.entries(store).flatMap(([mode, r]): BenchResult[] => [
+      { group, scenario: `${mode}: keyed first-time`, throughput: r.firstRps, unit: "req/s" },
+      { group, scenario: `${mode}: keyed replay`, throughput: r.replayRps, unit: "req/s" },
+    ]);
+  });
+}
+
+// --- Issue 20: flat cost as keys, retention and partitions grow (bench/scale.ts) ---------------------------
+if (wanted("scale")) {
+  const group = "Scale: key count (atomic store, 16 workers)";
+  await optionalBench("scale", group, (value) => {
+    const sizes = (value as { sizes?: Record<string, any>[] })?.sizes ?? [];
+    return sizes.flatMap((r): BenchResult[] =>
+      (["first", "replay"] as const).map((kind) => ({
+        group,
+        scenario: `${kind === "first" ? "first-time" : "replay"} at ${f0(r.keys)} keys`,
+        throughput: r[kind].rate,
+        unit: "keys/s",
+        p50Ms: r[kind].p50,
+        p99Ms: r[kind].p99,
+        note: `${r.missBuffers} buffers per miss, ${f0(r.bytesPerKey)} B and ${f0(r.walPerKey)} B of WAL per key`,
+      })),
+    );
+  });
+}
 
 // --- Retention: a day of keys, dropped or deleted ------------------------------------------------------
 if (wanted("retention")) {
@@ -280,7 +348,7 @@ if (wanted("retention")) {
 }
 
 report.seconds = (performance.now() - started) / 1000;
-const written = writeReport(report);
+const written = writeReport(ONLY ? withPrevious(report) : report);
 console.log(
   `\nreport: ${relative(process.cwd(), written.markdown)}, ${relative(process.cwd(), written.svg)}` +
     (report.failures.length ? ` (${report.failures.length} benchmark(s) not measured)` : ""),

@@ -3,7 +3,7 @@
 -- A partition holds the keys whose `bucket` (floor(created_at epoch / partition_seconds)) is one value.
 -- PostgreSQL cannot enforce a unique index across partitions, so (scope, key) is unique per bucket;
 -- claims near a bucket boundary also insert a `marker` row into the previous bucket so that two
--- concurrent duplicates on either side of the boundary still meet on one unique index (see claim.ts).
+-- concurrent duplicates on either side of the boundary still meet on one unique index (see src/postgres/phases/claim.ts; atomic mode serialises on a per-key lock instead).
 
 CREATE TABLE {{schema}}.settings (
   id                boolean PRIMARY KEY DEFAULT true CHECK (id),

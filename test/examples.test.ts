@@ -16,6 +16,20 @@ describe("examples", () => {
     expect(stdout).toContain("charges in the table: 1");
   }, 150_000);
 
+  it("phases: the retry replays, the provider charged once, one payment row", async () => {
+    const { stdout } = await run("node_modules/.bin/tsx", ["--conditions=source", "examples/phases.ts"], {
+      timeout: 120_000,
+    });
+    expect(stdout).toMatch(/attempt 1: 201 replayed=false pay_ch_\w+/);
+    expect(stdout).toMatch(/attempt 2: 201 replayed=true pay_ch_\w+/);
+    expect(stdout).toContain("provider charges: 1, payments: 1");
+  }, 150_000);
+
+  it("docs/phases.md shows the phases example as it is in examples/", () => {
+    const doc = readFileSync("docs/phases.md", "utf8");
+    expect(doc).toContain(readFileSync("examples/phases.ts", "utf8").trim());
+  });
+
   it("the README shows the quickstart as it is in examples/", () => {
     const readme = readFileSync("README.md", "utf8");
     const example = readFileSync("examples/quickstart.ts", "utf8").trim();

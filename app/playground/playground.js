@@ -73,6 +73,74 @@ function explain(r) {
   return r.body && typeof r.body === "object" && r.body.detail ? String(r.body.detail) : "";
 }
 
+/**
+ * What the client may do next, read from the answer itself (issue 18's fields): `operation_state`,
+ * `retry_same_key`, `safe_new_key` and `operation_ref` of a problem, or its Idempotency-Operation-State
+ * header. Returns { state, next, text }; `next` is one of done, wait, retry, new-key, person, stop.
+ */
+function nextStep(r) {
+  if (!r.answered) {
+    return {
+      state: "unknown",
+      next: "retry",
+      text: "The client cannot know: retry with the same key (never a new one: it might pay twice).",
+    };
+  }
+  const p = r.body && typeof r.body === "object" ? r.body : {};
+  const state = typeof p.operation_state === "string" ? p.operation_state : r.operationState;
+  if (r.status >= 200 && r.status < 300) {
+    return {
+      state: state || "done",
+      next: "done",
+      text: "Done: nothing more to do. A retry with the same key replays this.",
+    };
+  }
+  if (!state) {
+    return {
+      state: "not said",
+      next: "stop",
+      text: "The answer does not say where the operation stands: stop and look.",
+    };
+  }
+  const ref = typeof p.operation_ref === "string" ? p.operation_ref : null;
+  if (state === "uncertain") {
+    return {
+      state,
+      next: "person",
+      text: `Do not retry, with either key: call a person with operation_ref ${ref ?? "(none given)"}.`,
+    };
+  }
+  if (p.retry_same_key === true && state === "in_progress") {
+    return {
+      state,
+      next: "wait",
+      text: `Wait ${r.retryAfter ?? "a few"} s (Retry-After), then retry with the same key. A new key is not safe: the first attempt may still pay.`,
+    };
+  }
+  if (p.retry_same_key === true) {
+    return {
+      state,
+      next: "retry",
+      text: `Retry with the same key${p.safe_new_key === true ? " (a new key is safe too: nothing was done)" : ""}.`,
+    };
+  }
+  if (p.safe_new_key === true) {
+    return {
+      state,
+      next: "new-key",
+      text:
+        state === "failed_not_applied"
+          ? "Retrying this key gets the same answer. A new key is safe: nothing was charged, so a new payment cannot pay twice."
+          : "Retrying this key gets the same answer. A new key is safe for a new request: this one did nothing.",
+    };
+  }
+  return {
+    state,
+    next: "stop",
+    text: `Neither a retry nor a new key is safe: stop${ref ? ` and look up operation_ref ${ref}` : ""}.`,
+  };
+}
+
 function kindOf(r) {
   if (!r.answered) return "silent";
   if (r.replayed) return "replay";
@@ -98,7 +166,8 @@ async function attempt(label, body) {
   li.innerHTML =
     `<div class="what">#${n} ${esc(label)} · key <code>${esc(short(body.key))}</code> · ${money(body.amount_cents)}` +
     `${body.card === "4000000000000002" ? " · declined card" : ""}${esc(fault)}</div>` +
-    `<div class="saw">waiting…</div><div class="why"></div>`;
+    `<div class="saw">waiting…</div><div class="why"></div>` +
+    `<div class="next" data-testid="next"></div>`;
   $("attempts").prepend(li);
   let r;
   try {
@@ -123,6 +192,11 @@ async function attempt(label, body) {
     : `no answer <span class="badge">${esc(r.silence)}</span>`;
   li.querySelector(".saw").innerHTML = `${saw} <span class="what">${r.ms} ms</span>`;
   li.querySelector(".why").textContent = explain(r);
+  const step = nextStep(r);
+  const next = li.querySelector(".next");
+  next.dataset.next = step.next;
+  next.dataset.state = step.state;
+  next.innerHTML = `<span class="badge">operation_state: ${esc(step.state)}</span> <b>Next:</b> ${esc(step.text)}`;
 }
 
 $("pay").addEventListener("click", () => {

@@ -1,3 +1,4 @@
+import { redactUrl } from "../core/redact.ts";
 import type { Listen } from "../messaging/listen.ts";
 import type { Publisher } from "../messaging/types.ts";
 import { pendingMigrations } from "../postgres/migrate.ts";
@@ -30,16 +31,6 @@ function int(value: string | undefined, name: string, fallback: number, min: num
   if (!Number.isInteger(n) || n < min)
     throw new CliError(`${name} takes a whole number >= ${min}`, EXIT.usage);
   return n;
-}
-
-function redact(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password) u.password = "***";
-    return u.toString();
-  } catch {
-    return url;
-  }
 }
 
 type Kind = "amqp" | "nats" | "webhook";
@@ -89,7 +80,7 @@ async function makePublisher(
     const { AmqpPublisher } = await import("../messaging/amqp.ts");
     return {
       publisher: new AmqpPublisher({ url, exchange: values.exchange ?? "" }),
-      where: `RabbitMQ ${redact(url)}`,
+      where: `RabbitMQ ${redactUrl(url)}`,
     };
   }
   if (kind === "nats") {

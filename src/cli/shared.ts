@@ -29,7 +29,14 @@ export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
       allowPositionals: true,
     });
   } catch (err) {
-    throw new CliError(`${(err as Error).message}\n${usage}`, EXIT.usage);
+    // One line, never Node's multi-line parser message: its first sentence, and where the options are.
+    const command = /^usage: (idem \S+)/.exec(usage)?.[1] ?? "idem";
+    const first = String((err as Error).message)
+      .split("\n")[0]!
+      .split(/\.(\s|$)/)[0]!;
+    const option = /'(--[a-z-]+)'/.exec(first)?.[1];
+    const hint = /ambiguous/.test(first) && option ? `; write a negative value as ${option}=-1` : "";
+    throw new CliError(`${first}${hint} (${command} --help shows every option)`, EXIT.usage);
   }
 }
 

@@ -21,7 +21,9 @@ const USAGE = `usage: idem verify --url URL --path PATH [--body TEMPLATE] [optio
 Runs intents against your API with duplicate sends, concurrent copies, replies dropped after the
 server answered, per-try timeouts, and probes (same key with a changed body, same key from a second
 account), then checks: one effect per succeeded intent, none for rejected requests, identical answers
-for one key, 422 for a changed body, keys scoped by account, no key stuck in 409 past the lease.
+for one key, 422 for a changed body, keys scoped by account, no key stuck in 409 past the lease, and
+problem answers that say what the client may do next (operation_state, retry_same_key, safe_new_key;
+checked also on one request sent without its key).
 
 The request (placeholders {{amount}} {{uuid}} {{n}} {{key}} are filled per intent):
   --url URL              the API's base URL (default: $IDEM_VERIFY_URL)

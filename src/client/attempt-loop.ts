@@ -36,7 +36,7 @@ import {
 } from "./answer.ts";
 import { fullJitterMs } from "./backoff.ts";
 import type { BreakerPermit } from "./breaker.ts";
-import { type Call, toHeaderMap } from "./call.ts";
+import type { Call } from "./call.ts";
 import { CallDeadline, Cut } from "./deadline.ts";
 import {
   AttemptsExhaustedError,
@@ -49,6 +49,7 @@ import {
   RetryBudgetExhaustedError,
 } from "./errors.ts";
 import { emit } from "./events.ts";
+import { toHeaderMap } from "./headers.ts";
 import type { IntentLedger } from "./ledger.ts";
 import { ANSWER_WITHIN_MARGIN_MS, type Settings } from "./options.ts";
 import { retryAfterFrom } from "./retry-after.ts";

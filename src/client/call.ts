@@ -7,10 +7,9 @@ import type { ServerAnswer } from "./answer.ts";
 import { type ReplayableBody, toReplayable } from "./body.ts";
 import type { GiveUpDetails } from "./errors.ts";
 import type { CallInfo } from "./events.ts";
+import type { HeaderMap } from "./headers.ts";
 import type { IntentRecord } from "./intent-store.ts";
 import type { CallOptions, RequestOptions } from "./options.ts";
-
-export type HeaderMap = Record<string, string>;
 
 export class Call {
   intentId: string | undefined = undefined;
@@ -153,27 +152,4 @@ function fetchFields(init: RequestOptions, ownFields: ReadonlySet<string>): Requ
 /** Awaiting a plain value still costs a microtask turn; the success path avoids it. */
 export function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
   return value instanceof Promise;
-}
-
-/** Headers as a plain object with lower-cased names (cheaper for fetch than a Headers object). */
-export function toHeaderMap(
-  init: HeadersInit | readonly (readonly [string, string])[] | undefined,
-): HeaderMap {
-  const out: HeaderMap = {};
-  if (init === undefined) return out;
-  if (Array.isArray(init)) {
-    for (const [name, value] of init as [string, string][]) {
-      const k = name.toLowerCase();
-      out[k] = k in out ? `${out[k]}, ${value}` : value;
-    }
-  } else if (typeof Headers !== "undefined" && init instanceof Headers) {
-    init.forEach((value, name) => {
-      out[name] = value;
-    });
-  } else {
-    for (const name in init as Record<string, string>) {
-      out[name.toLowerCase()] = String((init as Record<string, string>)[name]);
-    }
-  }
-  return out;
 }

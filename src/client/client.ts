@@ -20,9 +20,9 @@ import {
   OWN_FIELDS,
   POST_OWN_FIELDS,
   prepareCall,
-  toHeaderMap,
 } from "./call.ts";
 import { IntentHasNoRequestError, IntentNotFoundError, NewKeyNotSafeError } from "./errors.ts";
+import { toHeaderMap } from "./headers.ts";
 import {
   type IntentRecord,
   type IntentRef,

@@ -10,8 +10,8 @@ import { defaultRetryPredicate, type RetryPredicate } from "./answer.ts";
 import type { BackoffOptions } from "./backoff.ts";
 import { CircuitBreaker, type CircuitBreakerOptions } from "./breaker.ts";
 import { RetryBudget, type RetryBudgetOptions } from "./budget.ts";
-import { type HeaderMap, toHeaderMap } from "./call.ts";
 import type { ClientHooks } from "./events.ts";
+import { type HeaderMap, toHeaderMap } from "./headers.ts";
 import { type IntentStore, MemoryIntentStore } from "./intent-store.ts";
 
 /** What the client needs from `fetch`. The global `fetch` fits, and so do most wrappers of it. */

@@ -14,8 +14,17 @@
  * });
  * ```
  */
+
 import type { Queryable } from "../core/db.ts";
+import { SqlState, sqlStateOf } from "../core/sqlstate.ts";
 import type { IntentAnswer, IntentRecord, IntentStatus, IntentStore, StoredRequest } from "./intent-store.ts";
+
+/** What a concurrent CREATE ... IF NOT EXISTS fails with when another connection created it first. */
+const CONCURRENT_CREATE = new Set<string>([
+  SqlState.UniqueViolation,
+  SqlState.DuplicateSchema,
+  SqlState.DuplicateTable,
+]);
 
 export interface PostgresIntentStoreOptions {
   /** Schema holding the table (created by `install()`). Default `"idem"`. */
@@ -93,7 +102,7 @@ export class PostgresIntentStore implements IntentStore {
       try {
         await this.#db.query(sql);
       } catch (err) {
-        if (!["23505", "42P06", "42P07"].includes((err as { code?: string }).code ?? "")) throw err;
+        if (!CONCURRENT_CREATE.has(sqlStateOf(err) ?? "")) throw err;
         await this.#db.query(sql);
       }
     }

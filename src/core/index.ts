@@ -7,6 +7,8 @@ export * from "./lifecycle.ts";
 export * from "./operation-ref.ts";
 export * from "./outcome.ts";
 export * from "./problem.ts";
+export * from "./redact.ts";
 export * from "./response.ts";
+export * from "./sealing.ts";
 export * from "./sqlstate.ts";
 export * from "./store.ts";

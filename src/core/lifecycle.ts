@@ -1,4 +1,7 @@
 /**
+ * (About 410 lines: every way a keyed request can end is decided here, in one place, which is the point
+ * of this file; bodies, problems and outcomes already live in their own files.)
+ *
  * The one request lifecycle every HTTP adapter delegates to (as AWS Powertools' idempotency
  * middlewares delegate to one IdempotencyHandler):
  *
@@ -33,7 +36,7 @@ import {
   type SavePolicy,
   type StoredResponse,
 } from "./response.ts";
-import { isDatabaseUnavailable } from "./sqlstate.ts";
+import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
 
 /** A request as the lifecycle sees it; each adapter builds one from its framework's request. */
@@ -90,9 +93,17 @@ export interface CompactOptions<Tx> {
 
 /** What a phases route needs of its runner (`definePhases` from `idem/postgres` returns one). */
 export interface PhasesRunnerLike<I> {
-  readonly store: AtomicStore<any>;
   run(claim: Claim, input: I, options?: { signal?: HangUp; answerWithinMs?: number }): Promise<AtomicOutcome>;
+  /** The runner's key store; when it can `inspect(scope, key)`, `authorizeReplay` runs before a resume. */
+  readonly store?: unknown;
 }
+
+/** The options of a phases route's lifecycle: the runner holds the store, and a key is always required. */
+export type PhasesLifecycleOptions = Omit<LifecycleOptions<unknown>, "store" | "required" | "compact">;
+
+type Inspectable = { inspect(scope: string, key: string): Promise<unknown> };
+const canInspect = (store: unknown): store is Inspectable =>
+  typeof (store as Partial<Inspectable> | null)?.inspect === "function";
 
 /** The answer bound of a phases route when it sets none, in ms (docs/contract.md). */
 export const DEFAULT_ANSWER_WITHIN_MS = 5_000;
@@ -120,6 +131,12 @@ const REPLAY_REFUSED = problemResponse(
 
 export class Lifecycle<Tx> {
   readonly options: LifecycleOptions<Tx>;
+  /** A phases route's lifecycle: the runner does the work, so there is no atomic store. */
+  static forPhases<Tx>(options: PhasesLifecycleOptions, answerWithinMs?: number): Lifecycle<Tx> {
+    const noStore = { retentionMs: 0 } as AtomicStore<Tx>; // never called: phases() uses the runner
+    return new Lifecycle<Tx>({ ...options, store: noStore, required: true }, { answerWithinMs });
+  }
+
   private readonly replayHeaders: readonly string[];
   private readonly answerWithin: [string, string];
   private readonly phasesMode: boolean;
@@ -220,9 +237,9 @@ export class Lifecycle<Tx> {
 
   /**
    * Hand the claim and the route's input to a phases runner, with the route's answer bound (the runner
-   * answers 409 in-flight when its external call outlasts it, and goes on in the background). With `authorize`, a key that exists is
-   * checked before the runner may resume it (when the store can `inspect` keys) and before its saved
-   * answer is replayed.
+   * answers 409 in-flight when its external call outlasts it, and goes on in the background). With
+   * `authorize`, a key that exists is checked before the runner may resume it (when the store can
+   * `inspect` keys) and before its saved answer is replayed.
    */
   async phases<I>(
     begun: Keyed,
@@ -233,7 +250,12 @@ export class Lifecycle<Tx> {
     const claim = begun.claim;
     const authorize = options.authorize;
     const store = runner.store;
-    if (authorize && store.inspect && (await store.inspect(claim.scope, claim.key)) && !(await authorize())) {
+    if (
+      authorize &&
+      canInspect(store) &&
+      (await store.inspect(claim.scope, claim.key)) &&
+      !(await authorize())
+    ) {
       return this.refused(claim);
     }
     const run = () =>
@@ -273,17 +295,24 @@ export class Lifecycle<Tx> {
   failure(err: unknown, begun?: Begun): StoredResponse | undefined {
     const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
     let response: StoredResponse;
-    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed));
-    else if (isDatabaseUnavailable(err)) response = errorResponse(unavailable(err), this.errorContext(keyed));
-    else return undefined;
+    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed, this.phasesMode));
+    else if (isDatabaseUnavailable(err)) {
+      // Nothing can have committed when no connection was had; a connection lost later (even during
+      // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
+      const claimed = this.phasesMode || !isConnectFailure(err);
+      response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
+    } else return undefined;
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
     return response;
   }
 
-  private errorContext(claim: Claim | undefined): ErrorContext {
+  /**
+   * `claimed`: whether the key row may exist unfinished. An idem error in atomic mode rolled the claim back
+   * with the work; a phases key may stay claimed and unfinished.
+   */
+  private errorContext(claim: Claim | undefined, claimed: boolean): ErrorContext {
     if (!claim) return {};
-    // Atomic mode rolls the claim back with the work; a phases key may stay claimed and unfinished.
-    return { ref: encodeOperationRef(claim.scope, claim.key), claimed: this.phasesMode };
+    return { ref: encodeOperationRef(claim.scope, claim.key), claimed };
   }
 
   /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
@@ -345,7 +374,7 @@ export class Lifecycle<Tx> {
         [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
         this.answerWithin,
       ];
-      if (r.status >= 400 && r.status < 500) headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+      if (r.status >= 400 && r.status < 500) addStateHeader(headers);
       return this.report(claim, {
         response: { status: r.status, headers, body: r.body },
         outcome: Outcome.Replayed,
@@ -356,7 +385,7 @@ export class Lifecycle<Tx> {
     const headers = [...r.headers, this.answerWithin];
     if (outcome.saved) {
       headers.push([EXPIRES_HEADER, outcome.expiresAt.toUTCString()]);
-      if (r.status >= 400 && r.status < 500) headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+      if (r.status >= 400 && r.status < 500) addStateHeader(headers);
     }
     return this.report(claim, {
       response: { status: r.status, headers, body: r.body },
@@ -375,4 +404,11 @@ function unavailable(cause: unknown): RetryableError {
     cause,
     retryAfterSeconds: 1,
   });
+}
+
+/** A saved 4xx is a final "not applied": say so, unless the answer already states it itself. */
+function addStateHeader(headers: Array<[string, string]>): void {
+  if (!headers.some(([name]) => name.toLowerCase() === OPERATION_STATE_HEADER)) {
+    headers.push([OPERATION_STATE_HEADER, "failed_not_applied"]);
+  }
 }

@@ -8,6 +8,9 @@ export const SqlState = {
   SerializationFailure: "40001",
   DeadlockDetected: "40P01",
   UndefinedTable: "42P01",
+  DuplicateSchema: "42P06",
+  WrongObjectType: "42809",
+  CheckViolation: "23514",
   DuplicateObject: "42710",
   DuplicateTable: "42P07",
   ObjectInUse: "55006",
@@ -76,4 +79,41 @@ export function isDatabaseUnavailable(err: unknown): boolean {
     e = (e as { cause?: unknown }).cause;
   }
   return false;
+}
+
+/** Failures to obtain a connection at all: no statement of this request reached the database. */
+const CONNECT_CODES = new Set([
+  SqlState.CannotConnectNow,
+  SqlState.TooManyConnections,
+  "ECONNREFUSED",
+  "ENOTFOUND",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN",
+  "CONNECT_TIMEOUT",
+]);
+const CONNECT_MESSAGES = /^timeout exceeded when trying to connect/;
+
+/**
+ * True when `err` says no connection could be had, so nothing this request sent can have committed. A
+ * connection lost later (even during COMMIT) leaves the outcome unknown: callers must then not promise
+ * that nothing happened.
+ */
+export function isConnectFailure(err: unknown): boolean {
+  for (let e = err, depth = 0; e && typeof e === "object" && depth < 5; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && CONNECT_CODES.has(code)) return true;
+    const message = (e as { message?: unknown }).message;
+    if (typeof message === "string" && CONNECT_MESSAGES.test(message)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/**
+ * An insert found no partition for its bucket (PostgreSQL answers a check violation, 23514, "no
+ * partition of relation ... found for row"): the caller creates the partition and tries again.
+ */
+export function isMissingPartition(err: unknown): boolean {
+  return sqlStateOf(err) === SqlState.CheckViolation && /no partition/.test(String((err as Error)?.message));
 }

@@ -35,6 +35,7 @@ import type {
   Begun,
   IdemRequest,
   LifecycleOptions,
+  PhasesLifecycleOptions,
   PhasesRunnerLike,
   RequestBody,
   RunOptions,
@@ -185,9 +186,7 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
   };
 }
 
-export interface ExpressPhasesOptions<I>
-  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
-    ExpressRouteOptions {
+export interface ExpressPhasesOptions<I> extends PhasesLifecycleOptions, ExpressRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;
   /** The runner's input, from the validated request and the body as read once (JSON). Required. */
@@ -203,10 +202,7 @@ export interface ExpressPhasesOptions<I>
  *     idempotentPhases({ runner, scope: (req) => req.accountId, input: (req) => res.locals.payment }))
  */
 export function idempotentPhases<I>(options: ExpressPhasesOptions<I>): RequestHandler {
-  const lifecycle = new Lifecycle<Tx>(
-    { ...options, store: options.runner.store, required: true },
-    { answerWithinMs: options.answerWithinMs },
-  );
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return async function idempotentPhasesHandler(req: Request, res: Response) {
     const begun = await begin(lifecycle, options, req, res);
     if (begun?.kind !== "keyed") return;

@@ -35,6 +35,7 @@ import type {
   Begun,
   IdemRequest,
   LifecycleOptions,
+  PhasesLifecycleOptions,
   PhasesRunnerLike,
   RequestBody,
   RunOptions,
@@ -303,9 +304,7 @@ export const idempotencyPlugin = fp<FastifyIdempotencyOptions>(
   { name: "idem", fastify: "5.x" },
 );
 
-export interface FastifyPhasesOptions<I>
-  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
-    FastifyRouteOptions {
+export interface FastifyPhasesOptions<I> extends PhasesLifecycleOptions, FastifyRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;
   /** The runner's input, from the validated request and the body as read once (JSON). Required. */
@@ -323,10 +322,7 @@ export function idempotentPhases<I>(options: FastifyPhasesOptions<I>): {
   preParsing: preParsingAsyncHookHandler;
   handler: RouteHandlerMethod;
 } {
-  const lifecycle = new Lifecycle<Tx>(
-    { ...options, store: options.runner.store, required: true },
-    { answerWithinMs: options.answerWithinMs },
-  );
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   const rawBodies = new WeakMap<FastifyRequest, Buffer[]>();
   return {
     preParsing: rawBodyKeeper(rawBodies),

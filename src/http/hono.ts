@@ -17,6 +17,7 @@ import type {
   HangUp,
   IdemRequest,
   LifecycleOptions,
+  PhasesLifecycleOptions,
   PhasesRunnerLike,
   RunOptions,
   StoredResponse,
@@ -172,9 +173,7 @@ export function idempotency<E extends Env = any>(
   });
 }
 
-export interface HonoPhasesOptions<I, E extends Env = any>
-  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
-    RouteOptions<E> {
+export interface HonoPhasesOptions<I, E extends Env = any> extends PhasesLifecycleOptions, RouteOptions<E> {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;
   /**
@@ -202,10 +201,7 @@ export interface HonoPhasesOptions<I, E extends Env = any>
 export function idempotentPhases<I, E extends Env = any>(
   options: HonoPhasesOptions<I, E>,
 ): MiddlewareHandler<IdempotencyEnv> {
-  const lifecycle = new Lifecycle<Tx>(
-    { ...options, store: options.runner.store, required: true },
-    { answerWithinMs: options.answerWithinMs },
-  );
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return createMiddleware<IdempotencyEnv>(async function idempotentPhasesHandler(c) {
     const scope = await options.scope(c as unknown as Context<E>);
     const begun = await begin(lifecycle, c, scope);

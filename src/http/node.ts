@@ -21,6 +21,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type {
   Begun,
   LifecycleOptions,
+  PhasesLifecycleOptions,
   PhasesRunnerLike,
   RunOptions,
   StoredResponse,
@@ -174,9 +175,7 @@ export function idempotent(
   });
 }
 
-export interface NodePhasesOptions<I>
-  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
-    NodeRouteOptions {
+export interface NodePhasesOptions<I> extends PhasesLifecycleOptions, NodeRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;
   /**
@@ -192,10 +191,7 @@ export interface NodePhasesOptions<I>
 export function idempotentPhases<I>(
   options: NodePhasesOptions<I>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
-  const lifecycle = new Lifecycle<Tx>(
-    { ...options, store: options.runner.store, required: true },
-    { answerWithinMs: options.answerWithinMs },
-  );
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return listener(lifecycle, options, async (req, begun, _raw, res) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
     const input = await options.input(req, begun.body.value);

@@ -222,10 +222,7 @@ export function idempotent<C = unknown>(
 
 /** A Fetch API handler for a route in phases mode; a key is always required. */
 export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {
-  const lifecycle = new Lifecycle<Tx>(
-    { ...options, store: options.runner.store, required: true },
-    { answerWithinMs: options.answerWithinMs },
-  );
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return route(lifecycle, options, async (request, context, begun) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
     const input = await options.input(request, begun.body.value, context);

@@ -8,7 +8,9 @@
  * published again), and the consumer must ack each message on the channel it came from, never on a
  * replacement. Both are a few lines once the connection is ours.
  */
+
 import type { Channel, ChannelModel, ConfirmChannel, ConsumeMessage, Options, SocketOptions } from "amqplib";
+import { redactUrl } from "../core/redact.ts";
 import { type ConsumerOptions, InFlight, newStats, type RunningConsumer, Settler } from "./consumer.ts";
 import {
   BrokerUnavailableError,
@@ -33,22 +35,11 @@ async function amqpConnect(url: string, socketOptions: SocketOptions | undefined
     return await amqp.connect(url, { timeout: 5_000, ...socketOptions });
   } catch (err) {
     throw new BrokerUnavailableError(
-      `cannot connect to RabbitMQ at ${redact(url)}: ${errorOf(err).message}`,
+      `cannot connect to RabbitMQ at ${redactUrl(url)}: ${errorOf(err).message}`,
       {
         cause: err,
       },
     );
-  }
-}
-
-/** The URL without its password, for messages. */
-function redact(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password) u.password = "***";
-    return u.toString();
-  } catch {
-    return "(invalid URL)";
   }
 }
 
@@ -364,7 +355,7 @@ export async function consumeAmqp(options: AmqpConsumerOptions): Promise<Running
     stopping = true;
     clearTimeout(reconnectTimer);
     throw new BrokerUnavailableError(
-      `cannot consume ${options.queue} from RabbitMQ at ${redact(options.url)}`,
+      `cannot consume ${options.queue} from RabbitMQ at ${redactUrl(options.url)}`,
     );
   }
   return {

@@ -17,9 +17,23 @@
  *
  * A crash anywhere before COMMIT leaves no trace: the redelivered copy is handled as the first. A crash
  * after COMMIT but before the ack leaves the mark: the redelivered copy is a duplicate.
+ *
+ * The inbox table is partitioned by time (as the keys are), so that marks past their retention are
+ * dropped a partition at a time ({@link sweepInbox}). A unique index holds within one partition only,
+ * so the mark's INSERT is guarded twice:
+ *
+ *   - it first looks for the message in every partition (a copy marked days ago is found), and
+ *   - a mark made in the first `boundaryOverlapMs` of a partition also goes into the previous
+ *     partition. Two copies processed at the same moment on either side of the boundary then meet on
+ *     that partition's unique index: the later insert waits for the other transaction and sees its
+ *     outcome. (Two copies at once further apart than the overlap would need a transaction open longer
+ *     than it: ten minutes by default.)
  */
+
 import type { Db, Tx } from "../core/db.ts";
-import { checkSchemaName } from "../postgres/migrate.ts";
+import { isMissingPartition } from "../core/index.ts";
+import { schemaOf } from "../postgres/migrate.ts";
+import { Partitions } from "../postgres/partitions.ts";
 import { type Delivery, errorOf } from "./types.ts";
 
 /** What happened to a delivery, and so what the consumer tells the broker. */
@@ -55,6 +69,13 @@ export interface InboxOptions {
   maxAttempts?: number;
   /** Called for each failed attempt (with its number) and each parked message. Default: none. */
   onError?: (err: Error, message: Delivery, attempt: number) => void;
+  /**
+   * A mark made this soon after a partition boundary also goes into the previous partition (see above).
+   * Default 600,000 ms (10 minutes), at most the partition width.
+   */
+  boundaryOverlapMs?: number;
+  /** The clock that places marks in partitions (for tests). Default `Date.now`. */
+  clock?: () => number;
 }
 
 /** Handles deliveries for one consumer: dedup, effect and mark in one transaction; retries; parking. */
@@ -64,6 +85,9 @@ export class Inbox {
   readonly #db: Db;
   readonly #schema: string;
   readonly #onError: InboxOptions["onError"];
+  readonly #clock: () => number;
+  readonly #overlapMs: number;
+  #layout: Promise<Partitions> | undefined;
   readonly #sql: {
     mark: string;
     markMany: string;
@@ -78,15 +102,32 @@ export class Inbox {
     if (!options.consumer) throw new TypeError("Inbox needs a consumer name");
     this.#db = db;
     this.consumer = options.consumer;
-    this.#schema = checkSchemaName(options.schema ?? "idem");
+    this.#schema = schemaOf(options);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? 5);
     this.#onError = options.onError;
     const s = this.#schema;
+    // $3: the partition of now; $4: the previous one, or NULL when the mark is not near the boundary.
+    // The row in the previous partition has status 'marker' (count marks with status <> 'marker').
+    // A mark counts only when every row of it went in. Rows go in (id, bucket) order, so two batches
+    // sharing ids take their index entries in the same order (no deadlock).
+    // Scalar subqueries, not NOT EXISTS: PostgreSQL would turn that into an anti-join and hash every
+    // mark of the consumer; these probe each partition's primary key, message by message.
+    const unseen = (id: string) =>
+      `(SELECT 1 FROM ${s}.inbox i WHERE i.consumer = $1::text AND i.message_id = ${id} LIMIT 1) IS NULL
+        AND (SELECT 1 FROM ${s}.inbox_parked p WHERE p.consumer = $1::text AND p.message_id = ${id}) IS NULL`;
     this.#sql = {
-      mark: `INSERT INTO ${s}.inbox (consumer, message_id) VALUES ($1::text, $2::text) ON CONFLICT DO NOTHING`,
-      // Sorted, so that two batches sharing ids take their index entries in the same order (no deadlock).
-      markMany: `INSERT INTO ${s}.inbox (consumer, message_id)
-        SELECT $1::text, id FROM jsonb_array_elements_text($2::text::jsonb) AS t(id) ORDER BY id
+      mark: `INSERT INTO ${s}.inbox (bucket, consumer, message_id, status)
+        SELECT b, $1::text, $2::text, CASE WHEN b = $3::int THEN 'done' ELSE 'marker' END
+        FROM unnest(ARRAY[$4::int, $3::int]) AS b
+        WHERE b IS NOT NULL AND ${unseen("$2::text")}
+        ORDER BY b
+        ON CONFLICT DO NOTHING RETURNING message_id`,
+      markMany: `INSERT INTO ${s}.inbox (bucket, consumer, message_id, status)
+        SELECT b, $1::text, t.id, CASE WHEN b = $3::int THEN 'done' ELSE 'marker' END
+        FROM jsonb_array_elements_text($2::text::jsonb) AS t(id)
+          CROSS JOIN unnest(ARRAY[$4::int, $3::int]) AS b
+        WHERE b IS NOT NULL AND ${unseen("t.id")}
+        ORDER BY t.id, b
         ON CONFLICT DO NOTHING RETURNING message_id`,
       clearAttempts: `DELETE FROM ${s}.inbox_attempts WHERE consumer = $1::text AND message_id = $2::text`,
       clearMany: `DELETE FROM ${s}.inbox_attempts
@@ -102,9 +143,49 @@ export class Inbox {
         VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text::jsonb, $7::int, $8::text)
         ON CONFLICT (consumer, message_id) DO NOTHING`,
       parkMark: `
-        INSERT INTO ${s}.inbox (consumer, message_id, status) VALUES ($1::text, $2::text, 'parked')
+        INSERT INTO ${s}.inbox (bucket, consumer, message_id, status) VALUES ($3::int, $1::text, $2::text, 'parked')
         ON CONFLICT DO NOTHING`,
     };
+    this.#clock = options.clock ?? Date.now;
+    this.#overlapMs = options.boundaryOverlapMs ?? 600_000;
+  }
+
+  /** The inbox's partitions (width read from the settings once), those around now made sure of. */
+  #partitions(): Promise<Partitions> {
+    this.#layout ??= (async () => {
+      const { rows } = await this.#db.query<{ partition_seconds: number }>(
+        `SELECT partition_seconds FROM ${this.#schema}.settings`,
+      );
+      const p = new Partitions(this.#db, this.#schema, Number(rows[0]!.partition_seconds) * 1000, "inbox");
+      const b = p.bucketOf(this.#clock());
+      await p.ensure([b - 1, b, b + 1]);
+      return p;
+    })().catch((err) => {
+      this.#layout = undefined;
+      throw err;
+    });
+    return this.#layout;
+  }
+
+  /** Where a mark made now goes: `[bucket, previous bucket or null]`. */
+  async #placement(): Promise<[number, number | null]> {
+    const p = await this.#partitions();
+    const now = this.#clock();
+    const b = p.bucketOf(now);
+    return [b, now - p.startOf(b) < Math.min(this.#overlapMs, p.widthMs) ? b - 1 : null];
+  }
+
+  /** Run `work`; when it hit a bucket with no partition yet, create those around now and run it again. */
+  async #withPartitions<T>(work: () => Promise<T>): Promise<T> {
+    try {
+      return await work();
+    } catch (err) {
+      if (!isMissingPartition(err)) throw err;
+      const p = await this.#partitions();
+      const b = p.bucketOf(this.#clock());
+      await p.ensure([b - 1, b, b + 1]);
+      return work();
+    }
   }
 
   /**
@@ -115,15 +196,19 @@ export class Inbox {
   async process<M extends Delivery>(message: M, handler: InboxHandler<M>): Promise<InboxResult> {
     let duplicate = false;
     try {
-      await this.#db.transaction(async (tx) => {
-        const { rowCount } = await tx.query(this.#sql.mark, [this.consumer, message.id]);
-        if (rowCount === 0) {
-          duplicate = true;
-          return;
-        }
-        await handler(tx, message);
-        // Only a redelivered message can have failed attempts on record (a failure is never acked).
-        if (message.redelivered) await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
+      await this.#withPartitions(async () => {
+        const [bucket, previous] = await this.#placement();
+        duplicate = false;
+        await this.#db.transaction(async (tx) => {
+          const { rows } = await tx.query(this.#sql.mark, [this.consumer, message.id, bucket, previous]);
+          if (rows.length < (previous === null ? 1 : 2)) {
+            duplicate = true;
+            return;
+          }
+          await handler(tx, message);
+          // Only a redelivered message can have failed attempts on record (a failure is never acked).
+          if (message.redelivered) await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
+        });
       });
       return duplicate ? InboxResult.duplicate : InboxResult.applied;
     } catch (err) {
@@ -148,31 +233,39 @@ export class Inbox {
     const ids = [...new Set(messages.map((m) => m.id))].sort();
     let results: InboxResult[];
     try {
-      results = await this.#db.transaction(async (tx) => {
-        const { rows } = await tx.query<{ message_id: string }>(this.#sql.markMany, [
-          this.consumer,
-          JSON.stringify(ids),
-        ]);
-        const fresh = new Set(rows.map((r) => r.message_id));
-        const out: InboxResult[] = [];
-        const redelivered: string[] = [];
-        const todo: M[] = [];
-        for (const m of messages) {
-          if (!fresh.delete(m.id)) {
-            out.push(InboxResult.duplicate);
-            continue;
+      const [bucket, previous] = await this.#placement();
+      const rowsPerMark = previous === null ? 1 : 2;
+      results = await this.#withPartitions(() =>
+        this.#db.transaction(async (tx) => {
+          const { rows } = await tx.query<{ message_id: string }>(this.#sql.markMany, [
+            this.consumer,
+            JSON.stringify(ids),
+            bucket,
+            previous,
+          ]);
+          const marked = new Map<string, number>();
+          for (const r of rows) marked.set(r.message_id, (marked.get(r.message_id) ?? 0) + 1);
+          const fresh = new Set([...marked].filter(([, n]) => n === rowsPerMark).map(([id]) => id));
+          const out: InboxResult[] = [];
+          const redelivered: string[] = [];
+          const todo: M[] = [];
+          for (const m of messages) {
+            if (!fresh.delete(m.id)) {
+              out.push(InboxResult.duplicate);
+              continue;
+            }
+            if (typeof handler === "function") await handler(tx, m);
+            else todo.push(m);
+            if (m.redelivered) redelivered.push(m.id);
+            out.push(InboxResult.applied);
           }
-          if (typeof handler === "function") await handler(tx, m);
-          else todo.push(m);
-          if (m.redelivered) redelivered.push(m.id);
-          out.push(InboxResult.applied);
-        }
-        if (todo.length > 0 && typeof handler !== "function") await handler.batch(tx, todo);
-        if (redelivered.length > 0) {
-          await tx.query(this.#sql.clearMany, [this.consumer, JSON.stringify(redelivered)]);
-        }
-        return out;
-      });
+          if (todo.length > 0 && typeof handler !== "function") await handler.batch(tx, todo);
+          if (redelivered.length > 0) {
+            await tx.query(this.#sql.clearMany, [this.consumer, JSON.stringify(redelivered)]);
+          }
+          return out;
+        }),
+      );
     } catch {
       // Somebody's effect failed (or the batch deadlocked with another): find out who, one by one.
       results = [];
@@ -191,20 +284,23 @@ export class Inbox {
     const attempt = Number(rows[0]?.attempts ?? 1);
     this.#onError?.(error, message, attempt);
     if (attempt < this.maxAttempts) return InboxResult.retry;
-    await this.#db.transaction(async (tx) => {
-      await tx.query(this.#sql.park, [
-        this.consumer,
-        message.id,
-        message.topic,
-        message.type,
-        message.body,
-        JSON.stringify(message.headers),
-        attempt,
-        text,
-      ]);
-      await tx.query(this.#sql.parkMark, [this.consumer, message.id]);
-      await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
-    });
+    const [bucket] = await this.#placement();
+    await this.#withPartitions(() =>
+      this.#db.transaction(async (tx) => {
+        await tx.query(this.#sql.park, [
+          this.consumer,
+          message.id,
+          message.topic,
+          message.type,
+          message.body,
+          JSON.stringify(message.headers),
+          attempt,
+          text,
+        ]);
+        await tx.query(this.#sql.parkMark, [this.consumer, message.id, bucket]);
+        await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
+      }),
+    );
     return InboxResult.parked;
   }
 
@@ -258,26 +354,22 @@ export interface ParkedMessage {
 }
 
 /**
- * Retention of dedup marks: delete those older than `olderThanMs` (a chunk at a time). Keep them longer
- * than a message can take to be redelivered (broker retention, relay lease and backoff), or a late copy
- * would be applied again. Parked messages are kept until unparked.
+ * Retention of dedup marks: drop the inbox partitions whose marks are all older than `retentionMs`,
+ * and create those ahead. Keep marks longer than a message can take to be redelivered (broker
+ * retention, relay lease and backoff), or a late copy would be applied again. Parked messages stay
+ * in `inbox_parked` (and are skipped) until unparked. Run it periodically, from one or many processes.
  */
-export async function cleanInbox(
+export async function sweepInbox(
   db: Db,
-  options: { olderThanMs: number; schema?: string; consumer?: string },
-): Promise<number> {
-  const schema = checkSchemaName(options.schema ?? "idem");
-  let total = 0;
-  for (;;) {
-    const { rowCount } = await db.query(
-      `DELETE FROM ${schema}.inbox WHERE (consumer, message_id) IN (
-         SELECT consumer, message_id FROM ${schema}.inbox
-         WHERE processed_at < now() - $1::float8 * interval '1 millisecond' AND status = 'done'
-           AND ($2::text IS NULL OR consumer = $2::text)
-         LIMIT 5000)`,
-      [options.olderThanMs, options.consumer ?? null],
-    );
-    total += rowCount;
-    if (rowCount < 5_000) return total;
-  }
+  options: { retentionMs: number; schema?: string; clock?: () => number },
+): Promise<{ dropped: number[] }> {
+  const schema = schemaOf(options);
+  const now = (options.clock ?? Date.now)();
+  const { rows } = await db.query<{ partition_seconds: number }>(
+    `SELECT partition_seconds FROM ${schema}.settings`,
+  );
+  const partitions = new Partitions(db, schema, Number(rows[0]!.partition_seconds) * 1000, "inbox");
+  const b = partitions.bucketOf(now);
+  await partitions.ensure([b, b + 1, b + 2]);
+  return { dropped: await partitions.dropExpired(now, options.retentionMs) };
 }

@@ -9,14 +9,15 @@ export type {
   ConsumerStats,
   RunningConsumer,
 } from "./consumer.ts";
+export { GAUGE_COUNT_CAP, type GaugeValues, IdemGauges } from "./gauges.ts";
 export {
-  cleanInbox,
   Inbox,
   type InboxBatchHandler,
   type InboxHandler,
   type InboxOptions,
   InboxResult,
   type ParkedMessage,
+  sweepInbox,
 } from "./inbox.ts";
 export { type Listen, listenWithPg, listenWithPglite, listenWithPostgresJs } from "./listen.ts";
 export { MemoryBroker, type MemoryBrokerOptions } from "./memory.ts";

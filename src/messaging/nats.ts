@@ -187,6 +187,12 @@ export interface NatsConsumerOptions extends ConsumerOptions {
    * `ackWaitMs` is how long JetStream waits for an ack before redelivering (default 30,000 ms).
    */
   create?: { filterSubject?: string; ackWaitMs?: number; maxAckPending?: number };
+  /**
+   * How long each pull request lives on the server. The server's idle heartbeats come every half of it,
+   * and two missed ones make the client pull again, so this bounds how long consuming stalls when the
+   * consumer's leader dies in a cluster (the library's 30 s default stalled it 30-40 s). Default 5,000 ms.
+   */
+  pullExpiresMs?: number;
 }
 
 /**
@@ -226,7 +232,10 @@ export async function consumeNats(options: NatsConsumerOptions): Promise<Running
     throw err;
   }
   const consumer = await jsLib.jetstream(nc).consumers.get(options.stream, options.durable);
-  const messages = await consumer.consume({ max_messages: prefetch });
+  const messages = await consumer.consume({
+    max_messages: prefetch,
+    expires: options.pullExpiresMs ?? 5_000,
+  });
   let slots = prefetch;
   let slotFreed: (() => void) | undefined;
 

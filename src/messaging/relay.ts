@@ -1,4 +1,7 @@
 /**
+ * (About 430 lines: the claim, publish and mark loop with its ordered waves is one state machine; its
+ * SQL lives in relay-sql.ts and the requeue/parking tools in outbox-admin.ts.)
+ *
  * The outbox relay: takes events committed into `<schema>.outbox` and publishes them, at least once,
  * with the event id as the broker's message id.
  *
@@ -8,17 +11,21 @@
  *            (`FOR UPDATE SKIP LOCKED`, so concurrent relays never wait on or take each other's rows)
  *            and set `locked_until = now() + leaseMs`. Committed at once: no transaction stays open
  *            while the broker is talked to.
- *   publish  hand the batch to the publisher, which resolves once the broker confirmed each message.
+ *   publish  hand the batch to the publisher, which resolves once the broker confirmed each message
+ *            (with `orderByAggregate`, in waves: see `runOnce`).
  *   mark     confirmed rows get `published_at`; failed ones `attempts + 1`, `last_error` and a
  *            backoff (as `locked_until`); at `maxAttempts` a row is parked.
+ *   again    a batch that found work is followed by the next claim at once; the relay sleeps
+ *            (`pollMs`, or until NOTIFY) only after a claim that found nothing.
  *
  * A relay that dies anywhere in between leaves its rows locked until the lease expires; then they are
  * claimed and published again. The copy is a duplicate with the same message id, which NATS drops
  * within its window and every inbox drops for good. That is the whole of "at least once".
  */
 import type { Db } from "../core/db.ts";
-import { checkSchemaName } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
+import { type Row, statements, toMessage } from "./relay-sql.ts";
 import {
   errorOf,
   isBrokerUnavailable,
@@ -26,6 +33,8 @@ import {
   type Publisher,
   type PublishOutcome,
 } from "./types.ts";
+
+export { outboxCounts, requeueParked } from "./outbox-admin.ts";
 
 /** Points where a test can make a relay die as a killed process would: nothing is released or marked. */
 export type RelayCrashPoint = "after-claim" | "after-publish";
@@ -92,79 +101,29 @@ export interface RelayStats {
 /** Thrown inside a relay loop by a test's crash point; the loop stops dead. */
 class RelayCrash extends Error {}
 
-interface Row {
-  id: string;
-  topic: string;
-  type: string;
-  body: string;
-  headers: Record<string, string> | string | null;
-  aggregate_type: string | null;
-  aggregate_id: string | null;
-  attempts: number;
-  created_at: Date | string;
+function aggregateKey(m: OutboxMessage): string {
+  return `${m.aggregateType ?? ""}\u0000${m.aggregateId}`;
 }
 
-/** The three statements a relay runs, built once per schema and option set. */
-function statements(schema: string, ordered: boolean, filtered: boolean) {
-  const t = `${schema}.outbox`;
-  const claim = `
-    WITH claimed AS (
-      SELECT o.id FROM ${t} o
-      WHERE o.published_at IS NULL AND o.parked_at IS NULL
-        AND (o.locked_until IS NULL OR o.locked_until <= now())
-        ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}
-        ${
-          ordered
-            ? `AND (o.aggregate_id IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM ${t} p
-                 WHERE p.aggregate_id = o.aggregate_id AND p.published_at IS NULL AND p.id < o.id
-                   AND p.aggregate_type IS NOT DISTINCT FROM o.aggregate_type))`
-            : ""
-        }
-      ORDER BY o.id
-      LIMIT $1::int
-      FOR UPDATE SKIP LOCKED
-    )
-    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
-    FROM claimed WHERE o.id = claimed.id
-    RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
-              o.aggregate_type, o.aggregate_id, o.attempts, o.created_at`;
-  const published = `
-    UPDATE ${t} SET published_at = now(), locked_until = NULL, last_error = NULL
-    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
-  const failed = `
-    UPDATE ${t} SET
-      attempts = attempts + 1,
-      last_error = $2::text,
-      locked_until = now() + least($4::float8, $3::float8 * power(2, attempts)) * (0.5 + random() / 2)
-                             * interval '1 millisecond',
-      parked_at = CASE WHEN attempts + 1 >= $5::int THEN now() END
-    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL
-    RETURNING parked_at IS NOT NULL AS parked`;
-  const release = `
-    UPDATE ${t} SET locked_until = NULL, last_error = $2::text
-    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
-  const cleanup = `
-    DELETE FROM ${t} WHERE id IN (
-      SELECT id FROM ${t} WHERE published_at < now() - $1::float8 * interval '1 millisecond'
-      ORDER BY published_at LIMIT $2::int)`;
-  return { claim, published, failed, release, cleanup };
-}
-
-function toMessage(r: Row): OutboxMessage {
-  const headers =
-    typeof r.headers === "string" ? (JSON.parse(r.headers) as Record<string, string>) : r.headers;
-  return {
-    id: r.id,
-    topic: r.topic,
-    type: r.type,
-    body: r.body,
-    headers: headers ?? {},
-    aggregateType: r.aggregate_type,
-    aggregateId: r.aggregate_id,
-    attempts: Number(r.attempts),
-    createdAt: r.created_at instanceof Date ? r.created_at : new Date(r.created_at),
-  };
+/**
+ * Split a batch (sorted by id) into waves: wave i holds the i-th event of each aggregate. Events
+ * without an aggregate go in the first wave.
+ */
+function wavesOf(batch: OutboxMessage[]): OutboxMessage[][] {
+  const waves: OutboxMessage[][] = [];
+  const seen = new Map<string, number>();
+  for (const m of batch) {
+    let i = 0;
+    if (m.aggregateId !== null) {
+      const k = aggregateKey(m);
+      i = seen.get(k) ?? 0;
+      seen.set(k, i + 1);
+    }
+    const wave = waves[i];
+    if (wave) wave.push(m);
+    else waves[i] = [m];
+  }
+  return waves;
 }
 
 /**
@@ -190,6 +149,7 @@ export class Relay {
   readonly #sql: ReturnType<typeof statements>;
   readonly #channel: string;
   readonly #topics: string | undefined;
+  readonly #ordered: boolean;
   readonly #batchSize: number;
   readonly #concurrency: number;
   readonly #leaseMs: number;
@@ -212,11 +172,12 @@ export class Relay {
   #crashed = false;
 
   constructor(options: RelayOptions) {
-    const schema = checkSchemaName(options.schema ?? "idem");
+    const schema = schemaOf(options);
     this.#db = options.db;
     this.#publisher = options.publisher;
     this.#topics = options.topics ? JSON.stringify(options.topics) : undefined;
-    this.#sql = statements(schema, options.orderByAggregate ?? false, this.#topics !== undefined);
+    this.#ordered = options.orderByAggregate ?? false;
+    this.#sql = statements(schema, this.#ordered, this.#topics !== undefined);
     this.#channel = `${schema}_outbox`;
     this.#batchSize = positive(options.batchSize ?? 500, "batchSize");
     this.#concurrency = positive(options.concurrency ?? 1, "concurrency");
@@ -281,6 +242,11 @@ export class Relay {
   /**
    * Claim, publish and mark one batch. Resolves with the number of rows claimed (0: nothing to do).
    * Throws what the database throws; a broker failure is recorded on the rows, not thrown.
+   *
+   * With `orderByAggregate` a batch may hold several events of one aggregate. It is then published in
+   * waves: the first event of every aggregate, then (once the broker confirmed those) the second, and
+   * so on. An aggregate whose event failed sends nothing more in this batch; its later events are put
+   * back, held behind the failed one until it is published.
    */
   async runOnce(): Promise<number> {
     const { rows } = await this.#db.query<Row>(this.#sql.claim, this.#claimParams());
@@ -288,27 +254,61 @@ export class Relay {
     this.#maybeCrash("after-claim");
     const batch = rows.map(toMessage).sort((a, b) => (a.id < b.id ? -1 : 1));
     this.stats.batches++;
-    let outcomes: PublishOutcome[];
+    const held: string[] = [];
+    const failedAggregates = new Set<string>();
+    // Each wave is marked as soon as it is confirmed, while the next one is on its way to the broker.
+    const marking: Promise<unknown>[] = [];
+    const markWave = (wave: OutboxMessage[], got: PublishOutcome[]) => {
+      this.#maybeCrash("after-publish");
+      marking.push(this.#mark(wave, got).catch((err: unknown) => ({ failed: err })));
+    };
+    const settle = async () => {
+      for (const r of await Promise.all(marking)) {
+        if (r && typeof r === "object" && "failed" in r) throw r.failed;
+      }
+    };
+    const waves = this.#ordered ? wavesOf(batch) : [batch];
     try {
-      outcomes = await this.#publisher.publish(batch);
-      if (outcomes.length !== batch.length) {
-        throw new Error(`publisher ${this.#publisher.name} answered ${outcomes.length} of ${batch.length}`);
+      for (let w = 0; w < waves.length; w++) {
+        const wave = waves[w]!.filter((m) => {
+          const blocked = m.aggregateId !== null && failedAggregates.has(aggregateKey(m));
+          if (blocked) held.push(m.id);
+          return !blocked;
+        });
+        if (wave.length === 0) continue;
+        let got: PublishOutcome[];
+        try {
+          got = await this.#publisher.publish(wave);
+          if (got.length !== wave.length) {
+            throw new Error(`publisher ${this.#publisher.name} answered ${got.length} of ${wave.length}`);
+          }
+        } catch (err) {
+          const error = errorOf(err);
+          if (isBrokerUnavailable(error)) {
+            // Nobody's fault: put the rest back now, count nothing, and let the loop back off.
+            this.stats.unavailable++;
+            this.#unavailableStreak++;
+            this.#onError(error);
+            const rest = [...wave, ...waves.slice(w + 1).flat()].map((m) => m.id);
+            await this.#db.query(this.#sql.release, [rest.join(","), error.message]);
+            if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
+            await settle();
+            return batch.length;
+          }
+          got = wave.map(() => ({ ok: false, error }));
+        }
+        wave.forEach((m, i) => {
+          if (!got[i]!.ok && m.aggregateId !== null) failedAggregates.add(aggregateKey(m));
+        });
+        this.#unavailableStreak = 0;
+        markWave(wave, got);
       }
+      if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
     } catch (err) {
-      const error = errorOf(err);
-      if (isBrokerUnavailable(error)) {
-        // Nobody's fault: put the rows back now, count nothing, and let the loop back off.
-        this.stats.unavailable++;
-        this.#unavailableStreak++;
-        this.#onError(error);
-        await this.#db.query(this.#sql.release, [batch.map((m) => m.id).join(","), error.message]);
-        return batch.length;
-      }
-      outcomes = batch.map(() => ({ ok: false, error }));
+      await Promise.all(marking);
+      throw err;
     }
-    this.#unavailableStreak = 0;
-    this.#maybeCrash("after-publish");
-    await this.#mark(batch, outcomes);
+    await settle();
     return batch.length;
   }
 
@@ -387,7 +387,9 @@ export class Relay {
       }
       if (this.#unavailableStreak > 0) {
         await this.#idle(Math.min(30_000, 250 * 2 ** Math.min(this.#unavailableStreak - 1, 7)), false);
-      } else if (claimed < this.#batchSize) {
+      } else if (claimed === 0) {
+        // Idle only when there was nothing to claim. A short batch does not mean the backlog is gone:
+        // with per-aggregate ordering, publishing it is what makes the next events claimable.
         await this.#idle(this.#pollMs);
       }
     }
@@ -422,38 +424,6 @@ export class Relay {
     }
     if (!woke && !all) this.#pending = true;
   }
-}
-
-/** Put parked rows back in the queue (all of them, or those of `ids` / `topic`), attempts reset. */
-export async function requeueParked(
-  db: Db,
-  options: { schema?: string; ids?: readonly string[]; topic?: string } = {},
-): Promise<number> {
-  const schema = checkSchemaName(options.schema ?? "idem");
-  const { rowCount } = await db.query(
-    `UPDATE ${schema}.outbox SET parked_at = NULL, attempts = 0, locked_until = NULL
-     WHERE parked_at IS NOT NULL AND published_at IS NULL
-       AND ($1::text IS NULL OR id = ANY(string_to_array($1::text, ',')::uuid[]))
-       AND ($2::text IS NULL OR topic = $2::text)`,
-    [options.ids ? options.ids.join(",") : null, options.topic ?? null],
-  );
-  return rowCount;
-}
-
-/** Counts of the outbox's rows by state, for dashboards and tests. */
-export async function outboxCounts(
-  db: Db,
-  options: { schema?: string } = {},
-): Promise<{ pending: number; published: number; parked: number }> {
-  const schema = checkSchemaName(options.schema ?? "idem");
-  const { rows } = await db.query<{ pending: string; published: string; parked: string }>(
-    `SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
-            count(*) FILTER (WHERE published_at IS NOT NULL) AS published,
-            count(*) FILTER (WHERE parked_at IS NOT NULL AND published_at IS NULL) AS parked
-     FROM ${schema}.outbox`,
-  );
-  const r = rows[0]!;
-  return { pending: Number(r.pending), published: Number(r.published), parked: Number(r.parked) };
 }
 
 function positive(n: number, name: string): number {

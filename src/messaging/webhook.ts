@@ -10,13 +10,14 @@
  *   webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")>
  *
  * It is a few lines of `node:crypto`, so it is written here rather than adding a dependency. The body
- * is `{"type", "timestamp", "data"}` with the event's payload as `data`. Requests go through idem's own
- * client (`idem/client`) with the event id as the Idempotency-Key: retries on network errors, 408, 429
- * and 5xx with backoff and Retry-After, within a deadline. What it gives up on fails the row, which the
- * relay retries later and finally parks.
+ * is `{"type", "timestamp", "data"}` with the event's payload as `data`.
+ *
+ * Each publish is one attempt per event (with the event id also as the Idempotency-Key). Retrying is
+ * the relay's job alone: a failed row is retried with backoff and finally parked. A second retry
+ * layer in here would multiply the requests a struggling receiver gets, and hold a batch (and the
+ * events queued behind it) for the length of its retries.
  */
 import { createHmac, timingSafeEqual } from "node:crypto";
-import { createClient, type IdemClient } from "../client/index.ts";
 import { errorOf, type OutboxMessage, type Publisher, type PublishOutcome } from "./types.ts";
 
 export const WEBHOOK_HEADERS = {
@@ -98,11 +99,10 @@ export interface WebhookPublisherOptions {
   url: string | ((m: OutboxMessage) => string);
   /** The signing secret shared with the receiver: `whsec_<base64>` or any string. */
   secret: string | Uint8Array;
-  /**
-   * The retrying client. Default: `createClient({ deadlineMs: 15_000, perTryTimeoutMs: 5_000 })`
-   * (5 attempts, retry budget and circuit breaker as `idem/client` defaults).
-   */
-  client?: IdemClient;
+  /** Time for one request, until the response headers arrive. Default 10,000 ms. */
+  timeoutMs?: number;
+  /** The fetch function. Default: the global `fetch`. */
+  fetch?: (url: string, init: RequestInit) => Promise<Response>;
   /** Requests in flight at once within a batch. Default 16. */
   concurrency?: number;
   /** Extra headers on every request (e.g. a user agent). Default: none. */
@@ -113,14 +113,12 @@ export interface WebhookPublisherOptions {
 export class WebhookPublisher implements Publisher {
   readonly name = "webhook";
   readonly #options: WebhookPublisherOptions;
-  readonly #client: IdemClient;
   readonly #key: Buffer;
 
   constructor(options: WebhookPublisherOptions) {
     this.#options = options;
     this.#key = secretBytes(options.secret);
     if (this.#key.length === 0) throw new TypeError("WebhookPublisher needs a non-empty secret");
-    this.#client = options.client ?? createClient({ deadlineMs: 15_000, perTryTimeoutMs: 5_000 });
   }
 
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
@@ -147,26 +145,23 @@ export class WebhookPublisher implements Publisher {
       ...m.headers,
       "content-type": "application/json",
       [WEBHOOK_HEADERS.id]: m.id,
+      "idempotency-key": m.id,
       [WEBHOOK_HEADERS.timestamp]: String(timestamp),
       [WEBHOOK_HEADERS.signature]: `v1,${sign(this.#key, m.id, timestamp, body)}`,
     };
+    const fetchFn = this.#options.fetch ?? fetch;
     try {
-      // The event id is the intent's key (sent as Idempotency-Key); an intent named by its key is
-      // forgotten by the client once answered, so nothing accumulates.
-      const intent = await this.#client.intent(undefined, { key: m.id });
-      const res = await this.#client.request(intent, url, { method: "POST", headers, body });
+      const res = await fetchFn(url, {
+        method: "POST",
+        headers,
+        body,
+        signal: AbortSignal.timeout(this.#options.timeoutMs ?? 10_000),
+      });
       await res.body?.cancel().catch(() => {});
       if (res.ok) return { ok: true };
       return { ok: false, error: new Error(`webhook ${url} answered ${res.status}`) };
     } catch (err) {
-      // Given up for now (the row will be retried): the client need not keep the intent meanwhile.
-      await this.#client.store.delete(m.id).catch(() => {});
-      const e = errorOf(err);
-      const status = (err as { lastResponse?: Response }).lastResponse?.status;
-      return {
-        ok: false,
-        error: new Error(`webhook ${url}: ${e.message}${status ? ` (last status ${status})` : ""}`),
-      };
+      return { ok: false, error: new Error(`webhook ${url}: ${errorOf(err).message}`) };
     }
   }
 

@@ -158,10 +158,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       lifecycle =
         route.mode === "atomic"
           ? new Lifecycle<Tx>({ ...this.options, ...route.options })
-          : new Lifecycle<Tx>(
-              { ...this.options, ...route.options, store: route.runner.store, required: true },
-              { answerWithinMs: route.options.answerWithinMs },
-            );
+          : Lifecycle.forPhases<Tx>({ ...this.options, ...route.options }, route.options.answerWithinMs);
       this.lifecycles.set(handler, lifecycle);
     }
     return lifecycle;

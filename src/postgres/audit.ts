@@ -4,7 +4,7 @@
  * users add their own (e.g. "every payment has its receipt event") as SQL.
  */
 import type { Db } from "./db.ts";
-import { checkSchemaName } from "./migrate.ts";
+import { schemaOf } from "./migrate.ts";
 
 export interface AuditCheck {
   /** A short name, e.g. `one-answer-per-key` (also the metric label). */
@@ -41,7 +41,7 @@ const interval = (ms: number) => `interval '${Math.max(0, Math.floor(ms))} milli
 
 /** The built-in checks for idem's own tables. */
 export function builtinChecks(options: AuditOptions = {}): AuditCheck[] {
-  const s = checkSchemaName(options.schema ?? "idem");
+  const s = schemaOf(options);
   const retention = interval(options.retentionMs ?? 24 * 3_600_000);
   const stuck = interval((options.leaseMs ?? 30_000) * (options.maxLeases ?? 10));
   const reviewAge = interval(options.reviewMaxAgeMs ?? 24 * 3_600_000);

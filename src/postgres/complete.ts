@@ -12,6 +12,9 @@ import {
   isLeaseLostError,
   isOperationUncertainError,
   isRetryableError,
+  openJson,
+  type Sealer,
+  sealContext,
 } from "../core/index.ts";
 import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "./phases/index.ts";
 
@@ -69,6 +72,8 @@ interface Abandoned {
   request: unknown;
   recovery_point: string;
   updated_at: Date;
+  /** The sealer of the table the row was found in (its stored input may be sealed). */
+  sealer: Sealer | undefined;
 }
 
 export async function complete(options: CompleteOptions): Promise<CompleteReport> {
@@ -110,7 +115,8 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
         const claim = { scope: row.scope, key: row.key, fingerprint: new Uint8Array(row.fingerprint) };
         // The key resumes with its stored input whatever is passed; no answer bound: there is no
         // client to answer early.
-        const out: AtomicOutcome = await runner.run(claim, row.request, {
+        const input = openJson(row.sealer, row.request, sealContext(row.scope, row.key, "request"));
+        const out: AtomicOutcome = await runner.run(claim, input, {
           answerWithinMs: Number.POSITIVE_INFINITY,
         });
         entry = {
@@ -149,7 +155,7 @@ async function scan(table: KeyTable, olderThanMs: number, limit: number): Promis
   const oldest = now - table.retentionMs;
   // Served by the partial index keys_unfinished: only rows still in progress are ever scanned. Keys in
   // review wait for a person, never for the completer.
-  const { rows } = await table.db.query<Abandoned>(
+  const { rows } = await table.db.query<Omit<Abandoned, "sealer">>(
     `SELECT scope, key, fingerprint, runner, request, recovery_point, updated_at
        FROM ${table.schema}.keys
       WHERE recovery_point <> 'done' AND NOT marker AND needs_review_at IS NULL
@@ -166,5 +172,5 @@ async function scan(table: KeyTable, olderThanMs: number, limit: number): Promis
       limit,
     ],
   );
-  return rows.map((r) => ({ ...r, updated_at: new Date(r.updated_at) }));
+  return rows.map((r) => ({ ...r, updated_at: new Date(r.updated_at), sealer: table.sealer }));
 }

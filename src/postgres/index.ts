@@ -11,7 +11,7 @@ export {
 export { fromPostgresJs, type PostgresJsLike } from "./drivers/postgres-js.ts";
 export { type MigrateOptions, type MigrateResult, migrate, pendingMigrations } from "./migrate.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";
-export { Partitions } from "./partitions.ts";
+export { MAX_LIVE_PARTITIONS, minPartitionSeconds, Partitions, PartitionWidthError } from "./partitions.ts";
 export {
   type CrashInfo,
   type CrashPointName,

@@ -2,7 +2,7 @@
  * `store.inspect(scope, key)`: one key as an operator, a support case or a test sees it, read through
  * the store's API so that nobody needs the keys table's internal columns (`marker`, `bucket`).
  */
-import { encodeOperationRef, type KeyInspection } from "../core/index.ts";
+import { encodeOperationRef, type KeyInspection, plainLength } from "../core/index.ts";
 import type { KeyTable } from "./phases/key-table.ts";
 import { liveSince } from "./phases/key-table.ts";
 
@@ -13,6 +13,8 @@ interface InspectRow {
   status: number | null;
   headers: Array<[string, string]> | null;
   body_bytes: number | null;
+  /** The body's first bytes: a sealed body's header says how much of it is the reply. */
+  body_head: Uint8Array | null;
   fingerprint: Uint8Array;
   lease_token: string | null;
   lease_until: Date | null;
@@ -30,6 +32,7 @@ export async function inspectKey(
   const since = liveSince(table, table.clock());
   const { rows } = await table.db.query<InspectRow>(
     `SELECT created_at, updated_at, recovery_point, status, headers, octet_length(body) AS body_bytes,
+            substring(body FROM 1 FOR 6) AS body_head,
             fingerprint, lease_token::text AS lease_token, lease_until, runner, phase_data, needs_review_at
        FROM ${table.schema}.keys
       WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
@@ -53,7 +56,11 @@ export async function inspectKey(
     saved:
       r.status === null
         ? null
-        : { status: Number(r.status), headers: r.headers ?? [], bodyBytes: Number(r.body_bytes ?? 0) },
+        : {
+            status: Number(r.status),
+            headers: r.headers ?? [],
+            bodyBytes: plainLength(r.body_head, Number(r.body_bytes ?? 0)),
+          },
     runner: r.runner,
     phaseData: r.phase_data,
   };

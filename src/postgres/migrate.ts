@@ -1,5 +1,7 @@
 import { readdir, readFile } from "node:fs/promises";
+import { SqlState, sqlStateOf } from "../core/index.ts";
 import type { Db } from "./db.ts";
+import { minPartitionSeconds } from "./partitions.ts";
 
 /** Where the numbered `.sql` migrations live (the package's `sql/` folder). */
 export const MIGRATIONS_DIR = new URL("../../sql/", import.meta.url);
@@ -9,9 +11,13 @@ export interface MigrateOptions {
   schema?: string;
   /**
    * Width of one key partition, in seconds, fixed when the schema is first created (later runs keep
-   * the stored value). Default: 86,400 (one day).
+   * the stored value). Default: 86,400 (one day), or the narrowest width that the longest `retentionMs`
+   * you will run accepts, when that is wider (`PostgresStore.open` refuses a retention that makes a
+   * lookup touch more than `MAX_LIVE_PARTITIONS` partitions).
    */
   partitionSeconds?: number;
+  /** The longest retention the stores on this schema will use, to choose the default width. */
+  retentionMs?: number;
 }
 
 export interface MigrateResult {
@@ -20,6 +26,14 @@ export interface MigrateResult {
 }
 
 const IDENT = /^[a-z_][a-z0-9_]{0,62}$/;
+
+/** The default schema of idem's tables. */
+export const DEFAULT_SCHEMA = "idem";
+
+/** The schema an options object names (`schema`, default `idem`), checked to be a plain identifier. */
+export function schemaOf(options: { schema?: string }): string {
+  return checkSchemaName(options.schema ?? DEFAULT_SCHEMA);
+}
 
 export function checkSchemaName(schema: string): string {
   if (!IDENT.test(schema)) {
@@ -51,8 +65,10 @@ async function loadMigrations(): Promise<Migration[]> {
  * nothing left to do. Each migration commits together with its row in `<schema>.migrations`.
  */
 export async function migrate(db: Db, options: MigrateOptions = {}): Promise<MigrateResult> {
-  const schema = checkSchemaName(options.schema ?? "idem");
-  const partitionSeconds = Math.trunc(options.partitionSeconds ?? 86_400);
+  const schema = schemaOf(options);
+  const partitionSeconds = Math.trunc(
+    options.partitionSeconds ?? Math.max(86_400, minPartitionSeconds(options.retentionMs ?? 0)),
+  );
   if (!(partitionSeconds >= 60)) throw new Error("partitionSeconds must be at least 60");
   const migrations = await loadMigrations();
   return db.transaction(async (tx) => {
@@ -80,7 +96,7 @@ export async function migrate(db: Db, options: MigrateOptions = {}): Promise<Mig
 
 /** Names of migrations not yet applied (for `idem migrate --check` and start-up errors). */
 export async function pendingMigrations(db: Db, options: { schema?: string } = {}): Promise<string[]> {
-  const schema = checkSchemaName(options.schema ?? "idem");
+  const schema = schemaOf(options);
   const migrations = await loadMigrations();
   let done = new Set<number>();
   try {
@@ -88,7 +104,7 @@ export async function pendingMigrations(db: Db, options: { schema?: string } = {
       (await db.query<{ id: number }>(`SELECT id FROM ${schema}.migrations`)).rows.map((r) => Number(r.id)),
     );
   } catch (err) {
-    if ((err as { code?: string }).code !== "42P01") throw err; // undefined_table: nothing applied yet
+    if (sqlStateOf(err) !== SqlState.UndefinedTable) throw err; // nothing applied yet
   }
   return migrations.filter((m) => !done.has(m.id)).map((m) => m.name);
 }

@@ -1,12 +1,53 @@
+import { SqlState, sqlStateOf } from "../core/index.ts";
 import type { Db } from "./db.ts";
 
-/** Bucket arithmetic and partition upkeep for the keys table. */
+/**
+ * The most partitions a key lookup may touch. A lookup reads every partition that can hold a live key
+ * (a miss probes each one's index, and a generic plan locks each one), so its cost grows with
+ * `retention / width`: measured with 171 hourly partitions (7 days) at 0.17-0.28x the throughput of one,
+ * and with 10 daily ones at 0.66-1.04x (bench/scale.ts). Wider partitions keep it flat.
+ */
+export const MAX_LIVE_PARTITIONS = 12;
+/** Partitions created ahead of the current one (an instance whose clock runs ahead finds its own). */
+export const PARTITIONS_AHEAD = 1;
+
+/** How many partitions a lookup touches with this retention and width: the window's, plus those ahead. */
+export function livePartitions(retentionMs: number, widthMs: number): number {
+  return Math.ceil(retentionMs / widthMs) + 1 + PARTITIONS_AHEAD;
+}
+
+/** The narrowest partition width (whole seconds, at least 60) that keeps a lookup within the bound. */
+export function minPartitionSeconds(retentionMs: number): number {
+  return Math.max(60, Math.ceil(retentionMs / 1000 / (MAX_LIVE_PARTITIONS - 1 - PARTITIONS_AHEAD)));
+}
+
+/** The retention would spread a key's possible places over too many partitions of the migrated width. */
+export class PartitionWidthError extends Error {
+  override name = "PartitionWidthError";
+  readonly code = "IDEM_PARTITION_WIDTH";
+  constructor(
+    readonly retentionMs: number,
+    readonly partitionSeconds: number,
+  ) {
+    const live = livePartitions(retentionMs, partitionSeconds * 1000);
+    super(
+      `retention of ${retentionMs / 3_600_000} h over partitions of ${partitionSeconds} s makes every key lookup ` +
+        `touch ${live} partitions (at most ${MAX_LIVE_PARTITIONS}): shorten retentionMs to ` +
+        `${(MAX_LIVE_PARTITIONS - 1 - PARTITIONS_AHEAD) * partitionSeconds * 1000} ms or less, or migrate a new ` +
+        `schema with partitionSeconds >= ${minPartitionSeconds(retentionMs)}`,
+    );
+  }
+}
+
+/** Bucket arithmetic and partition upkeep for a table partitioned by `bucket`: keys, or the inbox. */
 export class Partitions {
   constructor(
     private readonly db: Db,
     private readonly schema: string,
     /** Width of one partition in milliseconds. */
     readonly widthMs: number,
+    /** The partitioned table. Default `"keys"`. */
+    private readonly table = "keys",
   ) {}
 
   bucketOf(atMs: number): number {
@@ -18,7 +59,7 @@ export class Partitions {
   }
 
   private nameOf(bucket: number): string {
-    return `keys_b${bucket}`;
+    return `${this.table}_b${bucket}`;
   }
 
   /**
@@ -38,29 +79,35 @@ export class Partitions {
       const table = `${this.schema}.${this.nameOf(b)}`;
       try {
         await this.db.exec(
-          `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+          `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.${this.table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
         );
       } catch (err) {
         // Another instance created it at the same moment: IF NOT EXISTS does not cover a concurrent
         // CREATE, which fails on the catalog instead (42P07 duplicate table, 42710 "type already
         // exists", 23505 on pg_type's unique index).
         const code = (err as { code?: string }).code;
-        if (code !== "42P07" && code !== "42710" && code !== "23505") throw err;
+        if (
+          code !== SqlState.DuplicateTable &&
+          code !== SqlState.DuplicateObject &&
+          code !== SqlState.UniqueViolation
+        )
+          throw err;
       }
       try {
         await this.db.exec(
-          `ALTER TABLE ${this.schema}.keys ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
+          `ALTER TABLE ${this.schema}.${this.table} ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
         );
       } catch (err) {
         // 42809: already a partition (attached earlier, or by another instance just now).
-        if ((err as { code?: string }).code !== "42809") throw err;
+        if (sqlStateOf(err) !== SqlState.WrongObjectType) throw err;
       }
     }
   }
 
   /**
-   * The keys tables in the schema, oldest first: attached partitions, one whose detach was interrupted
-   * (`pending`), and detached ones a crash left behind between detach and drop (`attached` false).
+   * The partitions' tables in the schema (`<table>_b<bucket>`), oldest first: attached partitions, one
+   * whose detach was interrupted (`pending`), and detached ones a crash left behind between detach and
+   * drop (`attached` false).
    */
   async tables(): Promise<{ bucket: number; attached: boolean; pending: boolean }[]> {
     const { rows } = await this.db.query<{ name: string; attached: boolean; pending: boolean }>(
@@ -69,12 +116,12 @@ export class Partitions {
          FROM pg_class c
          JOIN pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
-        WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^keys_b-?[0-9]+$'`,
-      [this.schema],
+        WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ ('^' || $2 || '_b-?[0-9]+$')`,
+      [this.schema, this.table],
     );
     return rows
       .map((r) => ({
-        bucket: Number(r.name.slice("keys_b".length)),
+        bucket: Number(r.name.slice(this.table.length + 2)),
         attached: r.attached,
         pending: r.pending,
       }))
@@ -105,7 +152,7 @@ export class Partitions {
       if (t.attached) {
         // Its own statement, outside any transaction block (CONCURRENTLY requires it).
         await this.db.exec(
-          `ALTER TABLE ${this.schema}.keys DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
+          `ALTER TABLE ${this.schema}.${this.table} DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
         );
       }
       await this.db.exec(`DROP TABLE IF EXISTS ${table}`);

@@ -1,20 +1,40 @@
+/**
+ * The PostgreSQL store: the atomic runner, its lookup and waits, and retention.
+ *
+ * Longer than most files here (about 480 lines) on purpose: the atomic path (lookup, in-process and
+ * cross-process waits, the per-key lock, the work, the saved reply) is one concurrency argument, told
+ * by the timeline comment above `atomic`; split across files it could no longer be checked in one read.
+ * Phases mode lives in ./phases/, the partitions in ./partitions.ts, inspection in ./inspect.ts.
+ */
 import { createHash } from "node:crypto";
 import {
   type AtomicOutcome,
   type AtomicRunOptions,
   type AtomicStore,
   type Claim,
-  encodeOperationRef,
+  isMissingPartition,
   KeyInFlightError,
   type KeyInspection,
   KeyMismatchError,
+  openBytes,
+  type Sealer,
+  SqlState,
   type StoredResponse,
+  sealBytes,
+  sealContext,
+  sqlStateOf,
   type WorkResult,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
 import { inspectKey } from "./inspect.ts";
-import { checkSchemaName } from "./migrate.ts";
-import { Partitions } from "./partitions.ts";
+import { schemaOf } from "./migrate.ts";
+import {
+  livePartitions,
+  MAX_LIVE_PARTITIONS,
+  PARTITIONS_AHEAD,
+  Partitions,
+  PartitionWidthError,
+} from "./partitions.ts";
 
 export interface PostgresStoreOptions {
   /** The schema idem's tables live in (as given to `migrate`). Default: `"idem"`. */
@@ -25,8 +45,9 @@ export interface PostgresStoreOptions {
    */
   retentionMs?: number;
   /**
-   * How long a concurrent duplicate waits for the first request's transaction before it is answered
-   * 409 with `Retry-After`.
+   * How long a concurrent duplicate waits for the first request to finish before it is answered 409
+   * with `Retry-After`. A duplicate in the same process waits in memory; one in another process polls
+   * the key's lock with short sleeps. Neither holds a pooled connection while it waits.
    * Default: 5,000 ms.
    */
   lockTimeoutMs?: number;
@@ -38,6 +59,12 @@ export interface PostgresStoreOptions {
   boundaryOverlapMs?: number;
   /** The clock, in epoch milliseconds (tests inject one). Default: `Date.now`. */
   clock?: () => number;
+  /**
+   * Encrypts saved reply bodies and phases-mode stored inputs at rest (e.g. `sealerFromEnv()`: AES-256-GCM
+   * under `IDEM_ENCRYPTION_KEYS`). Values stored in clear before it was set are still read. Default: none
+   * (stored in clear; a sealed value then fails to open rather than being replayed as ciphertext).
+   */
+  sealer?: Sealer;
 }
 
 /** A key row as read back. */
@@ -61,11 +88,6 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return true;
 }
 
-/** The SQLSTATE of a driver error, if it has one. */
-export function sqlState(err: unknown): string | undefined {
-  return (err as { code?: string })?.code;
-}
-
 /**
  * The PostgreSQL store: keys, saved responses and the atomic runner.
  *
@@ -78,16 +100,20 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly lockTimeoutMs: number;
   readonly boundaryOverlapMs: number;
   readonly clock: () => number;
+  readonly sealer: Sealer | undefined;
   readonly partitions: Partitions;
   private readonly sql: ReturnType<typeof statements>;
+  /** This process's atomic calls in progress, by (scope, key): a duplicate waits on it, in memory. */
+  private readonly inFlight = new Map<string, Promise<void>>();
 
   private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
     this.db = db;
-    this.schema = checkSchemaName(options.schema ?? "idem");
-    this.retentionMs = options.retentionMs ?? 24 * 3_600_000;
+    this.schema = schemaOf(options);
+    this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
     this.clock = options.clock ?? Date.now;
+    this.sealer = options.sealer;
     this.partitions = new Partitions(db, this.schema, partitionMs);
     this.sql = statements(this.schema);
   }
@@ -98,7 +124,7 @@ export class PostgresStore implements AtomicStore<Tx> {
 
   /** Read the partition width chosen at migration, and make sure the current partitions exist. */
   static async open(db: Db, options: PostgresStoreOptions = {}): Promise<PostgresStore> {
-    const schema = checkSchemaName(options.schema ?? "idem");
+    const schema = schemaOf(options);
     let seconds: number;
     try {
       const { rows } = await db.query<{ partition_seconds: number }>(
@@ -106,7 +132,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       );
       seconds = Number(rows[0]?.partition_seconds);
     } catch (err) {
-      if (sqlState(err) === "42P01") {
+      if (sqlStateOf(err) === SqlState.UndefinedTable) {
         throw new Error(
           `idem's tables are missing in schema "${schema}": run migrate(db) or \`idem migrate\` first`,
           {
@@ -116,15 +142,26 @@ export class PostgresStore implements AtomicStore<Tx> {
       }
       throw err;
     }
+    const retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
+    if (!(retentionMs > 0))
+      throw new RangeError(`retentionMs must be a positive number of ms, got ${retentionMs}`);
+    if (livePartitions(retentionMs, seconds * 1000) > MAX_LIVE_PARTITIONS) {
+      throw new PartitionWidthError(retentionMs, seconds);
+    }
     const store = new PostgresStore(db, options, seconds * 1000);
     await store.ensurePartitions();
     return store;
   }
 
-  /** Create the partitions for now and the next two widths (cheap; call it from a periodic job too). */
+  /**
+   * Create the partitions for the previous width, now and `PARTITIONS_AHEAD` ahead (cheap; call it from
+   * a periodic job too: `sweep()` does). Few empty ones ahead, since every lookup probes them too.
+   */
   async ensurePartitions(): Promise<void> {
     const b = this.partitions.bucketOf(this.clock());
-    await this.partitions.ensure([b - 1, b, b + 1, b + 2]);
+    const buckets = [b - 1];
+    for (let i = 0; i <= PARTITIONS_AHEAD; i++) buckets.push(b + i);
+    await this.partitions.ensure(buckets);
   }
 
   /** One key as an operator sees it (`KeyInspection`), or undefined when it is not live. */
@@ -148,14 +185,21 @@ export class PostgresStore implements AtomicStore<Tx> {
     key: string,
     nowMs: number,
   ): Promise<KeyRow | undefined> {
-    const oldest = nowMs - this.retentionMs;
-    const { rows } = await q.query<KeyRow>(this.sql.lookup, [
-      scope,
-      key,
-      this.partitions.bucketOf(oldest),
-      new Date(oldest).toISOString(),
-    ]);
+    const { text, params } = this.lookupQuery(scope, key, nowMs);
+    const { rows } = await q.query<KeyRow>(text, params);
     return rows[0];
+  }
+
+  /**
+   * The statement `lookup` runs: it reads only the partitions from the one holding `now - retention`
+   * on (pruned by `bucket >=`), at most `MAX_LIVE_PARTITIONS` of them while `sweep()` keeps up.
+   */
+  lookupQuery(scope: string, key: string, nowMs: number): { text: string; params: unknown[] } {
+    const oldest = nowMs - this.retentionMs;
+    return {
+      text: this.sql.lookup,
+      params: [scope, key, this.partitions.bucketOf(oldest), new Date(oldest).toISOString()],
+    };
   }
 
   expiresAt(row: { created_at: Date }): Date {
@@ -174,7 +218,15 @@ export class PostgresStore implements AtomicStore<Tx> {
     return {
       kind: "replayed",
       expiresAt: this.expiresAt(row),
-      response: { status: row.status, headers: row.headers ?? [], body: row.body ?? new Uint8Array() },
+      response: {
+        status: row.status,
+        headers: row.headers ?? [],
+        body: openBytes(
+          this.sealer,
+          row.body ?? new Uint8Array(),
+          sealContext(claim.scope, claim.key, "body"),
+        ),
+      },
     };
   }
 
@@ -207,14 +259,27 @@ export class PostgresStore implements AtomicStore<Tx> {
 
   /**
    * The SQL that serialises every request for one (scope, key): a transaction-scoped advisory lock,
-   * waited for at most `lockTimeoutMs`. Sent with BEGIN (a literal, no parameters) so that it costs no
-   * round trip of its own; the lock timeout is reset afterwards so it does not bound the work.
+   * waited for in the server at most `LOCK_WAIT_MS` (then 55P03, and the caller sleeps without a
+   * connection and tries again). Sent with BEGIN (a literal, no parameters) so that it costs no round
+   * trip of its own; the lock timeout is reset afterwards so it does not bound the work.
    */
   lockSql(scope: string, key: string): string {
+    const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
     return (
-      `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(this.lockTimeoutMs))}ms'; ` +
+      `SET LOCAL lock_timeout = '${wait}ms'; ` +
       `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`
     );
+  }
+
+  /**
+   * The answer a finished key gives, read without a lock or a transaction (a done row never changes
+   * until it expires): its replay, or `KeyMismatchError` for another request. Undefined when there is
+   * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
+   */
+  private async finishedAnswer(claim: Claim): Promise<AtomicOutcome | undefined> {
+    const row = await this.lookup(this.db, claim.scope, claim.key, this.clock());
+    if (!row || row.resource_id != null) return undefined;
+    return this.replayOf(claim, row);
   }
 
   /*
@@ -235,10 +300,63 @@ export class PostgresStore implements AtomicStore<Tx> {
    * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
    * and [INSERT key row, COMMIT].
    */
+  /*
+   * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
+   * take the whole pool from every other account):
+   *   - in this process, a duplicate waits on the in-flight call's promise, in memory;
+   *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
+   *     the transaction ends, the connection goes back, and the duplicate sleeps and tries again.
+   * After any wait the duplicate first reads the key without a lock (a finished key replays at once),
+   * then takes the locked path. Past `lockTimeoutMs` in all: 409 with Retry-After.
+   */
   async atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
     options: AtomicRunOptions<Tx> = {},
+  ): Promise<AtomicOutcome> {
+    const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    const deadline = Date.now() + this.lockTimeoutMs;
+    let waited = false;
+    for (;;) {
+      const running = this.inFlight.get(id);
+      if (!running) break;
+      waited = true;
+      if (!(await settlesBefore(running, deadline))) throw new KeyInFlightError(RETRY_AFTER_S);
+    }
+    let finish!: () => void;
+    this.inFlight.set(
+      id,
+      new Promise<void>((r) => {
+        finish = r;
+      }),
+    );
+    try {
+      for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
+        if (waited) {
+          const answer = await this.finishedAnswer(claim);
+          if (answer) return answer;
+        }
+        try {
+          return await this.atomicOnce(claim, work, options);
+        } catch (err) {
+          if (!(err instanceof LockBusy)) throw err;
+        }
+        waited = true;
+        const left = deadline - Date.now();
+        if (left <= 0) throw new KeyInFlightError(RETRY_AFTER_S);
+        await new Promise((r) => setTimeout(r, Math.min(left, pause * (0.5 + Math.random()))));
+      }
+    } finally {
+      this.inFlight.delete(id);
+      finish();
+    }
+  }
+
+  /** One locked attempt (LockBusy when another transaction holds the key past LOCK_WAIT_MS). */
+  private async atomicOnce(
+    claim: Claim,
+    work: (tx: Tx) => Promise<WorkResult>,
+    options: AtomicRunOptions<Tx>,
   ): Promise<AtomicOutcome> {
     for (let attempt = 0; ; attempt++) {
       try {
@@ -252,9 +370,10 @@ export class PostgresStore implements AtomicStore<Tx> {
             expiresAt: new Date(this.clock()),
           };
         }
-        if (sqlState(err) === "55P03" && !(err instanceof WorkError)) throw new KeyInFlightError(1);
+        if (sqlStateOf(err) === SqlState.LockNotAvailable && !(err instanceof WorkError))
+          throw new LockBusy();
         if (err instanceof WorkError) throw err.cause;
-        if (sqlState(err) === "23514" && attempt < 2 && /no partition/.test(String((err as Error).message))) {
+        if (attempt < 2 && isMissingPartition(err)) {
           const b = this.partitions.bucketOf(this.clock());
           await this.partitions.ensure([b, b + 1]);
           continue;
@@ -293,8 +412,9 @@ export class PostgresStore implements AtomicStore<Tx> {
           new Date(now).toISOString(),
           saved.status,
           compact ? null : JSON.stringify(saved.headers),
-          compact ? null : saved.body,
+          compact ? null : sealBytes(this.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
           compact ? result.compactId : null,
+          new Date(now - this.retentionMs).toISOString(),
         ]);
         return {
           kind: "executed",
@@ -306,6 +426,32 @@ export class PostgresStore implements AtomicStore<Tx> {
       { begin: this.lockSql(claim.scope, claim.key) },
     );
   }
+}
+
+const DEFAULT_RETENTION_MS = 24 * 3_600_000;
+
+/** How long the server waits for a key's lock before the duplicate lets its connection go and sleeps. */
+const LOCK_WAIT_MS = 10;
+/** The Retry-After of a 409 for a key still in flight. */
+const RETRY_AFTER_S = 1;
+
+/** Another transaction held the key's lock past LOCK_WAIT_MS. */
+class LockBusy {}
+
+/** Whether `p` settles (either way) before `deadline` (epoch ms). */
+function settlesBefore(p: Promise<unknown>, deadline: number): Promise<boolean> {
+  const left = deadline - Date.now();
+  if (left <= 0) return Promise.resolve(false);
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    p.then(
+      () => true,
+      () => true,
+    ),
+    new Promise<boolean>((r) => {
+      timer = setTimeout(() => r(false), left);
+    }),
+  ]).finally(() => clearTimeout(timer));
 }
 
 /** Thrown inside a transaction to roll it back and carry the unsaved response out. */
@@ -339,8 +485,24 @@ function statements(s: string) {
               ORDER BY bucket DESC LIMIT 1`;
   return {
     lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
-    insertDone: `INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
-                                        resource_id)
-                 VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)`,
+    // The key row with its reply. A row of the same (scope, key) in this bucket that has expired (the
+    // retention is shorter than a partition, so it is still there) is replaced in place, every column
+    // reset; a live one is never touched: the second INSERT then runs and fails on the primary key
+    // (23505), which rolls the transaction back as a duplicate row always did.
+    insertDone: `WITH put AS (
+              INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
+                                     body, resource_id)
+              VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)
+              ON CONFLICT (scope, key, bucket) DO UPDATE
+                 SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
+                     recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,
+                     body = EXCLUDED.body, resource_id = EXCLUDED.resource_id, lease_token = NULL,
+                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
+                     attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL
+               WHERE ${s}.keys.created_at <= $10::timestamptz
+              RETURNING 1
+            )
+            INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
+            SELECT $1, $2, $3, $4, $5::timestamptz WHERE NOT EXISTS (SELECT 1 FROM put)`,
   };
 }

@@ -8,7 +8,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import fc from "fast-check";
 import { expect, it } from "vitest";
 import { decodeOperationRef } from "../../src/core/index.ts";
-import { type AppUnderTest, account, PROBLEM, postTo, problemOf } from "./contract.ts";
+import { type AppUnderTest, account, PROBLEM, postTo, problemOf, UNCERTAIN_AMOUNT } from "./contract.ts";
 
 const STATE = "idempotency-operation-state";
 const WITHIN = "idempotency-answer-within";
@@ -215,6 +215,27 @@ export function lifecycleContract(app: AppUnderTest): void {
       [`${acct}:${key}`],
     );
     expect(calls.rows[0]!.n).toBe(1);
+  });
+
+  it("answers an unknown outcome 409 operation-uncertain: no retry with any key, the ref for a person", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const res = await app.post("/v1/phased", {
+      account: acct,
+      key,
+      body: { amount_cents: UNCERTAIN_AMOUNT, currency: "eur" },
+    });
+    expect(res.status).toBe(409);
+    expect(res.headers.get("retry-after")).toBeNull();
+    expect(res.headers.get(STATE)).toBe("uncertain");
+    const problem = await problemOf(res);
+    expect(problem).toMatchObject({
+      type: `${PROBLEM}operation-uncertain`,
+      operation_state: "uncertain",
+      retry_same_key: false,
+      safe_new_key: false,
+    });
+    expect(decodeOperationRef(problem.operation_ref as string)).toEqual({ scope: acct, key });
   });
 
   it("answers 503 problem+json with Retry-After while the database is unreachable, then recovers", async (ctx) => {

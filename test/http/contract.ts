@@ -17,7 +17,7 @@ import { connect, createServer, type Server, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import type { Tx } from "../../src/core/index.ts";
+import { encodeOperationRef, OperationUncertainError, type Tx } from "../../src/core/index.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { definePhases, jsonResponse, type PhasesRunner } from "../../src/postgres/index.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
@@ -111,6 +111,9 @@ export type StartApp = (parts: AppParts) => Promise<RunningApp>;
 /** Whether a request may still see a saved answer (`authorizeReplay` of `/v1/payments` and `/v1/phased`). */
 export const mayReplay = (header: (name: string) => string | undefined) => !header("x-revoked");
 
+/** An amount whose "provider call" on `/v1/phased` ends with an unknown outcome (operation-uncertain). */
+export const UNCERTAIN_AMOUNT = 13;
+
 /** The phases answer bound of `/v1/phased`, in ms (published as 2 s). */
 export const PHASED_ANSWER_WITHIN_MS = 2_000;
 
@@ -125,6 +128,9 @@ export function phasesRunner(store: PostgresStore): AppParts["runner"] {
     phases: {
       started: {
         external: async (ctx) => {
+          if (ctx.input.amount_cents === UNCERTAIN_AMOUNT) {
+            throw new OperationUncertainError(encodeOperationRef(ctx.scope, ctx.key));
+          }
           await store.db.query(
             "INSERT INTO external_calls (key, amount_cents) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
             [ctx.idempotencyKey, ctx.input.amount_cents],

@@ -195,7 +195,7 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
         const progress = async () => {
           const { rows } = await db.query<{ pending: string; applied: string }>(
             `SELECT (SELECT count(*) FROM idem.outbox WHERE topic = $1 AND published_at IS NULL) AS pending,
-                    (SELECT count(*) FROM idem.inbox WHERE consumer = $2) AS applied`,
+                    (SELECT count(*) FROM idem.inbox WHERE consumer = $2 AND status <> 'marker') AS applied`,
             [transport.topic, consumerName],
           );
           return { pending: Number(rows[0]!.pending), applied: Number(rows[0]!.applied) };
@@ -218,7 +218,7 @@ describe.skipIf(!backend)("exactly-once effects under crashes", () => {
         const { rows } = await db.query<{ distinct: string; total: string; strays: string }>(
           `SELECT count(DISTINCT e.message_id) AS distinct, count(*) AS total,
                   count(*) FILTER (WHERE o.id IS NULL) AS strays
-           FROM effects e JOIN idem.inbox i ON i.message_id = e.message_id AND i.consumer = $1
+           FROM effects e JOIN idem.inbox i ON i.message_id = e.message_id AND i.consumer = $1 AND i.status <> 'marker'
            LEFT JOIN idem.outbox o ON o.id::text = e.message_id`,
           [consumerName],
         );

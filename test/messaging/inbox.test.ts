@@ -20,7 +20,7 @@ function delivery(id: string, cents: number, wallet: string, redelivered = false
 
 async function effects(db: Db, wallet: string): Promise<number> {
   const { rows } = await db.query<{ n: string }>(
-    "SELECT count(*) AS n FROM effects e JOIN idem.inbox i ON i.message_id = e.message_id WHERE i.consumer = $1",
+    "SELECT count(*) AS n FROM effects e JOIN idem.inbox i ON i.message_id = e.message_id WHERE i.consumer = $1 AND i.status <> 'marker'",
     [wallet],
   );
   return Number(rows[0]!.n);

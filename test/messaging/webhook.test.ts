@@ -1,8 +1,8 @@
-/** Webhooks: signed POSTs with the event id, retried through idem's client, verifiable by the receiver. */
+/** Webhooks: signed POSTs with the event id, one attempt per publish (the relay retries), verifiable by the receiver. */
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
-import { createClient } from "../../src/client/index.ts";
+import { Relay } from "../../src/messaging/relay.ts";
 import type { OutboxMessage } from "../../src/messaging/types.ts";
 import {
   signWebhook,
@@ -10,6 +10,9 @@ import {
   WebhookPublisher,
   WebhookVerificationError,
 } from "../../src/messaging/webhook.ts";
+import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { backends } from "../helpers/db.ts";
+import { prepare, until } from "./helpers.ts";
 
 const SECRET = `whsec_${Buffer.from("a shared secret of 32 bytes.....").toString("base64")}`;
 
@@ -59,13 +62,10 @@ function event(id: string, payload: unknown = { amount_cents: 500 }): OutboxMess
   };
 }
 
-const fastClient = () =>
-  createClient({ deadlineMs: 5_000, retry: { baseMs: 5, capMs: 20 }, budget: false, breaker: false });
-
 describe("webhook publisher", () => {
   it("POSTs each event once, signed, with the event id as webhook-id and Idempotency-Key", async () => {
     const { url, received } = await receiver();
-    const publisher = new WebhookPublisher({ url, secret: SECRET, client: fastClient() });
+    const publisher = new WebhookPublisher({ url, secret: SECRET });
     const outcomes = await publisher.publish([event("0190-a"), event("0190-b")]);
     expect(outcomes).toEqual([{ ok: true }, { ok: true }]);
     expect(received).toHaveLength(2);
@@ -81,19 +81,48 @@ describe("webhook publisher", () => {
     });
   });
 
-  it("retries a 503 with the same event id, and reports a final 400 as a failure of that event only", async () => {
-    const { url, received } = await receiver([503, 503]);
-    const publisher = new WebhookPublisher({ url, secret: SECRET, client: fastClient(), concurrency: 1 });
-    expect(await publisher.publish([event("e1")])).toEqual([{ ok: true }]);
-    expect(received.map((r) => r.headers["webhook-id"])).toEqual(["e1", "e1", "e1"]);
+  it("sends each event once per publish: a 503 fails that event only, and nothing is retried inside", async () => {
+    const { url, received } = await receiver([503]);
+    const publisher = new WebhookPublisher({ url, secret: SECRET, concurrency: 1 });
+    const [failed, ok] = await publisher.publish([event("e1"), event("e2")]);
+    expect(failed).toMatchObject({ ok: false });
+    expect(!failed!.ok && failed!.error.message).toMatch(/answered 503/);
+    expect(ok).toEqual({ ok: true });
+    expect(received.map((r) => r.headers["webhook-id"])).toEqual(["e1", "e2"]);
+  });
 
+  it("is retried by the relay alone: two 503s cost three requests with the same id, then it is published", async () => {
+    const open = await backends[0]!.open();
+    try {
+      await prepare(open.db);
+      const id = await open.db.transaction((tx) =>
+        writeOutbox(tx, { topic: "hooks", type: "payment.succeeded", payload: { amount_cents: 500 } }),
+      );
+      const { url, received } = await receiver([503, 503]);
+      const relay = new Relay({
+        db: open.db,
+        publisher: new WebhookPublisher({ url, secret: SECRET }),
+        backoff: { baseMs: 5, capMs: 20 },
+        pollMs: 10,
+      });
+      await relay.start();
+      try {
+        await until(() => relay.stats.published === 1, 10_000, "the webhook published");
+      } finally {
+        await relay.stop();
+      }
+      expect(received.map((r) => r.headers["webhook-id"])).toEqual([id, id, id]);
+      expect(received.map((r) => r.headers["idempotency-key"])).toEqual([id, id, id]);
+      const { rows } = await open.db.query<{ attempts: number }>("SELECT attempts FROM idem.outbox");
+      expect(rows.map((r) => Number(r.attempts))).toEqual([2]);
+    } finally {
+      await open.close();
+    }
+  });
+
+  it("reports a 400 as a failure of that event only", async () => {
     const rejecting = await receiver([400]);
-    const p2 = new WebhookPublisher({
-      url: rejecting.url,
-      secret: SECRET,
-      client: fastClient(),
-      concurrency: 1,
-    });
+    const p2 = new WebhookPublisher({ url: rejecting.url, secret: SECRET, concurrency: 1 });
     const [bad, good] = await p2.publish([event("e2"), event("e3")]);
     expect(bad).toMatchObject({ ok: false });
     expect(!bad!.ok && bad!.error.message).toMatch(/answered 400/);

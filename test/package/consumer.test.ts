@@ -30,9 +30,22 @@ const run = promisify(execFile);
 const ROOT = process.cwd();
 const FIXTURE = join(ROOT, "test/package/fixture");
 const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
+/**
+ * The integrations, each installed in a project of its own with only its own peers (what a user of
+ * that stack installs); every other subpath is used from the project with the common peers.
+ */
+const INTEGRATIONS: Record<string, string[]> = {
+  "idem/web": [],
+  "idem/drizzle": ["drizzle-orm", "pg"],
+  "idem/kysely": ["kysely", "pg"],
+  "idem/knex": ["knex", "pg"],
+  "idem/prisma": ["@prisma/client", "@prisma/adapter-pg"],
+  "idem/nestjs": ["@nestjs/common", "@nestjs/core", "rxjs", "reflect-metadata"],
+};
 const SUBPATHS = Object.keys(pkg.exports as Record<string, unknown>)
   .filter((p) => p !== "./package.json")
-  .map((p) => (p === "." ? "idem" : `idem/${p.slice(2)}`));
+  .map((p) => (p === "." ? "idem" : `idem/${p.slice(2)}`))
+  .filter((p) => !(p in INTEGRATIONS));
 
 /** The peers a user of every subpath installs, at the versions this repository tests with. */
 const PEERS = [
@@ -219,6 +232,43 @@ describe("the packed tarball, installed in a fresh project", () => {
       }
     }
   }, 60_000);
+
+  it("installs each integration with only its own peers, and imports and requires it", async () => {
+    const results = await Promise.all(
+      Object.entries(INTEGRATIONS).map(async ([subpath, peers]) => {
+        const dir = join(work, subpath.replace("/", "-"));
+        mkdirSync(dir);
+        writeFileSync(
+          join(dir, "package.json"),
+          JSON.stringify({ name: "consumer", private: true, type: "module" }),
+        );
+        const versions = peers.map((name) => `${name}@${pkg.devDependencies[name]}`);
+        await run("npm", ["install", tarball, ...versions, ...NPM_FLAGS], { cwd: dir });
+        const imported = await run(
+          process.execPath,
+          [
+            "--input-type=module",
+            "-e",
+            `const m = await import(${JSON.stringify(subpath)}); console.log(Object.keys(m).length);`,
+          ],
+          { cwd: dir },
+        );
+        const required = await run(
+          process.execPath,
+          ["--no-warnings", "-e", `console.log(Object.keys(require(${JSON.stringify(subpath)})).length);`],
+          { cwd: dir },
+        );
+        return { subpath, peers, imported: Number(imported.stdout), required: Number(required.stdout) };
+      }),
+    );
+    for (const r of results) {
+      expect(r.imported, r.subpath).toBeGreaterThan(0);
+      expect(r.required, r.subpath).toBe(r.imported);
+    }
+    console.log(
+      `integrations, each with only its peers: ${results.map((r) => `${r.subpath} (${r.peers.join(", ") || "none"})`).join("; ")}`,
+    );
+  }, 300_000);
 
   it("idem migrate without a database or PGlite says what to install and creates nothing", async () => {
     const err = await run("npx", ["idem", "migrate"], {

@@ -79,10 +79,15 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
   async function finished(n: number) {
     const li = attempt(n);
     await li.and(page.locator(':not([data-kind="pending"])')).waitFor({ timeout: 15_000 });
+    const next = li.getByTestId("next");
     return {
       status: await li.getAttribute("data-status"),
       replayed: (await li.getAttribute("data-replayed")) === "true",
       text: await text(li),
+      /** The next step the page offers, and the operation state it read from the answer. */
+      next: await next.getAttribute("data-next"),
+      state: await next.getAttribute("data-state"),
+      nextText: await text(next),
     };
   }
   async function click(testId: string) {
@@ -172,6 +177,7 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     expect(retry.status).toBe("201");
     expect(retry.replayed).toBe(true);
     expect(retry.text).toMatch(/Idempotent-Replayed: true/);
+    expect(retry.next).toBe("done");
     await agrees(key, PAID);
   });
 
@@ -184,6 +190,12 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     const early = await finished(await click("retry"));
     expect(early.status).toBe("409");
     expect(early.text).toMatch(/Retry-After/);
+    // In flight: the page reads operation_state in_progress and says to wait, then retry the same key.
+    expect(early.state).toBe("in_progress");
+    expect(early.next).toBe("wait");
+    expect(early.nextText).toMatch(/operation_state: in_progress/);
+    expect(early.nextText).toMatch(/Wait \d+ s \(Retry-After\), then retry with the same key/);
+    expect(crashed.next).toBe("retry");
     const key = await currentKey();
     // Charged at the provider, but the key is still at `started` with the dead worker's lease.
     const db = await agrees(key, { point: "started", charges: 1, payments: 0, outbox: 0 });
@@ -206,8 +218,31 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     const wrong = await finished(await click("pay"));
     expect(wrong.status).toBe("422");
     expect(wrong.text).toMatch(/Same key, different body/);
+    expect([wrong.state, wrong.next]).toEqual(["none", "new-key"]);
     expect(await currentKey()).toBe(key);
     await agrees(key, PAID);
+  });
+
+  it("a declined card: 402, failed_not_applied, and the page says a new key is safe", async () => {
+    await setFault(null);
+    await page.getByTestId("card").selectOption("4000000000000002");
+    try {
+      const declined = await finished(await click("pay"));
+      expect(declined.status).toBe("402");
+      expect(declined.state).toBe("failed_not_applied");
+      expect(declined.next).toBe("new-key");
+      expect(declined.nextText).toMatch(/operation_state: failed_not_applied/);
+      expect(declined.nextText).toMatch(/A new key is safe: nothing was charged/);
+      // What the page says is true: the key saved the decline, and no payment was made.
+      const db = await truth(await currentKey());
+      expect(db.status).toBe(402);
+      expect(db.payments).toBe(0);
+      // The retry replays the decline, and still offers a new key.
+      const again = await finished(await click("retry"));
+      expect([again.status, again.replayed, again.next]).toEqual(["402", true, "new-key"]);
+    } finally {
+      await page.getByTestId("card").selectOption("4242424242424242");
+    }
   });
 
   it("double-tap: two requests with one key, one charge", async () => {

@@ -13,6 +13,7 @@ import {
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
+import { MAX_LIVE_PARTITIONS, PartitionWidthError } from "../../src/postgres/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 
@@ -180,6 +181,59 @@ describe.each(backends)("atomic store on $name", (backend) => {
     expect((await s.atomic(c, (tx) => charge(tx, "e"))).kind).toBe("executed");
   });
 
+  it("treats a key as new after expiry when the retention is shorter than a partition", async () => {
+    // Retention 3.6 s in one-day partitions: the expired row is still in the partition the retry writes to.
+    const boundary = Date.UTC(2034, 3, 5);
+    let now = boundary - 2_000;
+    const s = await stores({ clock: () => now, retentionMs: 3_600 });
+    const c = claimOf("acct_1", "k-short", "{}");
+    const bodies: string[] = [];
+    const run = async () => {
+      const out = await s.atomic(c, (tx) => charge(tx, "short"));
+      bodies.push(Buffer.from(out.response.body).toString());
+      return out.kind;
+    };
+    const before = await effects(open.db);
+    expect(await run()).toBe("executed"); // bucket b-1
+    now += 3_000;
+    expect(await run()).toBe("replayed"); // across the boundary, inside the window
+    expect(bodies[1]).toBe(bodies[0]);
+    now += 1_000; // expired: the retry lands in bucket b
+    expect(await run()).toBe("executed");
+    now += 3_700; // expired again: its row is in bucket b, where this retry writes too
+    expect(await run()).toBe("executed");
+    now += 1_000;
+    expect(await run()).toBe("replayed");
+    expect(bodies[4]).toBe(bodies[3]);
+    expect(new Set(bodies).size).toBe(3);
+    expect(await effects(open.db)).toBe(before + 3);
+    const { rows } = await open.db.query<{ bucket: number; n: number }>(
+      "SELECT bucket, count(*)::int AS n FROM idem.keys WHERE key = 'k-short' GROUP BY bucket ORDER BY bucket",
+    );
+    const b = s.partitions.bucketOf(boundary);
+    expect(rows.map((r) => [Number(r.bucket), r.n])).toEqual([
+      [b - 1, 1],
+      [b, 1],
+    ]);
+  });
+
+  it("never replaces a live row it did not see: the work rolls back", async () => {
+    const now = Date.UTC(2034, 4, 6, 12);
+    const s = await stores({ clock: () => now, retentionMs: 3_600 });
+    // A live marker row (phases mode's boundary marker), which lookups skip, holds the key's place.
+    await open.db.query(
+      `INSERT INTO idem.keys (bucket, scope, key, marker, fingerprint, created_at)
+       VALUES ($1, 'acct_1', 'k-live-marker', true, '\\x00', $2::timestamptz)`,
+      [s.partitions.bucketOf(now), new Date(now - 1_000).toISOString()],
+    );
+    const before = await effects(open.db);
+    const err = await s
+      .atomic(claimOf("acct_1", "k-live-marker", "{}"), (tx) => charge(tx, "live-marker"))
+      .catch((e) => e);
+    expect((err as { code?: string }).code).toBe("23505");
+    expect(await effects(open.db)).toBe(before);
+  });
+
   it("drops whole partitions past retention and keeps every key inside the window", async () => {
     let now = Date.UTC(2031, 5, 1, 23, 0);
     const s = await stores({ clock: () => now, retentionMs: DAY });
@@ -196,6 +250,37 @@ describe.each(backends)("atomic store on $name", (backend) => {
       "SELECT count(*)::int AS n FROM idem.keys WHERE key = 'k-sweep-old'",
     );
     expect(rows[0]).toEqual({ n: 0 });
+  });
+
+  it("bounds the partitions a lookup touches, and refuses a retention that would spread over more", async () => {
+    // One-minute partitions, 5 minutes of retention: 5 in the window, the current one, one ahead.
+    await migrate(open.db, { schema: "narrow", partitionSeconds: 60 });
+    let now = Date.UTC(2035, 6, 7, 12, 30, 15);
+    const s = await stores({ schema: "narrow", clock: () => now, retentionMs: 5 * 60_000 });
+    const b = s.partitions.bucketOf(now);
+    // Forty older partitions nobody swept yet, and the key in the oldest one still inside the window.
+    await s.partitions.ensure(Array.from({ length: 40 }, (_, i) => b - 40 + i));
+    const c = claimOf("acct_1", "k-narrow", "{}");
+    now -= 4 * 60_000 + 50_000;
+    expect((await s.atomic(c, (tx) => charge(tx, "narrow"))).kind).toBe("executed");
+    now += 4 * 60_000 + 50_000;
+    expect((await s.atomic(c, (tx) => charge(tx, "narrow"))).kind).toBe("replayed");
+
+    for (const key of ["k-narrow", "k-narrow-missing"]) {
+      const { text, params } = s.lookupQuery("acct_1", key, now);
+      const { rows } = await open.db.query(`EXPLAIN (FORMAT JSON) ${text}`, params);
+      const touched = new Set(JSON.stringify(rows).match(/keys_b\d+/g));
+      expect(touched.size).toBeGreaterThan(0);
+      expect(touched.size).toBeLessThanOrEqual(7);
+      expect(touched.size).toBeLessThanOrEqual(MAX_LIVE_PARTITIONS);
+    }
+    const err = await stores({ schema: "narrow", retentionMs: 3_600_000 }).catch((e) => e);
+    expect(err).toBeInstanceOf(PartitionWidthError);
+    expect(err.message).toMatch(/partitionSeconds >= 360/);
+    // A schema migrated for a 30-day retention gets partitions wide enough for it.
+    await migrate(open.db, { schema: "month", retentionMs: 30 * DAY });
+    const month = await stores({ schema: "month", retentionMs: 30 * DAY });
+    expect(month.partitions.widthMs).toBe(3 * DAY);
   });
 
   it("tells which migrations are pending", async () => {
@@ -287,7 +372,7 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
         Array.from({ length: 6 }, () => PostgresStore.open(open.db, { clock: () => at })),
       );
       const b = stores[0]!.partitions.bucketOf(at);
-      expect(await stores[0]!.partitions.list()).toEqual(expect.arrayContaining([b - 1, b, b + 1, b + 2]));
+      expect(await stores[0]!.partitions.list()).toEqual(expect.arrayContaining([b - 1, b, b + 1]));
     }
   });
 
@@ -315,7 +400,8 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
       );
       expect(many.every((o) => o.kind === "replayed")).toBe(true);
       const { rows } = await one.query<{ n: number }>(
-        "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory'",
+        `SELECT count(*)::int AS n FROM pg_locks
+          WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
       );
       expect(rows[0]).toEqual({ n: 0 });
       expect(
@@ -389,6 +475,36 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     expect((await s.atomic(c, (tx) => charge(tx, "inflight"))).kind).toBe("replayed");
   });
 
+  it("answers 409 after lockTimeoutMs to a duplicate from another process, then replays", async () => {
+    // Two stores stand for two processes: the second cannot wait in memory, it polls the key's lock.
+    const [a, b] = await Promise.all([0, 1].map(() => PostgresStore.open(open.db, { lockTimeoutMs: 300 })));
+    const c = claimOf("acct_1", "k-inflight-two", "{}");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    let running!: () => void;
+    const holding = new Promise<void>((r) => {
+      running = r;
+    });
+    const first = a!.atomic(c, async (tx) => {
+      const r = await charge(tx, "inflight-two");
+      running(); // the work runs: the key's lock is held
+      await gate;
+      return r;
+    });
+    await holding;
+    const t = performance.now();
+    const err = await b!.atomic(c, (tx) => charge(tx, "inflight-two")).catch((e) => e);
+    const waited = performance.now() - t;
+    expect(isKeyInFlightError(err)).toBe(true);
+    expect(err.retryAfterSeconds).toBeGreaterThan(0);
+    expect(waited).toBeGreaterThanOrEqual(250);
+    release();
+    expect((await first).kind).toBe("executed");
+    expect((await b!.atomic(c, (tx) => charge(tx, "inflight-two"))).kind).toBe("replayed");
+  });
+
   /*
    * The partition boundary: A claims 1 ms before a new partition starts and is still running when its
    * duplicate B arrives 1 ms after. Their key rows belong to different partitions, whose unique indexes
@@ -404,12 +520,17 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     const gate = new Promise<void>((r) => {
       release = r;
     });
+    let running!: () => void;
+    const holding = new Promise<void>((r) => {
+      running = r;
+    });
     const first = a.atomic(c, async (tx) => {
       const r = await charge(tx, "boundary");
+      running(); // the work runs: the key's lock is held
       await gate;
       return r;
     });
-    await new Promise((r) => setTimeout(r, 100));
+    await holding;
     const second = b.atomic(c, (tx) => charge(tx, "boundary"));
     await new Promise((r) => setTimeout(r, 100));
     release();

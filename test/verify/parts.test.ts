@@ -3,6 +3,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { listEffects, planIntents, startFaultProxy, verify } from "../../src/testing/index.ts";
+import { isCheckedProblem, problemFieldsError } from "../../src/testing/verify/fields.ts";
 import { renderRequest, toParameterised, unknownPlaceholders } from "../../src/testing/verify/template.ts";
 
 describe("the fault proxy", () => {
@@ -176,5 +177,39 @@ describe("the stuck-key check", () => {
     } finally {
       await new Promise<void>((r) => server.close(() => r()));
     }
+  });
+});
+
+describe("the problem-fields check", () => {
+  const problem = (status: number, fields: Record<string, unknown>) => ({
+    status,
+    contentType: "application/problem+json",
+    body: JSON.stringify({ type: "urn:idem:problem:idempotency-key-in-flight", status, ...fields }),
+  });
+
+  it("accepts the contract's fields and refuses what is missing, misspelt or misleading", () => {
+    const inFlight = { operation_state: "in_progress", retry_same_key: true, safe_new_key: false };
+    expect(problemFieldsError(problem(409, inFlight))).toBeUndefined();
+    expect(problemFieldsError(problem(409, { ...inFlight, retry_same_key: false }))).toMatch(
+      /a 409 in flight says retry_same_key false/,
+    );
+    expect(problemFieldsError(problem(409, {}))).toBe(
+      "409 urn:idem:problem:idempotency-key-in-flight: no operation_state, no retry_same_key, no safe_new_key",
+    );
+    expect(problemFieldsError(problem(503, { ...inFlight, operation_state: "busy" }))).toMatch(
+      /operation_state "busy" is not one of none, in_progress, done, failed_not_applied, uncertain/,
+    );
+    expect(problemFieldsError(problem(422, { ...inFlight, safe_new_key: "yes" }))).toMatch(
+      /safe_new_key is not a boolean/,
+    );
+    expect(problemFieldsError({ status: 400, contentType: "application/json", body: "{}" })).toMatch(
+      /^answered 400 application\/json, not application\/problem\+json/,
+    );
+    // Only problem+json answers are looked at, unless the answer can only be an idempotency problem.
+    expect(isCheckedProblem({ status: 404, contentType: "text/plain", body: "" })).toBe(false);
+    expect(isCheckedProblem({ status: 404, contentType: "text/plain", body: "" }, true)).toBe(true);
+    expect(isCheckedProblem(problem(201, {}))).toBe(false);
+    // Authentication is decided before any key is looked at: a wrong API key is not this check's.
+    expect(isCheckedProblem(problem(401, {}), true)).toBe(false);
   });
 });

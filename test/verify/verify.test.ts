@@ -106,6 +106,12 @@ describe("verify() against the reference service", () => {
     expect(report.ok).toBe(true);
   });
 
+  it("checked the contract's fields on its problems: every 422 mismatch and the 400 without a key", () => {
+    const fields = report.checks.find((c) => c.kinds.includes("problem-fields"))!;
+    expect(fields.checked).toBeGreaterThanOrEqual(report.faults.mismatch! + 1);
+    expect(fields.violations).toBe(0);
+  });
+
   it("really exercised every fault and every check", () => {
     expect(report.intents).toBe(40);
     expect(report.outcomes).toEqual({ succeeded: 40, rejected: 0, unresolved: 0 });
@@ -204,6 +210,16 @@ describe("verify() against a naive check-then-insert server", () => {
   it("reports every changed body replayed instead of 422, and every key shared across accounts", () => {
     expect(report.violationsByKind["changed-body-accepted"]).toBe(report.faults.mismatch);
     expect(report.violationsByKind["cross-account"]).toBe(report.faults.scope);
+  });
+
+  it("reports that its problem answers do not say what the client may do next", () => {
+    // Its only error answer here is the 400 to the request sent without a key: plain JSON, no fields.
+    const fields = report.violations.filter((v) => v.kind === "problem-fields");
+    expect(fields).toHaveLength(1);
+    expect(fields[0]!.message).toMatch(
+      /^the request without its key: answered 400 application\/json, not application\/problem\+json/,
+    );
+    expect(report.checks.find((c) => c.kinds.includes("problem-fields"))).toMatchObject({ violations: 1 });
   });
 
   it("finds nothing wrong with what the naive server does get right: lost replies, timeouts", () => {

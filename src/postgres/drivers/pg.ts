@@ -65,9 +65,9 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
   const owned = options.owned ?? true;
   return {
     driver: "pg",
-    query: (sql, params) => run(pool, sql, params),
+    query: (sql, params) => onOwnClient(pool, (client) => run(client, sql, params)),
     async exec(sql: string) {
-      await pool.query(sql);
+      await onOwnClient(pool, (client) => client.query(sql));
     },
     async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
       const client = await pool.connect();
@@ -161,7 +161,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         await commit;
         return value;
       } catch (err) {
-        if (isConnectionError(err)) broken = true;
+        if (isConnectionError(err, client)) broken = true;
         throw err;
       } finally {
         wire.uncork();
@@ -175,6 +175,31 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       if (owned) await pool.end();
     },
   };
+}
+
+/**
+ * Run one statement on a client checked out for it, with an 'error' listener until it is back in the
+ * pool. Not `pool.query`: pg-pool listens for the client's 'error' only until the statement's callback,
+ * and node-postgres emits the 'error' of a connection the server cut (57P01 on a restart) just after
+ * failing the statement, so with no listener left the process crashed (seen in the chaos suite).
+ */
+async function onOwnClient<T>(pool: PgPoolLike, fn: (client: PgClientLike) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  let broken = false;
+  const onError = () => {
+    broken = true;
+  };
+  client.on("error", onError);
+  try {
+    return await fn(client);
+  } catch (err) {
+    if (isConnectionError(err, client)) broken = true;
+    throw err;
+  } finally {
+    // A broken client keeps our listener for the late errors of its dying connection.
+    if (!broken) client.removeListener("error", onError);
+    client.release(broken);
+  }
 }
 
 /**
@@ -209,7 +234,23 @@ function corkable(client: PgClientLike): { pipelined: boolean; cork(): void; unc
   };
 }
 
-function isConnectionError(err: unknown): boolean {
-  const code = (err as { code?: string })?.code;
-  return code === undefined || code === "ECONNRESET" || code === "57P01" || code === "EPIPE";
+/**
+ * Whether `err` means the connection itself is gone, so the pool must not hand it out again. Anything
+ * else (a handler's 4xx thrown as a plain object, a validation error, a unique violation) leaves the
+ * connection as good as before, and discarding it would cost a new server session per error.
+ * Gone: the server's connection-exception class (08) and shutdowns (57P01-57P03), a socket error (a
+ * Node code such as ECONNRESET or EPIPE), node-postgres' own "Connection terminated ..." and
+ * "... not queryable" errors (no code), and any error once the client says it is not queryable.
+ */
+export function isConnectionError(err: unknown, client?: unknown): boolean {
+  const c = client as { _queryable?: boolean; _ending?: boolean } | undefined;
+  if (c && (c._queryable === false || c._ending === true)) return true;
+  if (typeof err !== "object" || err === null) return false;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === "string") {
+    if (/^(08|57P0[123])/.test(code)) return true;
+    return /^E[A-Z]+$/.test(code); // a Node system error: ECONNRESET, EPIPE, ETIMEDOUT, ...
+  }
+  if (!(err instanceof Error)) return false;
+  return /^Connection terminated|not queryable|^Query read timeout/.test(err.message);
 }

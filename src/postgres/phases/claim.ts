@@ -17,7 +17,11 @@ import {
   KeyInFlightError,
   KeyMismatchError,
   OperationUncertainError,
+  openBytes,
+  openJson,
   RetryableError,
+  sealContext,
+  sealJson,
 } from "../../core/index.ts";
 import { RECOVERY_DONE } from "../store.ts";
 import { type KeyTable, liveSince, placement, withPartitions } from "./key-table.ts";
@@ -64,7 +68,15 @@ export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOu
   return {
     kind: "replayed",
     expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
-    response: { status: row.status, headers: row.headers ?? [], body: row.body ?? new Uint8Array() },
+    response: {
+      status: row.status,
+      headers: row.headers ?? [],
+      body: openBytes(
+        table.sealer,
+        row.body ?? new Uint8Array(),
+        sealContext(claim.scope, claim.key, "body"),
+      ),
+    },
   };
 }
 
@@ -138,7 +150,7 @@ function claimParams<I>(
     token,
     new Date(now + s.leaseMs).toISOString(),
     s.name,
-    JSON.stringify(input ?? null),
+    JSON.stringify(sealJson(table.sealer, input, sealContext(claim.scope, claim.key, "request"))),
     liveSince(table, now).iso,
   ];
 }
@@ -212,6 +224,10 @@ async function takeLease<I, D>(
   if (row.lease_token && row.lease_until && new Date(row.lease_until).getTime() > now) {
     throw new KeyInFlightError(retryAfter(row.lease_until, now));
   }
+  // Open the stored input BEFORE taking the lease: one that cannot be opened (a dropped key, an altered
+  // value) fails this request without leaving a lease nobody holds.
+  const context = sealContext(claim.scope, claim.key, "request");
+  const stored = openJson(table.sealer, row.request, context);
   const token = randomUUID();
   const { rows } = await table.db.query<
     Pick<PhaseRow, "recovery_point" | "phase_data" | "request" | "attempted_at">
@@ -238,7 +254,10 @@ async function takeLease<I, D>(
       data: { ...(taken.phase_data ?? {}) } as Partial<D>,
       createdAt: new Date(row.created_at),
       // The first request's input, never this one's: equal fingerprints need not mean equal inputs.
-      input: taken.request === null || taken.request === undefined ? input : (taken.request as I),
+      input:
+        taken.request === null || taken.request === undefined
+          ? input
+          : ((taken.request === row.request ? stored : openJson(table.sealer, taken.request, context)) as I),
       attempted: taken.attempted_at !== null,
     };
   }

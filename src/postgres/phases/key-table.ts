@@ -3,10 +3,9 @@
  * `PostgresStore` is one such table; a `ShardedStore` routes each scope to one of its shards'. The
  * runner and the completer reach the store through this interface only.
  */
-import type { AtomicStore } from "../../core/index.ts";
+import { type AtomicStore, isMissingPartition, type Sealer } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import type { Partitions } from "../partitions.ts";
-import { sqlState } from "../store.ts";
 
 /** One database's keys table, as phases mode uses it (a `PostgresStore` is one). */
 export interface KeyTable {
@@ -20,6 +19,8 @@ export interface KeyTable {
   readonly boundaryOverlapMs: number;
   /** The clock leases are measured by, in epoch ms. */
   readonly clock: () => number;
+  /** Seals saved bodies and stored inputs at rest (`PostgresStoreOptions.sealer`); none: in clear. */
+  readonly sealer?: Sealer;
   readonly partitions: Pick<Partitions, "bucketOf" | "startOf" | "ensure">;
 }
 
@@ -76,7 +77,7 @@ export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): 
     return await fn();
   } catch (err) {
     // 23514 "no partition of relation ... found for row": a clock far from the partitions made at start.
-    if (!(sqlState(err) === "23514" && /no partition/.test(String((err as Error).message)))) throw err;
+    if (!isMissingPartition(err)) throw err;
     const b = table.partitions.bucketOf(table.clock());
     await table.partitions.ensure([b - 1, b, b + 1]);
     return fn();

@@ -7,7 +7,14 @@
  * `idem keys settle`. Settling records who decided what, and either resumes the key at a phase (with
  * the data the person found, e.g. the provider's charge id) or saves a final answer for it.
  */
-import { encodeOperationRef, type StoredResponse } from "../../core/index.ts";
+import {
+  encodeOperationRef,
+  openJson,
+  type Sealer,
+  type StoredResponse,
+  sealBytes,
+  sealContext,
+} from "../../core/index.ts";
 import type { KeyTable, ShardedKeyTables } from "./key-table.ts";
 import { tableFor, tablesOf } from "./key-table.ts";
 import { fence, type Lease, nowIso } from "./lease.ts";
@@ -78,7 +85,8 @@ interface ReviewRow {
   settlement: Settlement | null;
 }
 
-function toReview(r: ReviewRow): Review {
+/** A review as read back, its stored input opened (`sealer`: the store's, when inputs are sealed). */
+function toReview(r: ReviewRow, sealer: Sealer | undefined): Review {
   return {
     id: Number(r.id),
     scope: r.scope,
@@ -87,7 +95,7 @@ function toReview(r: ReviewRow): Review {
     keyCreatedAt: new Date(r.key_created_at),
     runner: r.runner,
     recoveryPoint: r.recovery_point,
-    request: r.request,
+    request: openJson(sealer, r.request, sealContext(r.scope, r.key, "request")),
     phaseData: r.phase_data,
     reason: r.reason,
     openedAt: new Date(r.opened_at),
@@ -108,7 +116,7 @@ export async function openReviews(
       `SELECT * FROM ${t.schema}.reviews WHERE settled_at IS NULL ORDER BY opened_at LIMIT $1`,
       [Math.max(1, Math.floor(options.limit ?? 1000))],
     );
-    out.push(...rows.map(toReview));
+    out.push(...rows.map((r) => toReview(r, t.sealer)));
   }
   return out.sort((a, b) => a.openedAt.getTime() - b.openedAt.getTime());
 }
@@ -185,7 +193,13 @@ export async function settleKey(
         `UPDATE ${s}.keys SET needs_review_at = NULL, attempted_at = NULL, recovery_point = 'done',
                 status = $4, headers = $5::text::jsonb, body = $6, updated_at = $7::timestamptz
           WHERE ${where}`,
-        [...row, answer.status, JSON.stringify(answer.headers), answer.body, now],
+        [
+          ...row,
+          answer.status,
+          JSON.stringify(answer.headers),
+          sealBytes(t.sealer, answer.body, sealContext(scope, key, "body")),
+          now,
+        ],
       );
     }
     const { rows: settled } = await tx.query<ReviewRow>(
@@ -193,6 +207,6 @@ export async function settleKey(
         WHERE id = $1 RETURNING *`,
       [review.id, now, by, JSON.stringify(settlement)],
     );
-    return toReview(settled[0]!);
+    return toReview(settled[0]!, t.sealer);
   });
 }

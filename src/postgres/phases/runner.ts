@@ -8,15 +8,20 @@ import {
   DEFAULT_REPLAYED_HEADERS,
   encodeOperationRef,
   filterHeaders,
+  isDatabaseUnavailable,
   isSaved,
   KeyInFlightError,
   LeaseLostError,
   OperationUncertainError,
   RetryableError,
   type SavePolicy,
+  SqlState,
   type StoredResponse,
+  sealBytes,
+  sealContext,
+  sqlStateOf,
 } from "../../core/index.ts";
-import { RECOVERY_DONE, sqlState } from "../store.ts";
+import { RECOVERY_DONE } from "../store.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
   type CrashInfo,
@@ -163,9 +168,16 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       try {
         await release(lease);
       } catch (releaseError) {
+        // The database went away (the usual reason both fail): the lease expires on its own, and the
+        // caller answers 503 + Retry-After for an unavailable database, as for any other statement.
+        if (isDatabaseUnavailable(releaseError)) throw isDatabaseUnavailable(err) ? err : releaseError;
         throw new AggregateError([err, releaseError], "the phase failed and freeing its lease failed too");
       }
-      if (sqlState(err) === "55P03" || sqlState(err) === "40001" || sqlState(err) === "40P01") {
+      if (
+        sqlStateOf(err) === SqlState.LockNotAvailable ||
+        sqlStateOf(err) === SqlState.SerializationFailure ||
+        sqlStateOf(err) === SqlState.DeadlockDetected
+      ) {
         throw new RetryableError("The database was busy; retry with the same key.", { cause: err });
       }
       throw err;
@@ -373,7 +385,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       ...fence(lease),
       saved.status,
       JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
-      saved.body,
+      sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
       JSON.stringify(step.data ?? {}),
       nowIso(lease.table),
     ];

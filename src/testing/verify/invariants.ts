@@ -2,6 +2,7 @@
  * The invariants idem verify checks after a run, each one a function of what was sent, what the
  * server answered (through the proxy, dropped replies included) and how many effects were counted.
  */
+import { isCheckedProblem, problemFieldsError, type SeenAnswer } from "./fields.ts";
 import type { Exchange } from "./proxy.ts";
 import { type Answer, type IntentRun, isRetryable } from "./run.ts";
 
@@ -22,6 +23,11 @@ export const ViolationKind = {
   crossAccount: "cross-account",
   /** The intent never got a final answer. */
   unresolved: "unresolved",
+  /**
+   * A problem answer (4xx/5xx problem+json, or the answer to the request sent without its key) lacks
+   * the contract's operation_state, retry_same_key, safe_new_key, or a 409 in flight says not to retry.
+   */
+  problemFields: "problem-fields",
   /** No intent succeeded, so nothing was really checked (wrong credentials, path or body?). */
   noSuccess: "no-success",
 } as const;
@@ -64,11 +70,13 @@ function show(a: Pick<Answer, "status" | "body" | "error">): string {
  * @param runs the intents as run
  * @param exchanges what the server answered per key through the proxy (original requests only)
  * @param effects per intent (same order as `runs`), or undefined when effects were not counted
+ * @param withoutKey the answer to the request sent without its key, if one came
  */
 export function checkInvariants(
   runs: readonly IntentRun[],
   exchanges: (key: string) => Exchange[],
   effects: readonly EffectCounts[] | undefined,
+  withoutKey?: Answer,
 ): { checks: CheckResult[]; violations: Violation[] } {
   const violations: Violation[] = [];
   const add = (run: IntentRun | undefined, kind: ViolationKind, message: string) =>
@@ -145,6 +153,19 @@ export function checkInvariants(
       }
     }
 
+    // Problem answers carry the contract's fields: what the server sent through the proxy, and the
+    // probes sent straight to the API. One violation per intent, naming the first bad answer.
+    const problems: SeenAnswer[] = [
+      ...exchanges(run.key).filter((e) => e.status > 0),
+      ...[run.mismatch, run.scope].filter((a): a is Answer => a !== undefined && a.status > 0),
+    ].filter((a) => isCheckedProblem(a));
+    const errors = problems.map(problemFieldsError).filter((e) => e !== undefined);
+    for (const _ of problems) seen("fields");
+    if (errors.length) {
+      const more = errors.length > 1 ? ` (and ${errors.length - 1} more answers)` : "";
+      add(run, ViolationKind.problemFields, `${errors[0]}${more}`);
+    }
+
     // No key stuck in flight.
     seen("stuck");
     if (run.stuckMs !== undefined) {
@@ -189,6 +210,12 @@ export function checkInvariants(
     }
   });
 
+  if (withoutKey && isCheckedProblem(withoutKey, true)) {
+    seen("fields");
+    const error = problemFieldsError(withoutKey);
+    if (error) add(undefined, ViolationKind.problemFields, `the request without its key: ${error}`);
+  }
+
   if (runs.length > 0 && !runs.some((r) => r.outcome === "succeeded")) {
     const first = runs[0]!.final ?? runs[0]!.answers[0];
     add(
@@ -215,6 +242,7 @@ export function checkInvariants(
     row("422 for a changed body", "mismatch", [ViolationKind.changedBodyAccepted]),
     row("keys scoped by account", "scope", [ViolationKind.crossAccount]),
     row("no key stuck in 409 past the lease", "stuck", [ViolationKind.stuckInFlight]),
+    row("problems say what the client may do next", "fields", [ViolationKind.problemFields]),
     row("a final answer for every intent", "final", [ViolationKind.unresolved, ViolationKind.noSuccess]),
   ];
   return { checks, violations };

@@ -24,6 +24,8 @@ export interface Answer {
   status: number;
   body: string;
   replayed: boolean;
+  /** The answer's `content-type`, when it had one. */
+  contentType?: string;
   /** Why no response came. */
   error?: string;
 }
@@ -119,7 +121,36 @@ async function toAnswer(label: string, res: Response): Promise<Answer> {
     status: res.status,
     body,
     replayed: (res.headers.get("idempotent-replayed") ?? "").toLowerCase() === "true",
+    contentType: res.headers.get("content-type") ?? undefined,
   };
+}
+
+/**
+ * The key-missing probe: the request once, straight to the API, without the key header, so that a
+ * route that requires a key answers its idempotency problem (checked for the contract's fields). A
+ * route where the key is optional runs it: one effect, outside the counted markers. Undefined when the
+ * template itself puts the key somewhere, or no answer came.
+ */
+export async function sendWithoutKey(
+  options: Pick<RunOptions, "url" | "template" | "auth" | "requestTimeoutMs" | "signal">,
+  vars: TemplateVars,
+): Promise<Answer | undefined> {
+  const t = options.template;
+  if ([t.path, t.body ?? "", ...Object.values(t.headers ?? {})].some((s) => s.includes("{{key}}"))) return;
+  const req = renderRequest(t, vars);
+  try {
+    const res = await fetch(new URL(req.path, options.url), {
+      method: req.method,
+      headers: { ...req.headers, ...options.auth },
+      body: req.body ?? null,
+      signal: options.signal
+        ? AbortSignal.any([options.signal, AbortSignal.timeout(options.requestTimeoutMs)])
+        : AbortSignal.timeout(options.requestTimeoutMs),
+    });
+    return await toAnswer("without key", res);
+  } catch {
+    return undefined;
+  }
 }
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {

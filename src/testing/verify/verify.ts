@@ -4,13 +4,13 @@
  * baseline), runs the planned intents, waits for the proxy to drain, counts again and checks the
  * invariants. The API is any HTTP server: it need not use idem.
  */
-import { randomInt } from "node:crypto";
+import { randomInt, randomUUID } from "node:crypto";
 import type { EffectCounter } from "./effects.ts";
 import { checkInvariants, type EffectCounts, type ViolationKind } from "./invariants.ts";
 import { DELIVERIES, FAULTS, type Fault, PROBES, planIntents } from "./plan.ts";
 import { startFaultProxy } from "./proxy.ts";
 import type { VerifyReport } from "./report.ts";
-import { drawValues, type IntentRun, runIntents } from "./run.ts";
+import { type Answer, drawValues, type IntentRun, runIntents, sendWithoutKey } from "./run.ts";
 import {
   type RequestTemplate,
   type TemplateVars,
@@ -147,6 +147,7 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
 
   const proxy = await startFaultProxy({ target: options.url, keyHeader, holdMs: timeoutMs + 30_000 });
   let runs: IntentRun[];
+  let withoutKey: Answer | undefined;
   let suspicious = 0;
   try {
     let done = 0;
@@ -173,6 +174,20 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
       },
     });
     await proxy.idle();
+    // Once the API has answered at all: the request without its key, for its problem's fields.
+    if (runs.some((r) => r.answers.some((a) => a.status > 0)) && !options.signal?.aborted) {
+      const n = 3 * intents; // an amount no intent or probe uses: its effect, if any, is not counted
+      withoutKey = await sendWithoutKey(
+        {
+          url: options.url,
+          template: options.request,
+          auth: options.auth ?? {},
+          requestTimeoutMs: options.requestTimeoutMs ?? 10_000,
+          signal: options.signal,
+        },
+        { n, key: "", uuid: randomUUID(), amount: amountBase + n },
+      );
+    }
   } finally {
     await proxy.close();
   }
@@ -192,7 +207,7 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
     });
   }
 
-  const { checks, violations } = checkInvariants(runs, (key) => proxy.exchanges(key), effects);
+  const { checks, violations } = checkInvariants(runs, (key) => proxy.exchanges(key), effects, withoutKey);
   const byKind: Partial<Record<ViolationKind, number>> = {};
   for (const v of violations) byKind[v.kind] = (byKind[v.kind] ?? 0) + 1;
   const faultCounts: VerifyReport["faults"] = {};

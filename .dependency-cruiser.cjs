@@ -1,0 +1,56 @@
+/**
+ * The import rules of the library (npm run check:imports, part of npm test). The layout they keep:
+ *   src/core       the protocol: no I/O, no driver, no framework; imports nothing else of src/
+ *   src/http       framework adapters: translate to the core's lifecycle; never the PostgreSQL store
+ *   src/postgres   the store, its drivers, phases mode, migrations (drivers are typed structurally)
+ *   src/client, src/messaging, src/testing, src/cli   build on the above
+ * and no cycles anywhere in src/.
+ */
+module.exports = {
+  forbidden: [
+    {
+      name: "no-cycles",
+      severity: "error",
+      comment: "A cycle makes two files one: split the shared part out.",
+      from: { path: "^src" },
+      to: { circular: true },
+    },
+    {
+      name: "core-imports-no-package",
+      severity: "error",
+      comment: "The core is framework-free and driver-free: only Node's built-ins.",
+      from: { path: "^src/core" },
+      to: { dependencyTypes: ["npm", "npm-dev", "npm-optional", "npm-peer", "npm-no-pkg", "npm-unknown"] },
+    },
+    {
+      name: "core-imports-only-core",
+      severity: "error",
+      comment: "Nothing in the core depends on a layer above it.",
+      from: { path: "^src/core" },
+      to: { path: "^src/(?!core/)" },
+    },
+    {
+      name: "http-imports-no-postgres",
+      severity: "error",
+      comment: "Adapters talk to the core's lifecycle and store interfaces, not to the PostgreSQL store.",
+      from: { path: "^src/http" },
+      to: { path: "^src/postgres" },
+    },
+    {
+      name: "library-imports-no-app-test-bench",
+      severity: "error",
+      from: { path: "^src" },
+      to: { path: "^(app|test|bench|examples)/" },
+    },
+  ],
+  options: {
+    doNotFollow: { path: "node_modules" },
+    tsConfig: { fileName: "tsconfig.json" },
+    tsPreCompilationDeps: true,
+    enhancedResolveOptions: {
+      exportsFields: ["exports"],
+      conditionNames: ["source", "import", "node", "default", "types"],
+      extensions: [".ts", ".js", ".json"],
+    },
+  },
+};

@@ -1,0 +1,54 @@
+/**
+ * The one handler every variant of the comparison runs: a payment is one INSERT, answered 201 with the
+ * row as JSON. Bare variants and the peers run it autocommitted on a plain pool; idem's variants run it
+ * in the key's transaction. The row keeps the request's Idempotency-Key so the bench can count how many
+ * times each key was executed.
+ */
+
+/** The table the handler writes; created by the orchestrator before any server starts. */
+export const PAYMENTS_DDL = `
+  CREATE TABLE payments (
+    id bigserial PRIMARY KEY,
+    idem_key text,
+    amount_cents integer NOT NULL,
+    currency text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+  );
+  CREATE INDEX payments_idem_key ON payments (idem_key);`;
+
+export const PATH = "/v1/payments";
+export const BODY = JSON.stringify({ amount_cents: 5000, currency: "eur" });
+
+/**
+ * A request with this header (only the crash check sends it) kills its server with SIGKILL right after
+ * the handler's INSERT returned: the worst moment for a crash, after the effect and before any answer
+ * or saved response.
+ */
+export const CRASH_HEADER = "x-bench-crash";
+
+export interface Payment {
+  amount_cents: number;
+  currency: string;
+}
+
+interface Queryable {
+  query(text: string, values?: unknown[]): Promise<{ rows: any[] }>;
+}
+
+const INSERT =
+  "INSERT INTO payments (idem_key, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id, amount_cents, currency";
+
+/** The work itself: one INSERT. `crash`: die right after it (see CRASH_HEADER). */
+export async function insertPayment(
+  q: Queryable,
+  key: string | undefined,
+  body: Payment,
+  crash: boolean,
+): Promise<{ id: string; amount_cents: number; currency: string }> {
+  const { rows } = await q.query(INSERT, [key ?? null, body.amount_cents, body.currency]);
+  if (crash) process.kill(process.pid, "SIGKILL");
+  return rows[0];
+}
+
+/** Status and JSON body of the handler's answer. */
+export const CREATED = 201;

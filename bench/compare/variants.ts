@@ -1,0 +1,104 @@
+/**
+ * The servers the comparison runs, one child process each (bench/compare/server.ts builds them). Every
+ * keyed variant is compared with the bare handler on its own framework, measured in the same rounds.
+ */
+
+export type Framework = "express" | "hono" | "fastify" | "node";
+
+export interface Variant {
+  name: string;
+  /** As shown in the results table. */
+  label: string;
+  /** As shown in the chart. */
+  short: string;
+  framework: Framework;
+  /** bare: no middleware, the INSERT autocommitted; idem: atomic mode on the pg pipeline driver; peer: from npm. */
+  kind: "bare" | "idem" | "peer";
+  /** What holds a key claimed by a request that crashed, from the peer's documentation. */
+  stuckUntil?: string;
+}
+
+export const VARIANTS: readonly Variant[] = [
+  {
+    name: "bare-express",
+    short: "bare, Express",
+    label: "bare handler, Express 5",
+    framework: "express",
+    kind: "bare",
+  },
+  { name: "bare-hono", short: "bare, Hono", label: "bare handler, Hono", framework: "hono", kind: "bare" },
+  {
+    name: "bare-fastify",
+    short: "bare, Fastify",
+    label: "bare handler, Fastify",
+    framework: "fastify",
+    kind: "bare",
+  },
+  {
+    name: "bare-node",
+    short: "bare, node:http",
+    label: "bare handler, node:http",
+    framework: "node",
+    kind: "bare",
+  },
+  {
+    name: "idem-express",
+    short: "idem/express",
+    label: "idem/express, pg pipeline",
+    framework: "express",
+    kind: "idem",
+  },
+  { name: "idem-hono", short: "idem/hono", label: "idem/hono, pg pipeline", framework: "hono", kind: "idem" },
+  {
+    name: "idem-fastify",
+    short: "idem/fastify",
+    label: "idem/fastify, pg pipeline",
+    framework: "fastify",
+    kind: "idem",
+  },
+  { name: "idem-node", short: "idem/node", label: "idem/node, pg pipeline", framework: "node", kind: "idem" },
+  {
+    name: "express-idempotency",
+    short: "express-idempotency",
+    label: "express-idempotency + Redis",
+    framework: "express",
+    kind: "peer",
+    stuckUntil: "the key's TTL, 24 h",
+  },
+  {
+    name: "node-idempotency",
+    short: "@node-idempotency/core",
+    label: "@node-idempotency/core + Redis (Express)",
+    framework: "express",
+    kind: "peer",
+    stuckUntil: "the key's TTL, 24 h",
+  },
+  {
+    name: "powertools",
+    short: "Powertools idempotency",
+    label: "Powertools idempotency, cache layer on Redis (Express)",
+    framework: "express",
+    kind: "peer",
+    stuckUntil: "the in-progress expiry, 10 s",
+  },
+];
+
+export function variant(name: string): Variant {
+  const v = VARIANTS.find((x) => x.name === name);
+  if (!v) throw new Error(`unknown variant ${name}; one of: ${VARIANTS.map((x) => x.name).join(", ")}`);
+  return v;
+}
+
+export function bareOf(v: Variant): Variant {
+  return VARIANTS.find((x) => x.kind === "bare" && x.framework === v.framework)!;
+}
+
+/** Pool size of every variant's PostgreSQL pool. */
+export const POOL_SIZE = 10;
+/** The scope idem's variants key under (a real service takes it from authentication). */
+export const SCOPE = "acct_bench";
+/**
+ * What the Powertools variant tells Powertools about the time left, as a Lambda context would: an
+ * in-progress key is considered abandoned after this long.
+ */
+export const POWERTOOLS_REMAINING_MS = 10_000;

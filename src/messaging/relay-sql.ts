@@ -1,0 +1,111 @@
+/**
+ * The SQL of the outbox relay (see relay.ts for the timeline it serves), and the row it claims.
+ */
+import type { OutboxMessage } from "./types.ts";
+
+export interface Row {
+  id: string;
+  topic: string;
+  type: string;
+  body: string;
+  headers: Record<string, string> | string | null;
+  aggregate_type: string | null;
+  aggregate_id: string | null;
+  attempts: number;
+  created_at: Date | string;
+}
+
+/** The three statements a relay runs, built once per schema and option set. */
+export function statements(schema: string, ordered: boolean, filtered: boolean) {
+  const t = `${schema}.outbox`;
+  const returning = `RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
+              o.aggregate_type, o.aggregate_id, o.attempts, o.created_at`;
+  const claimable = `o.published_at IS NULL AND o.parked_at IS NULL
+        AND (o.locked_until IS NULL OR o.locked_until <= now())
+        ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}`;
+  const claim = ordered
+    ? /*
+       * Ordered: a run of events per aggregate (the relay publishes them in waves, in order).
+       *   held        aggregates with an unpublished event in flight, backing off or parked (few rows:
+       *               the partial index outbox_held): none of their events may go now.
+       *   candidates  the oldest claimable events of the other aggregates, row-locked.
+       *   the UPDATE  keeps an event only if every older unpublished event of its aggregate is a
+       *               candidate too. (A concurrent claim may hold an older one's row lock, which SKIP
+       *               LOCKED passes over, or may have committed after this statement's snapshot.)
+       * The ids go to the UPDATE as an array, so it finds them by primary key.
+       */
+      `
+    WITH held AS (
+      SELECT DISTINCT aggregate_type, aggregate_id FROM ${t}
+      WHERE published_at IS NULL AND aggregate_id IS NOT NULL
+        AND (parked_at IS NOT NULL OR locked_until IS NOT NULL)
+        AND (parked_at IS NOT NULL OR locked_until > now())
+    ), candidates AS (
+      SELECT o.id, o.aggregate_type, o.aggregate_id FROM ${t} o
+      WHERE ${claimable}
+        AND NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = o.aggregate_id
+                          AND h.aggregate_type IS NOT DISTINCT FROM o.aggregate_type)
+      ORDER BY o.id
+      LIMIT $1::int
+      FOR UPDATE SKIP LOCKED
+    ), ranked AS (
+      SELECT id, aggregate_type, aggregate_id,
+             row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) - 1 AS older
+      FROM candidates
+    )
+    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
+    WHERE o.id = ANY (ARRAY(
+      SELECT r.id FROM ranked r
+      WHERE r.aggregate_id IS NULL OR r.older = (
+        SELECT count(*) FROM ${t} p
+        WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL AND p.id < r.id
+          AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type)))
+    ${returning}`
+    : `
+    WITH claimed AS (
+      SELECT o.id FROM ${t} o
+      WHERE ${claimable}
+      ORDER BY o.id
+      LIMIT $1::int
+      FOR UPDATE SKIP LOCKED
+    )
+    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
+    FROM claimed WHERE o.id = claimed.id
+    ${returning}`;
+  const published = `
+    UPDATE ${t} SET published_at = now(), locked_until = NULL, last_error = NULL
+    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
+  const failed = `
+    UPDATE ${t} SET
+      attempts = attempts + 1,
+      last_error = $2::text,
+      locked_until = now() + least($4::float8, $3::float8 * power(2, attempts)) * (0.5 + random() / 2)
+                             * interval '1 millisecond',
+      parked_at = CASE WHEN attempts + 1 >= $5::int THEN now() END
+    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL
+    RETURNING parked_at IS NOT NULL AS parked`;
+  const release = `
+    UPDATE ${t} SET locked_until = NULL, last_error = coalesce($2::text, last_error)
+    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
+  const cleanup = `
+    DELETE FROM ${t} WHERE id IN (
+      SELECT id FROM ${t} WHERE published_at < now() - $1::float8 * interval '1 millisecond'
+      ORDER BY published_at LIMIT $2::int)`;
+  return { claim, published, failed, release, cleanup };
+}
+
+export function toMessage(r: Row): OutboxMessage {
+  const headers =
+    typeof r.headers === "string" ? (JSON.parse(r.headers) as Record<string, string>) : r.headers;
+  return {
+    id: r.id,
+    topic: r.topic,
+    type: r.type,
+    body: r.body,
+    headers: headers ?? {},
+    aggregateType: r.aggregate_type,
+    aggregateId: r.aggregate_id,
+    attempts: Number(r.attempts),
+    createdAt: r.created_at instanceof Date ? r.created_at : new Date(r.created_at),
+  };
+}
