@@ -16,10 +16,10 @@ import {
   mkdtempSync,
   readdirSync,
   readFileSync,
-  rmSync,
   statSync,
   writeFileSync,
 } from "node:fs";
+import { rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -109,9 +109,11 @@ describe("the packed tarball, installed in a fresh project", () => {
     await run("npm", ["install", tarball, ...NPM_FLAGS], { cwd: bare });
   }, 300_000);
 
-  afterAll(() => {
-    if (work) rmSync(work, { recursive: true, force: true });
-  });
+  // Asynchronous, with time: a synchronous rm of the integrations' node_modules trees blocked vitest's
+  // worker past its 60 s hook timeout and its RPC timeout (seen with six integration projects).
+  afterAll(async () => {
+    if (work) await rm(work, { recursive: true, force: true });
+  }, 300_000);
 
   it("holds built JavaScript, declarations, source maps, the SQL and the CLI, and no sources or tests", async () => {
     const { stdout } = await run("tar", ["-tzf", tarball]);
