@@ -9,6 +9,7 @@ import os from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
+import { addChaosSummary } from "./chaos-summary.ts";
 
 /** One measured scenario. */
 export interface BenchResult {
@@ -246,6 +247,7 @@ function truncate(s: string, n: number): string {
  */
 export function writeReport(report: Report, dir = RESULTS_DIR): { markdown: string; svg: string } {
   mkdirSync(dir, { recursive: true });
+  addChaosSummary(report, dir); // the chaos suite's last figures, when it left them here
   const markdown = join(dir, "latest.md");
   const svg = join(dir, "latest.svg");
   writeFileSync(markdown, renderMarkdown(report));
