@@ -21,8 +21,6 @@ export interface ChaosSummary {
   definiteAfterResume: number;
   paid: number;
   paidExactlyOnce: number;
-  /** The two printed lines: definite within the deadline, and after resume. */
-  lines: [string, string];
 }
 
 /** The last chaos run's summary in `dir`, or `undefined` when there is none (or it is unreadable). */
@@ -31,26 +29,31 @@ export function readChaosSummary(dir: string): ChaosSummary | undefined {
   if (!existsSync(file)) return undefined;
   try {
     const s = JSON.parse(readFileSync(file, "utf8")) as ChaosSummary;
-    return Array.isArray(s.lines) && s.lines.length === 2 ? s : undefined;
+    return typeof s.intents === "number" && typeof s.definiteInDeadline === "number" ? s : undefined;
   } catch {
     return undefined;
   }
 }
 
+/** A share as a percentage, rounded down (98.95% reads 98.9%, never 99.0%). */
+const pct = (n: number, of: number) => `${(Math.floor((1000 * n) / Math.max(1, of)) / 10).toFixed(1)}%`;
+
 /** Add the chaos suite's two figures to `report` when a summary is in `dir`. */
 export function addChaosSummary(report: Report, dir: string): void {
   const s = readChaosSummary(dir);
   if (!s || report.figures.some((f) => f.group === CHAOS_GROUP)) return;
-  const from = `chaos suite run of ${s.date.replace(/\.\d+Z$/, "Z")}, seed ${s.seed}, ${s.clients} clients`;
-  const [definite, resumed] = s.lines;
-  const pct = ((100 * s.definiteInDeadline) / s.intents).toFixed(1);
+  const from = `chaos suite run of ${s.date.replace(/\.\d+Z$/, "Z")}, seed ${s.seed}, ${s.clients} client(s)`;
+  const definite = `${s.definiteInDeadline} of ${s.intents} (${pct(s.definiteInDeadline, s.intents)})`;
   const once =
     s.paidExactlyOnce === s.paid
-      ? "each paid one charged once"
-      : `${s.paidExactlyOnce} of ${s.paid} paid charged once`;
+      ? "exactly one for all"
+      : `exactly one for ${s.paidExactlyOnce} of ${s.paid} paid`;
+  const resumed = `${s.definiteAfterResume} of ${s.intents} definite, charges per intent: ${once}`;
+  const onceShort =
+    s.paidExactlyOnce === s.paid ? "one charge each" : `${s.paid - s.paidExactlyOnce} paid NOT charged once`;
   report.highlights = [
     ...(report.highlights ?? []),
-    `Chaos, client defaults: ${pct}% definite within the deadline, ${s.definiteAfterResume} of ${s.intents} after resume(), ${once}`,
+    `Chaos suite, client defaults: ${pct(s.definiteInDeadline, s.intents)} definite within the deadline; ${pct(s.definiteAfterResume, s.intents)} after resume(), ${onceShort}`,
   ];
   report.figures.push(
     { group: CHAOS_GROUP, name: "definite answers within the deadline", value: definite, note: from },
