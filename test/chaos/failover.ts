@@ -2,9 +2,11 @@
  * A failover front for the chaos test: what a load balancer in front of several instances of the
  * service does when one is SIGKILLed. Each request goes to the next instance in turn; an instance
  * that refuses the connection (it is down) is skipped, so a request that was never sent is sent to
- * another one. A request that was sent to an instance that then died is answered 502, as a real
- * balancer answers it (it cannot know whether the instance acted on it): the client retries with its
- * key. When every instance refuses, 502.
+ * another one, and so is one whose pooled keep-alive connection was reset before any reply (the
+ * instance closed it as idle, or was killed: Node's documented keep-alive race; balancers such as
+ * Envoy retry these too, and the key makes a second delivery harmless). A request that was sent on a
+ * fresh connection to an instance that then died is answered 502: the client retries with its key.
+ * When every instance refuses, 502.
  *
  * Request bodies are buffered (the chaos test sends small JSON); responses are streamed back.
  */
@@ -48,6 +50,7 @@ export async function startFailover(targets: () => readonly string[]): Promise<F
       });
       up.on("error", (err: NodeJS.ErrnoException) => {
         if (REFUSED.has(err.code ?? "")) return resolve("refused");
+        if (up.reusedSocket && err.code === "ECONNRESET" && !res.headersSent) return resolve("refused");
         // Sent, then the instance died: the outcome is unknown to us, as to any balancer.
         if (!res.headersSent) res.writeHead(502, { "content-type": "text/plain" }).end("instance died");
         else res.destroy();
