@@ -11,6 +11,7 @@ import os from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
+import { addChaosSummary } from "./chaos-summary.ts";
 import type { Comparison } from "./compare/index.ts";
 import { compareMarkdown, compareSvg } from "./compare/render.ts";
 
@@ -263,6 +264,7 @@ function truncate(s: string, n: number): string {
  */
 export function writeReport(report: Report, dir = RESULTS_DIR): { markdown: string; svg: string } {
   mkdirSync(dir, { recursive: true });
+  addChaosSummary(report, dir); // the chaos suite's last figures, when it left them here
   const markdown = join(dir, "latest.md");
   const svg = join(dir, "latest.svg");
   writeFileSync(markdown, renderMarkdown(report));

@@ -185,3 +185,45 @@ export class Service {
     await stopChild(this.current);
   }
 }
+
+/**
+ * Several instances of the service on one database (as behind a load balancer), seen as one:
+ * `kill()` SIGKILLs the next instance in turn (and starts it again); the counts are summed.
+ */
+export class Fleet {
+  #turn = 0;
+
+  constructor(readonly instances: readonly Service[]) {}
+
+  get urls(): string[] {
+    return this.instances.map((s) => s.url);
+  }
+  get kills(): number {
+    return this.instances.reduce((n, s) => n + s.kills, 0);
+  }
+  get starts(): number {
+    return this.instances.reduce((n, s) => n + s.starts, 0);
+  }
+  get downMs(): number {
+    return this.instances.reduce((n, s) => n + s.downMs, 0);
+  }
+  get unexpectedExits(): Service["unexpectedExits"] {
+    return this.instances.flatMap((s) => s.unexpectedExits);
+  }
+
+  async start(): Promise<void> {
+    await Promise.all(this.instances.map((s) => s.start()));
+  }
+
+  kill(): Promise<void> {
+    return this.instances[this.#turn++ % this.instances.length]!.kill();
+  }
+
+  async settled(): Promise<void> {
+    await Promise.all(this.instances.map((s) => s.settled()));
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.instances.map((s) => s.stop()));
+  }
+}
