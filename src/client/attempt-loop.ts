@@ -83,6 +83,11 @@ export class AttemptLoop {
     if (call.key !== undefined) call.headers[s.keyHeader] = s.quoteKey ? `"${call.key}"` : call.key;
     const opts = call.options;
     const maxAttempts = Math.max(1, opts.maxAttempts ?? s.maxAttempts);
+    // Attempts answered "in flight" (409 with the in-flight type) do not count against maxAttempts:
+    // the server is working on the key and paces the waits with Retry-After, and a key held by a
+    // crashed worker frees only when its lease runs out, which can take longer than five waits. The
+    // deadline still bounds them.
+    let inFlightAnswers = 0;
     let perTryMs = opts.perTryTimeoutMs ?? s.perTryMs;
     const deadlineMs = opts.deadlineMs ?? s.deadlineMs;
     const on = s.on;
@@ -185,6 +190,7 @@ export class AttemptLoop {
         if (breaker?.failureStatuses.has(response.status)) permit.failure();
         else permit.success();
         free = answer !== undefined && isInFlight(answer);
+        if (free) inFlightAnswers++;
       } else if (timer.cut() === undefined && classifyNetworkError(error) === "lost-reply") {
         permit.release(); // the server was reached; only this reply was lost
         free = true;
@@ -196,7 +202,9 @@ export class AttemptLoop {
       call.lastResponse = response;
       call.lastError = response ? undefined : error;
 
-      if (attempt >= maxAttempts) return this.#giveUp(call, new AttemptsExhaustedError(call.details()));
+      if (attempt - inFlightAnswers >= maxAttempts) {
+        return this.#giveUp(call, new AttemptsExhaustedError(call.details()));
+      }
       const hint = response ? retryAfterFrom(response) : undefined;
       if (response) {
         // The server's answer bound: later attempts wait for it, plus a margin (the deadline still caps).
