@@ -1,0 +1,24 @@
+/**
+ * The tests `npm run mutate` runs against each mutant: the fast behaviour tests of the mutated modules
+ * only (the whole suite would take hours per run). Store tests need DATABASE_URL (the real server).
+ */
+import { defineConfig } from "vitest/config";
+
+export default defineConfig({
+  resolve: { conditions: ["source"] },
+  ssr: { resolve: { conditions: ["source"] } },
+  test: {
+    include: [
+      "test/core/**/*.test.ts",
+      "test/client/answer.test.ts",
+      "test/client/backoff.test.ts",
+      "test/client/budget.test.ts",
+      "test/client/expiry-and-timing.test.ts",
+      "test/client/server-says.test.ts",
+      "test/client/retries.test.ts",
+      "test/client/policy-*.test.ts",
+    ],
+    testTimeout: 30_000,
+    hookTimeout: 60_000,
+  },
+});
