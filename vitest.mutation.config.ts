@@ -10,6 +10,8 @@ export default defineConfig({
   test: {
     include: [
       "test/core/**/*.test.ts",
+      "test/http/read-once.property.test.ts",
+      "test/store/expiry-partitions.test.ts",
       "test/client/answer.test.ts",
       "test/client/backoff.test.ts",
       "test/client/budget.test.ts",
@@ -18,6 +20,8 @@ export default defineConfig({
       "test/client/retries.test.ts",
       "test/client/policy-*.test.ts",
     ],
+    // The store's tests run once per mutant: on the real server (DATABASE_URL), through one driver.
+    env: { IDEM_MUTATION_BACKEND: process.env.DATABASE_URL ? "pg" : "pglite" },
     testTimeout: 30_000,
     hookTimeout: 60_000,
   },

@@ -2,10 +2,12 @@
  * A small Hono app over idem's PostgresStore on PGlite (the real PostgreSQL engine, in process), for
  * the core rules tests: requests go through `app.request` (a real `Request`, no socket), so a test file
  * starts in about a second. The handler counts how often it ran per key and answers what the request
- * asks for: `x-status` (default 201) and `x-reply-headers` (a JSON object of headers to send).
+ * asks for: `x-status` (default 201) and `x-reply-headers` (a JSON object of headers to send). The
+ * scope is `acct_1`, or none (not authenticated) when the request sends `x-anonymous`.
  */
 import { PGlite } from "@electric-sql/pglite";
 import { Hono } from "hono";
+import { encodeOperationRef } from "../../src/core/index.ts";
 import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";
 import { fromPglite, migrate, PostgresStore } from "../../src/postgres/index.ts";
 
@@ -14,6 +16,8 @@ export interface RulesApp {
   send(path: string, init: RequestInit & { key?: string }): Promise<Response>;
   /** How often the handler ran. */
   runs(): number;
+  /** The operation_ref of a key of this app's scope. */
+  encodeRef(key: string): string;
   close(): Promise<void>;
 }
 
@@ -27,15 +31,19 @@ export async function startRulesApp(routes: Record<string, RouteOptions>): Promi
   let runs = 0;
   const app = new Hono<IdempotencyEnv>();
   for (const [prefix, options] of Object.entries(routes)) {
-    app.all(`${prefix}/*`, idempotency({ ...options, store, scope: () => "acct_1" }), (c) => {
-      runs++;
-      const headers = JSON.parse(c.req.header("x-reply-headers") ?? "{}") as Record<string, string>;
-      const status = Number(c.req.header("x-status") ?? 201);
-      return c.body(JSON.stringify({ run: runs, body: c.var.idempotency.body }), status as 201, {
-        "content-type": "application/json",
-        ...headers,
-      });
-    });
+    app.all(
+      `${prefix}/*`,
+      idempotency({ ...options, store, scope: (c) => (c.req.header("x-anonymous") ? undefined : "acct_1") }),
+      (c) => {
+        runs++;
+        const headers = JSON.parse(c.req.header("x-reply-headers") ?? "{}") as Record<string, string>;
+        const status = Number(c.req.header("x-status") ?? 201);
+        return c.body(JSON.stringify({ run: runs, body: c.var.idempotency.body }), status as 201, {
+          "content-type": "application/json",
+          ...headers,
+        });
+      },
+    );
   }
   return {
     send(path, { key, headers, ...init }) {
@@ -44,6 +52,7 @@ export async function startRulesApp(routes: Record<string, RouteOptions>): Promi
       return Promise.resolve(app.request(`http://idem.test${path}`, { method: "POST", ...init, headers: h }));
     },
     runs: () => runs,
+    encodeRef: (key: string) => encodeOperationRef("acct_1", key),
     close: () => db.close(),
   };
 }

@@ -28,6 +28,9 @@ describe("the fingerprint", () => {
     expect(fp({ path: "/v1/p?a=1" })).not.toBe(fp({ path: "/v1/p" }));
     expect(fp({ path: "/v1/p?a=1&a=2" })).not.toBe(fp({ path: "/v1/p?a=1" }));
     expect(fp({ path: "/v1/p?" })).toBe(fp({ path: "/v1/p" }));
+    // a repeated parameter's values keep their order (a list), whatever the other parameters' order
+    expect(fp({ path: "/v1/p?a=1&a=2" })).not.toBe(fp({ path: "/v1/p?a=2&a=1" }));
+    expect(fp({ path: "/v1/p?b=0&a=1&a=2" })).toBe(fp({ path: "/v1/p?a=1&b=0&a=2" }));
     expect(fp({ path: "/v1/p?b=1&a=2&c=3" })).toBe(fp({ path: "/v1/p?c=3&a=2&b=1" }));
   });
 
