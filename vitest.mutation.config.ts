@@ -15,9 +15,6 @@ export default defineConfig({
       "test/client/answer.test.ts",
       "test/client/backoff.test.ts",
       "test/client/budget.test.ts",
-      "test/client/expiry-and-timing.test.ts",
-      "test/client/server-says.test.ts",
-      "test/client/retries.test.ts",
       "test/client/policy-*.test.ts",
     ],
     // The store's tests run once per mutant: on the real server (DATABASE_URL), through one driver.

@@ -206,7 +206,7 @@ describe("the deadline and the per-try timeout", () => {
       deadlineMs: 5_000,
       fetch: async () => {
         vi.setSystemTime(Date.now() + 6_000); // the answer took longer than the deadline
-        return unavailable("0");
+        return unavailable("1");
       },
     });
     const err = await client.post("/payments", {}).catch((e: unknown) => e);

@@ -2,6 +2,7 @@
  * What makes two requests "the same request" (issue 21): the fingerprint through the public API, and
  * over HTTP, where the same key on a different request is a 422 and the same request is a replay.
  */
+import { createHash } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type FingerprintInput, fieldsFingerprint, fingerprint } from "../../src/core/index.ts";
 import { type RulesApp, startRulesApp } from "./app.ts";
@@ -114,5 +115,29 @@ describe("the fingerprint over HTTP", () => {
     expect(retry.headers.get("idempotent-replayed")).toBe("true");
     const changed = await app.send("/fields/p", { key: "fp-f", body: body(200, "t1"), headers: json });
     expect(changed.status).toBe(422);
+  });
+});
+
+describe("the fingerprint is stable across versions", () => {
+  // Saved keys keep the fingerprint they were saved with, and during a rolling deploy old and new
+  // instances answer the same keys: if this layout changes, every saved key becomes a 422 mismatch.
+  // SHA-256 of: METHOD \n path (query sorted) \n kind \n canonical body.
+  const sha = (text: string) => createHash("sha256").update(text).digest("hex");
+  const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
+
+  it("JSON, form, raw and empty bodies, and selected fields, hash to the documented layout", () => {
+    expect(
+      fp({ method: "post", path: "/v1/payments?b=2&a=1", text: '{"currency":"eur","amount_cents":100}' }),
+    ).toBe(sha('POST\n/v1/payments?a=1&b=2\njson\n{"amount_cents":100,"currency":"eur"}'));
+    expect(fp({ contentType: "application/x-www-form-urlencoded", text: "b=2&a=1" })).toBe(
+      sha("POST\n/v1/payments\nform\na=1&b=2"),
+    );
+    expect(fp({ contentType: "text/plain", text: "hello" })).toBe(sha("POST\n/v1/payments\nraw\nhello"));
+    expect(fp({ method: "DELETE", path: "/v1/payments/1", text: "" })).toBe(
+      sha("DELETE\n/v1/payments/1\nnone\n"),
+    );
+    expect(hex(fieldsFingerprint("post", "/v1/p?b=2&a=1", { amount_cents: 100 }))).toBe(
+      sha('POST\n/v1/p?a=1&b=2\nfields\n{"amount_cents":100}'),
+    );
   });
 });

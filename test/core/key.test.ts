@@ -75,6 +75,7 @@ describe("the Idempotency-Key header", () => {
     expect(read('"abc";v=1')).toBe("abc");
     expect(read('"abc"; v=1 ; *w ;x.y-z_0="q"')).toBe("abc");
     expect(read('"abc";flag')).toBe("abc");
+    expect(read('"abc" ;v=1')).toBe("abc"); // tolerated: a space before the parameters
   });
 
   it("a quoted empty key is refused as empty", () => {

@@ -117,13 +117,35 @@ describe("saving and replaying over HTTP", () => {
   });
 
   it("the replay carries the allow-listed headers only, never the first caller's cookie", async () => {
-    const headers = { location: "/v1/payments/9", "x-receipt": "rc_1", "set-cookie": "session=first" };
+    const headers = {
+      location: "/v1/payments/9",
+      "x-receipt": "rc_1",
+      "set-cookie": "session=first",
+      "content-language": "de",
+      "content-location": "/v1/payments/9.json",
+      "content-disposition": "inline",
+      etag: '"v9"',
+      "last-modified": "Mon, 30 Nov 2026 12:00:00 GMT",
+      "cache-control": "no-store",
+      link: "</v1/payments/9/refunds>; rel=refunds",
+    };
     const first = await send("/v1/h", "r-h", 201, headers);
     expect(first.headers.get("set-cookie")).toBe("session=first");
     const replay = await send("/v1/h", "r-h", 201, headers);
     expect(replay.headers.get("idempotent-replayed")).toBe("true");
     expect(replay.headers.get("location")).toBe("/v1/payments/9");
     expect(replay.headers.get("content-type")).toBe("application/json");
+    for (const name of [
+      "content-language",
+      "content-location",
+      "content-disposition",
+      "etag",
+      "last-modified",
+      "cache-control",
+      "link",
+    ] as const) {
+      expect(replay.headers.get(name), name).toBe(headers[name]);
+    }
     expect(replay.headers.get("x-receipt")).toBeNull();
     expect(replay.headers.get("set-cookie")).toBeNull();
 
