@@ -1,0 +1,167 @@
+/**
+ * The store's promises about time (issue 21): the expiry it reports is `created_at + retention` (the
+ * same on the first answer and on every replay), a key is forgotten exactly at that moment, a store
+ * whose clock has moved past the partitions it made at open still saves and replays keys, and what is not saved leaves nothing behind. PGlite always; pg and postgres.js on the real
+ * server when DATABASE_URL is set.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type Claim, fingerprint, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
+import type { Db, Tx } from "../../src/postgres/db.ts";
+import { migrate } from "../../src/postgres/migrate.ts";
+import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
+import { backends, type OpenDb } from "../helpers/db.ts";
+
+const enc = new TextEncoder();
+const HOUR = 3_600_000;
+const DAY = 24 * HOUR;
+
+const claimOf = (key: string, body = "{}"): Claim => ({
+  scope: "acct_1",
+  key,
+  fingerprint: fingerprint({
+    method: "POST",
+    path: "/v1/payments",
+    contentType: "application/json",
+    body: enc.encode(body),
+  }),
+});
+
+const reply = (id: number, status = 201): StoredResponse => ({
+  status,
+  headers: [["content-type", "application/json"]],
+  body: enc.encode(JSON.stringify({ id })),
+});
+
+async function charge(tx: Tx, status = 201) {
+  const { rows } = await tx.query<{ id: number }>("INSERT INTO effects DEFAULT VALUES RETURNING id");
+  const response = reply(rows[0]!.id, status);
+  return { response, save: status < 300 ? response : undefined };
+}
+
+async function effects(db: Db): Promise<number> {
+  const { rows } = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM effects");
+  return rows[0]!.n;
+}
+
+/** `npm run mutate` runs this file once per mutant: there, the real server through `pg` only. */
+const only = process.env.IDEM_MUTATION_BACKEND;
+const chosen = only ? backends.filter((b) => b.name === only) : backends;
+if (only && chosen.length === 0) throw new Error(`IDEM_MUTATION_BACKEND=${only}: set DATABASE_URL`);
+
+describe.each(chosen)("the store's clock on $name", (backend) => {
+  let open: OpenDb;
+  const stores = (options: PostgresStoreOptions) => PostgresStore.open(open.db, options);
+
+  beforeAll(async () => {
+    open = await backend.open();
+    await migrate(open.db, { partitionSeconds: 3_600 });
+    await open.db.exec("CREATE TABLE effects (id serial PRIMARY KEY)");
+  });
+  afterAll(async () => {
+    await open?.close();
+  });
+
+  it("reports expiry as created_at + retention, on the first answer and on every replay", async () => {
+    let now = Date.UTC(2031, 2, 3, 10, 15, 30, 250);
+    const created = now;
+    const s = await stores({ clock: () => now, retentionMs: 2 * HOUR });
+    const c = claimOf("k-expires");
+    const first = await s.atomic(c, (tx) => charge(tx));
+    expect(first).toMatchObject({ kind: "executed", saved: true });
+    expect(first.expiresAt.getTime()).toBe(created + 2 * HOUR);
+    now += HOUR;
+    const replay = await s.atomic(c, (tx) => charge(tx));
+    expect(replay.kind).toBe("replayed");
+    expect(replay.expiresAt.getTime()).toBe(created + 2 * HOUR);
+    expect(Buffer.from(replay.response.body).toString()).toBe(Buffer.from(first.response.body).toString());
+  });
+
+  it("forgets a key exactly at created_at + retention: one millisecond before is a replay", async () => {
+    let now = Date.UTC(2031, 2, 4, 8);
+    const s = await stores({ clock: () => now, retentionMs: HOUR });
+    const c = claimOf("k-boundary");
+    await s.atomic(c, (tx) => charge(tx));
+    now += HOUR - 1;
+    expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("replayed");
+    now += 1;
+    expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("executed");
+  });
+
+  it("a key saved in an earlier partition is still found (and replayed) within retention", async () => {
+    let now = Date.UTC(2031, 2, 5, 8, 59, 59);
+    const s = await stores({ clock: () => now, retentionMs: 3 * HOUR });
+    const c = claimOf("k-across");
+    await s.atomic(c, (tx) => charge(tx));
+    now += 2 * HOUR; // two partitions later
+    const again = await s.atomic(c, (tx) => charge(tx));
+    expect(again.kind).toBe("replayed");
+  });
+
+  it("a store whose clock moved past its partitions creates the partition and saves the key", async () => {
+    let now = Date.UTC(2031, 3, 1, 12);
+    const s = await stores({ clock: () => now, retentionMs: DAY });
+    now += 30 * DAY; // far past the partitions made at open (whether the save reaches the 23514 retry is not checked)
+    const before = await effects(open.db);
+    const c = claimOf("k-no-partition");
+    const first = await s.atomic(c, (tx) => charge(tx));
+    expect(first).toMatchObject({ kind: "executed", saved: true });
+    expect(first.expiresAt.getTime()).toBe(now + DAY);
+    expect(await effects(open.db)).toBe(before + 1);
+    expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("replayed");
+    expect(await effects(open.db)).toBe(before + 1);
+  });
+
+  it("an answer that is not saved leaves no key and no writes; its expiry is now", async () => {
+    const now = Date.UTC(2031, 2, 6, 9);
+    const s = await stores({ clock: () => now });
+    const before = await effects(open.db);
+    const c = claimOf("k-503");
+    const out = await s.atomic(c, (tx) => charge(tx, 503));
+    expect(out).toMatchObject({ kind: "executed", saved: false });
+    expect(out.response.status).toBe(503);
+    expect(out.expiresAt.getTime()).toBe(now);
+    expect(await effects(open.db)).toBe(before);
+    expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("executed");
+  });
+
+  it("the work's own error comes out unchanged, and nothing is kept", async () => {
+    const s = await stores({ clock: () => Date.UTC(2031, 2, 6, 10) });
+    const before = await effects(open.db);
+    const boom = Object.assign(new Error("card network down"), { code: "55P03" });
+    const c = claimOf("k-throws");
+    const err = await s
+      .atomic(c, async (tx) => {
+        await charge(tx);
+        throw boom;
+      })
+      .catch((e: unknown) => e);
+    expect(err).toBe(boom);
+    expect(await effects(open.db)).toBe(before);
+    expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("executed");
+  });
+
+  it("another request under a saved key is refused, and so is it after a replay", async () => {
+    const s = await stores({ clock: () => Date.UTC(2031, 2, 6, 11) });
+    await s.atomic(claimOf("k-mismatch", '{"a":1}'), (tx) => charge(tx));
+    const err = await s.atomic(claimOf("k-mismatch", '{"a":2}'), (tx) => charge(tx)).catch((e: unknown) => e);
+    expect(isKeyMismatchError(err)).toBe(true);
+  });
+
+  it("a store opened before migrate says how to fix it", async () => {
+    await expect(PostgresStore.open(open.db, { schema: "not_migrated" })).rejects.toThrow(
+      'idem\'s tables are missing in schema "not_migrated": run migrate(db) or `idem migrate` first',
+    );
+  });
+
+  it("a lock timeout below 1 ms is sent as 1 ms, and the defaults are 24 h and 5 s", async () => {
+    const s = await stores({ lockTimeoutMs: 0.4 });
+    expect(s.lockSql("a", "k")).toMatch(
+      /^SET LOCAL lock_timeout = '1ms'; SELECT pg_advisory_xact_lock\(-?\d+\);/,
+    );
+    const d = await stores({});
+    expect(d.retentionMs).toBe(DAY);
+    expect(d.lockTimeoutMs).toBe(5_000);
+    expect(d.lockSql("a", "k")).toContain("lock_timeout = '5000ms'");
+    expect(d.lockSql("a", "k")).not.toBe(d.lockSql("a", "k2"));
+  });
+});
