@@ -92,7 +92,8 @@ const CONNECT_CODES = new Set([
   "EAI_AGAIN",
   "CONNECT_TIMEOUT",
 ]);
-const CONNECT_MESSAGES = /^timeout exceeded when trying to connect/;
+// A closed PGlite refuses before anything runs, as a server that cannot be reached does.
+const CONNECT_MESSAGES = /^(timeout exceeded when trying to connect|PGlite is closed)/;
 
 /**
  * True when `err` says no connection could be had, so nothing this request sent can have committed. A
