@@ -1,24 +1,33 @@
-import { EXIT, openStore, parse, retentionMs } from "./shared.ts";
+import { sweepInbox } from "../messaging/inbox.ts";
+import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
 
-const USAGE = `usage: idem sweep [--database-url URL] [--schema NAME] [--retention-hours H]
+const USAGE = `usage: idem sweep [--database-url URL] [--schema NAME] [--retention-hours H] [--inbox-retention-hours H]
 
-Retention: drops whole key partitions older than the window (no row-by-row DELETE) and creates the
-partitions ahead. Run it hourly from cron or a scheduler.
-  --database-url URL   default: $DATABASE_URL, else the embedded .idem/pgdata
-  --schema NAME        default: idem
-  --retention-hours H  how long keys are kept (default: $IDEM_RETENTION_HOURS, else 24)
+Retention: drops whole key partitions and inbox dedup partitions older than their windows (no row-by-row
+DELETE) and creates the partitions ahead. Run it hourly from cron or a scheduler.
+  --database-url URL         default: $DATABASE_URL, else the embedded .idem/pgdata
+  --schema NAME              default: idem
+  --retention-hours H        how long keys are kept (default: $IDEM_RETENTION_HOURS, else 24)
+  --inbox-retention-hours H  how long inbox dedup marks are kept, longer than any redelivery (default 168)
 Exit codes: 0 done, 1 failure, 2 bad usage.`;
 
 export async function sweepCommand(argv: string[]): Promise<number> {
   const { values } = parse(
     argv,
-    { "database-url": { type: "string" }, schema: { type: "string" }, "retention-hours": { type: "string" } },
+    {
+      "database-url": { type: "string" },
+      schema: { type: "string" },
+      "retention-hours": { type: "string" },
+      "inbox-retention-hours": { type: "string" },
+    },
     USAGE,
   );
   if (values.help) {
     console.log(USAGE);
     return EXIT.ok;
   }
+  const inboxHours = Number(values["inbox-retention-hours"] ?? 168);
+  if (!(inboxHours > 0)) throw new CliError("--inbox-retention-hours takes a positive number", EXIT.usage);
   const { db, where, store } = await openStore({
     url: values["database-url"] ?? process.env.DATABASE_URL,
     schema: values.schema,
@@ -26,7 +35,10 @@ export async function sweepCommand(argv: string[]): Promise<number> {
   });
   try {
     const { dropped } = await store.sweep();
-    console.log(`dropped ${dropped.length} expired partition(s) on ${where}`);
+    const inbox = await sweepInbox(db, { retentionMs: inboxHours * 3_600_000, schema: values.schema });
+    console.log(
+      `dropped ${dropped.length} expired key partition(s) and ${inbox.dropped.length} inbox partition(s) on ${where}`,
+    );
     return EXIT.ok;
   } finally {
     await db.close();
