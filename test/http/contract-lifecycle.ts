@@ -264,3 +264,35 @@ export function lifecycleContract(app: AppUnderTest): void {
     expect(await app.rows(acct)).toBe(1);
   }, 30_000);
 }
+
+/**
+ * For the adapters that read the body and answer errors themselves (node:http, Web-standard): the
+ * handler's error reaches `onError` (collected in `crashes`) as a 500 problem, and a body past the limit
+ * is a 413 that saves nothing.
+ */
+export function ownBodyContract(app: AppUnderTest, crashes: unknown[]): void {
+  it("hands the handler's error to onError and answers 500 problem+json", async () => {
+    crashes.length = 0;
+    const res = await app.post("/v1/payments", {
+      account: account(),
+      key: randomUUID(),
+      headers: { "x-crash": "1" },
+    });
+    expect(res.status).toBe(500);
+    expect(res.headers.get("content-type")).toBe("application/problem+json");
+    expect(crashes).toEqual([expect.objectContaining({ message: "the handler crashed after its insert" })]);
+  });
+
+  it("answers a body over the limit 413 problem+json and saves nothing", async () => {
+    const acct = account();
+    const res = await app.post("/v1/small", {
+      account: acct,
+      key: randomUUID(),
+      body: { amount_cents: 5000, currency: "eur", note: "x".repeat(200) },
+    });
+    expect(res.status).toBe(413);
+    expect(await res.json()).toMatchObject({ type: "urn:idem:problem:body-too-large", status: 413 });
+    expect(await app.rows(acct)).toBe(0);
+    expect(await app.keys(acct)).toBe(0);
+  });
+}

@@ -1,16 +1,11 @@
-/**
- * The plain node:http adapter: `idempotent(handler, options)` as a request listener.
- */
-import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { describe, expect, it } from "vitest";
+import { describe } from "vitest";
 import { InvalidBodyError } from "../../src/core/index.ts";
 import { idempotent, idempotentPhases, type NodeIdempotentHandler } from "../../src/http/node.ts";
 import { backends } from "../helpers/db.ts";
 import {
   type AppParts,
-  account,
   charge,
   INVALID_BODY,
   mayReplay,
@@ -19,7 +14,7 @@ import {
   useApp,
   validatePayment,
 } from "./contract.ts";
-import { lifecycleContract } from "./contract-lifecycle.ts";
+import { lifecycleContract, ownBodyContract } from "./contract-lifecycle.ts";
 
 /** Plain node has no middleware chain: the handler validates first and answers 400 (not saved). */
 const pay: NodeIdempotentHandler = async (req, { tx, scope, body }) => {
@@ -84,28 +79,5 @@ describe.each(backends)("node:http adapter on $name", (backend) => {
   paymentsContract(app, { hangUp: true });
   lifecycleContract(app);
 
-  it("hands the handler's error to onError and answers 500 problem+json", async () => {
-    crashes.length = 0;
-    const res = await app.post("/v1/payments", {
-      account: account(),
-      key: randomUUID(),
-      headers: { "x-crash": "1" },
-    });
-    expect(res.status).toBe(500);
-    expect(res.headers.get("content-type")).toBe("application/problem+json");
-    expect(crashes).toEqual([expect.objectContaining({ message: "the handler crashed after its insert" })]);
-  });
-
-  it("answers a body over the limit 413 problem+json and saves nothing", async () => {
-    const acct = account();
-    const res = await app.post("/v1/small", {
-      account: acct,
-      key: randomUUID(),
-      body: { amount_cents: 5000, currency: "eur", note: "x".repeat(200) },
-    });
-    expect(res.status).toBe(413);
-    expect(await res.json()).toMatchObject({ type: "urn:idem:problem:body-too-large", status: 413 });
-    expect(await app.rows(acct)).toBe(0);
-    expect(await app.keys(acct)).toBe(0);
-  });
+  ownBodyContract(app, crashes);
 });

@@ -1,17 +1,11 @@
-/**
- * The Web-standard adapter (`idem/web`): Fetch API handlers wrapped by `idempotent`, served over real
- * HTTP by @hono/node-server's `serve({ fetch })` (Request in, Response out, as Next.js, Bun and Deno do).
- */
-import { randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
-import { describe, expect, it } from "vitest";
+import { describe } from "vitest";
 import { InvalidBodyError } from "../../src/core/index.ts";
 import { idempotent, idempotentPhases, type WebIdempotentHandler } from "../../src/http/web.ts";
 import { backends } from "../helpers/db.ts";
 import {
   type AppParts,
-  account,
   charge,
   INVALID_BODY,
   mayReplay,
@@ -20,7 +14,7 @@ import {
   useApp,
   validatePayment,
 } from "./contract.ts";
-import { lifecycleContract } from "./contract-lifecycle.ts";
+import { lifecycleContract, ownBodyContract } from "./contract-lifecycle.ts";
 
 /** A route handler as users write them: validate, write, answer with `Response`. */
 const pay: WebIdempotentHandler = async (request, { tx, scope, body }) => {
@@ -90,28 +84,5 @@ describe.each(backends)("Web-standard adapter on $name", (backend) => {
   paymentsContract(app, { hangUp: true });
   lifecycleContract(app);
 
-  it("hands the handler's error to onError and answers 500 problem+json", async () => {
-    crashes.length = 0;
-    const res = await app.post("/v1/payments", {
-      account: account(),
-      key: randomUUID(),
-      headers: { "x-crash": "1" },
-    });
-    expect(res.status).toBe(500);
-    expect(res.headers.get("content-type")).toBe("application/problem+json");
-    expect(crashes).toEqual([expect.objectContaining({ message: "the handler crashed after its insert" })]);
-  });
-
-  it("answers a body over the limit 413 problem+json and saves nothing", async () => {
-    const acct = account();
-    const res = await app.post("/v1/small", {
-      account: acct,
-      key: randomUUID(),
-      body: { amount_cents: 5000, currency: "eur", note: "x".repeat(200) },
-    });
-    expect(res.status).toBe(413);
-    expect(await res.json()).toMatchObject({ type: "urn:idem:problem:body-too-large", status: 413 });
-    expect(await app.rows(acct)).toBe(0);
-    expect(await app.keys(acct)).toBe(0);
-  });
+  ownBodyContract(app, crashes);
 });
