@@ -35,6 +35,11 @@ export interface Tx extends Queryable {
    * next user's statements follow the COMMIT on the wire); others ignore the hint. A replay uses it.
    */
   readOnlyDone?(): void;
+  /**
+   * Whether statements are pipelined: sent without waiting for the answers of those before them, so
+   * that several leave in one write. Drivers that cannot say leave it undefined.
+   */
+  readonly pipelined?: boolean;
 }
 
 export interface Db extends Queryable {
@@ -43,8 +48,10 @@ export interface Db extends Queryable {
   /**
    * Run `fn` in one transaction on one connection: commit when it resolves, roll back when it throws.
    * `begin` is extra SQL sent with BEGIN in the same round trip (e.g. `SET LOCAL lock_timeout = '5s'`).
+   * `batch`: a pipelining driver holds BEGIN and the first statement until the second is queued (or the
+   * current turn of the event loop ends), so the three leave in one write; others ignore it.
    */
-  transaction<T>(fn: (tx: Tx) => Promise<T>, options?: { begin?: string }): Promise<T>;
+  transaction<T>(fn: (tx: Tx) => Promise<T>, options?: { begin?: string; batch?: boolean }): Promise<T>;
   /** Close the pool (only when the adapter owns it). */
   close(): Promise<void>;
   /** A short name of the driver, for logs and error messages. */

@@ -142,3 +142,15 @@ export const isLeaseLostError = (e: unknown): e is LeaseLostError => e instanceo
 export const isOperationUncertainError = (e: unknown): e is OperationUncertainError =>
   e instanceof OperationUncertainError;
 export const isRetryableError = (e: unknown): e is RetryableError => e instanceof RetryableError;
+
+/**
+ * What a handler's statements reject with on a route with `effectsInTxOnly` when its key turned out to
+ * be taken (a retry, or a duplicate from another process): they were sent with the claim and are rolled
+ * back, and the key's own answer is given instead of the handler's. Let it propagate.
+ */
+export class AbandonedWorkError extends Error {
+  override name = "AbandonedWorkError";
+  constructor() {
+    super("this request's key was already taken: its statements were rolled back and its answer is not used");
+  }
+}

@@ -73,6 +73,16 @@ export interface LifecycleOptions<Tx> extends SavePolicy {
    * byte: they are whatever `rebuild` makes of the resource now. Default: none (replies saved in full).
    */
   compact?: CompactOptions<Tx>;
+  /**
+   * Promise that the handler's only effects are its statements on the request's transaction (no call
+   * to another system, no message sent, no file written before the work returns): then its first
+   * statement is sent with the key's claim, in one round trip, instead of after the claim answered.
+   * When the key turns out to be taken, those statements roll back, the handler's statements reject
+   * with `AbandonedWorkError`, and the key's answer (a replay, 409 or 422) is given. Needs a pipelining
+   * driver (`fromPg` on a `pg.Pool` made with `pipeline: true`); others run as without it. Not used
+   * with `compact`. Default: `false`.
+   */
+  effectsInTxOnly?: boolean;
 }
 
 /** How a route saves its replies in compact form and rebuilds them (see `LifecycleOptions.compact`). */
@@ -230,7 +240,7 @@ export class Lifecycle<Tx> {
         },
         compact
           ? { signal: options.signal, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) }
-          : options,
+          : { signal: options.signal, speculate: this.options.effectsInTxOnly === true },
       );
     return this.settle(claim, run, options.authorize);
   }

@@ -47,6 +47,12 @@ export interface AtomicRunOptions<Tx> {
    * resource again). Required to replay such a key; the engine passes it for routes with `compact`.
    */
   rebuild?: (saved: CompactSaved, tx: Tx) => Promise<StoredResponse>;
+  /**
+   * The work's only effects are its statements in `tx` (`LifecycleOptions.effectsInTxOnly`): the store
+   * may start it before the key's lookup has answered, so that a pipelining driver sends the work's
+   * first statement with the claim, and roll it back if the key turns out to be taken.
+   */
+  speculate?: boolean;
 }
 
 export type AtomicOutcome =

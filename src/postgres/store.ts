@@ -8,6 +8,7 @@
  */
 import { createHash } from "node:crypto";
 import {
+  AbandonedWorkError,
   type AtomicOutcome,
   type AtomicRunOptions,
   type AtomicStore,
@@ -105,6 +106,12 @@ export class PostgresStore implements AtomicStore<Tx> {
   private readonly sql: ReturnType<typeof statements>;
   /** This process's atomic calls in progress, by (scope, key): a duplicate waits on it, in memory. */
   private readonly inFlight = new Map<string, Promise<void>>();
+  /**
+   * Keys this process saw finished (saved or replayed), with when they expire: a retry of one is read
+   * first without a lock or a transaction, one statement (a finished key never changes). A hint only:
+   * a key swept, expired or unknown here takes the locked path. Bounded; the oldest go first.
+   */
+  private readonly finished = new Map<string, number>();
 
   private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
     this.db = db;
@@ -332,12 +339,18 @@ export class PostgresStore implements AtomicStore<Tx> {
     );
     try {
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
-        if (waited) {
+        if (waited || this.seenFinished(id)) {
           const answer = await this.finishedAnswer(claim);
-          if (answer) return answer;
+          if (answer) {
+            this.sawFinished(id, answer.expiresAt);
+            return answer;
+          }
+          this.finished.delete(id);
         }
         try {
-          return await this.atomicOnce(claim, work, options);
+          const out = await this.atomicOnce(claim, work, options);
+          if (!options.rebuild && (out.kind === "replayed" || out.saved)) this.sawFinished(id, out.expiresAt);
+          return out;
         } catch (err) {
           if (!(err instanceof LockBusy)) throw err;
         }
@@ -352,6 +365,20 @@ export class PostgresStore implements AtomicStore<Tx> {
     }
   }
 
+  private seenFinished(id: string): boolean {
+    const until = this.finished.get(id);
+    if (until === undefined) return false;
+    if (until > this.clock()) return true;
+    this.finished.delete(id);
+    return false;
+  }
+
+  private sawFinished(id: string, expiresAt: Date): void {
+    this.finished.delete(id); // re-inserted last: the map's order is the eviction order
+    this.finished.set(id, expiresAt.getTime());
+    if (this.finished.size > FINISHED_HINTS) this.finished.delete(this.finished.keys().next().value!);
+  }
+
   /** One locked attempt (LockBusy when another transaction holds the key past LOCK_WAIT_MS). */
   private async atomicOnce(
     claim: Claim,
@@ -362,6 +389,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       try {
         return await this.runAtomic(claim, work, options);
       } catch (err) {
+        if (err instanceof AnswerAfterRollback) return await err.answer;
         if (err instanceof Rollback) {
           return {
             kind: "executed",
@@ -386,19 +414,46 @@ export class PostgresStore implements AtomicStore<Tx> {
   private runAtomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
-    { signal, rebuild }: AtomicRunOptions<Tx>,
+    { signal, rebuild, speculate }: AtomicRunOptions<Tx>,
   ): Promise<AtomicOutcome> {
     return this.db.transaction(
       async (tx) => {
         const now = this.clock();
-        const existing = await this.lookup(tx, claim.scope, claim.key, now);
-        if (existing) return this.answerFromRow(claim, existing, tx, rebuild);
-
         let result: WorkResult;
-        try {
-          result = await work(tx);
-        } catch (err) {
-          throw new WorkError(err);
+        if (speculate && tx.pipelined && !rebuild) {
+          // The work starts now, and its first statement leaves with BEGIN, the lock and the lookup, in
+          // one write. The lookup answers first (statements answer in order), and the work sees its own
+          // statement's answer only once the lookup said the key is free.
+          const lookup = this.lookup(tx, claim.scope, claim.key, now);
+          const gate = new SpeculativeTx(tx, lookup);
+          const running = work(gate).then(
+            (r) => r,
+            (err) => {
+              throw new WorkError(err);
+            },
+          );
+          running.catch(() => {}); // abandoned below when the key is taken
+          let existing: KeyRow | undefined;
+          try {
+            existing = await lookup; // a lock timeout (55P03) rejects here: LockBusy, retried
+          } catch (err) {
+            gate.abandon();
+            throw err;
+          }
+          if (existing) {
+            // The key was taken (or finished) meanwhile: roll the work's statements back, then answer.
+            gate.abandon();
+            throw new AnswerAfterRollback(this.answerFromRow(claim, existing, tx, rebuild));
+          }
+          result = await running;
+        } else {
+          const existing = await this.lookup(tx, claim.scope, claim.key, now);
+          if (existing) return this.answerFromRow(claim, existing, tx, rebuild);
+          try {
+            result = await work(tx);
+          } catch (err) {
+            throw new WorkError(err);
+          }
         }
         if (!result.save) throw new Rollback(result.response);
         if (signal?.aborted) throw new Rollback(result.response); // the client hung up: save nothing
@@ -423,12 +478,15 @@ export class PostgresStore implements AtomicStore<Tx> {
           expiresAt: new Date(now + this.retentionMs),
         };
       },
-      { begin: this.lockSql(claim.scope, claim.key) },
+      { begin: this.lockSql(claim.scope, claim.key), batch: speculate === true },
     );
   }
 }
 
 const DEFAULT_RETENTION_MS = 24 * 3_600_000;
+
+/** How many finished keys a store remembers to read without a lock (about 100 bytes each). */
+const FINISHED_HINTS = 10_000;
 
 /** How long the server waits for a key's lock before the duplicate lets its connection go and sleeps. */
 const LOCK_WAIT_MS = 10;
@@ -457,6 +515,69 @@ function settlesBefore(p: Promise<unknown>, deadline: number): Promise<boolean> 
 /** Thrown inside a transaction to roll it back and carry the unsaved response out. */
 class Rollback {
   constructor(readonly response: StoredResponse) {}
+}
+
+/**
+ * Thrown inside a speculative transaction whose key turned out to be taken: the work's statements roll
+ * back, and the key's answer (a replay, 409 or 422, settled or not) is given after.
+ */
+class AnswerAfterRollback {
+  constructor(readonly answer: Promise<AtomicOutcome>) {
+    answer.catch(() => {});
+  }
+}
+
+/**
+ * The transaction as a speculative work sees it: while the lookup has not answered, its statements are
+ * sent at once (pipelined behind the lookup), but their answers reach the work only once the lookup
+ * found the key free. Once the key is known taken (or the lookup failed), every statement, pending or
+ * new, rejects with `AbandonedWorkError`, and nothing more is sent: the transaction is rolling back,
+ * and a statement sent after its ROLLBACK would run on its own.
+ */
+class SpeculativeTx implements Tx {
+  private state: "pending" | "free" | "taken" = "pending";
+  private readonly decided: Promise<void>;
+  constructor(
+    private readonly tx: Tx,
+    lookup: Promise<KeyRow | undefined>,
+  ) {
+    this.decided = lookup.then(
+      (row) => {
+        if (this.state === "pending") this.state = row === undefined ? "free" : "taken";
+      },
+      () => {
+        this.state = "taken";
+      },
+    );
+  }
+  /** The key is taken: the work's statements are abandoned from now on. */
+  abandon(): void {
+    this.state = "taken";
+  }
+  get raw(): unknown {
+    return this.tx.raw;
+  }
+  get pipelined(): boolean | undefined {
+    return this.tx.pipelined;
+  }
+  private async gate<T>(send: () => Promise<T>): Promise<T> {
+    if (this.state === "free") return send();
+    if (this.state === "taken") throw new AbandonedWorkError();
+    const sent = send();
+    sent.catch(() => {});
+    await this.decided; // the state changed meanwhile (TypeScript cannot tell)
+    if ((this.state as SpeculativeTx["state"]) !== "free") throw new AbandonedWorkError();
+    return sent;
+  }
+  query<R>(sql: string, params?: readonly unknown[]) {
+    return this.gate(() => this.tx.query<R>(sql, params));
+  }
+  exec(sql: string): Promise<void> {
+    return this.gate(() => this.tx.exec(sql));
+  }
+  final(sql: string, params?: readonly unknown[]): void {
+    this.tx.final(sql, params);
+  }
 }
 
 /** A key saved in compact form was looked up by a route that cannot rebuild its reply. */

@@ -69,7 +69,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
     async exec(sql: string) {
       await onOwnClient(pool, (client) => client.query(sql));
     },
-    async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
+    async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string; batch?: boolean }): Promise<T> {
       const client = await pool.connect();
       let broken = false;
       // A checked-out client has no pool listener: if its connection dies (the server restarted), the
@@ -86,11 +86,21 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       wire.cork();
       let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
       begun.catch(() => {});
+      // With `batch`, the first statement does not uncork: the second one (the handler's first, sent
+      // before the first one answered) joins BEGIN and it in one write. If no second statement comes
+      // in this turn of the event loop, the write leaves anyway.
+      let held: NodeJS.Immediate | undefined;
+      const release = () => {
+        if (held) clearImmediate(held);
+        held = undefined;
+        wire.uncork();
+      };
       const settleBegin = async () => {
         if (begun) {
           const b = begun;
           begun = undefined;
-          wire.uncork();
+          if (opts?.batch && wire.pipelined) held = setImmediate(release);
+          else wire.uncork();
           await b;
         }
       };
@@ -98,6 +108,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       let readOnlyDone = false;
       const tx: Tx = {
         raw: client,
+        pipelined: wire.pipelined,
         readOnlyDone() {
           readOnlyDone = wire.pipelined;
         },
@@ -110,6 +121,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         async query<R>(sql: string, params?: readonly unknown[]) {
           if (last) wire.uncork(); // a statement after final() (against its contract) must not wait for COMMIT
           const q = run<R>(client, sql, params);
+          if (held) release(); // the batch's second statement: BEGIN, the first and this leave together
           if (begun) {
             q.catch(() => {});
             await settleBegin();
@@ -119,6 +131,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         async exec(sql: string) {
           if (last) wire.uncork();
           const q = client.query(sql);
+          if (held) release();
           if (begun) {
             q.catch(() => {});
             await settleBegin();
@@ -132,7 +145,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
           value = await fn(tx);
           await settleBegin();
         } catch (err) {
-          wire.uncork();
+          release();
           await client.query("ROLLBACK").catch(() => {
             broken = true;
           });
@@ -141,7 +154,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         // With `last` queued, COMMIT follows it on the wire; if `last` failed, PostgreSQL answers the
         // COMMIT of the aborted transaction with a rollback, and we report `last`'s error.
         const commit = client.query("COMMIT");
-        wire.uncork();
+        release();
         if (readOnlyDone && !last) {
           // Nothing written, everything read: the COMMIT only ends the transaction (and frees its
           // locks). Pipelined, whatever the next user of this connection sends follows it; a failure
@@ -164,7 +177,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         if (isConnectionError(err, client)) broken = true;
         throw err;
       } finally {
-        wire.uncork();
+        release();
         // A healthy client goes back to the pool (which listens again); a broken one keeps our listener
         // for the late errors of its dying connection.
         if (!broken) client.removeListener("error", onError);
