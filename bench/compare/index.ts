@@ -177,8 +177,9 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
           16,
         );
       } else {
+        // Long enough for V8 to optimise the hot paths (1 s left the first round visibly colder).
         const mode = v.kind === "bare" ? "bare" : "keyed";
-        await wrk(url, { mode, prefix, replayKeys: 1, seconds: 1, connections: settings.connections });
+        await wrk(url, { mode, prefix, replayKeys: 1, seconds: 3, connections: settings.connections });
       }
     }
     for (const v of keyed) {
