@@ -1,4 +1,5 @@
 import { Hono } from "hono";
+import { AbandonedWorkError } from "idem";
 import { type Db, type PostgresStore, reviewGauge } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
@@ -100,7 +101,8 @@ export function createApp(deps: AppDeps): Hono {
     problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
   );
   app.onError((err, c) => {
-    (c.var.log ?? logger).error({ err }, "unhandled error");
+    // A retry's handler abandoned on a taken key (effectsInTxOnly): idem answers from the key; not an error.
+    if (!(err instanceof AbandonedWorkError)) (c.var.log ?? logger).error({ err }, "unhandled error");
     return problem(
       500,
       "internal-error",

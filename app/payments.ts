@@ -107,6 +107,8 @@ export function paymentRoutes(deps: {
       scope: (c) => c.var.accountId,
       required: deps.requireKey ?? true,
       authorizeReplay: replayAuthorized(deps.apiKeys),
+      // The handler's only effect is its INSERT in the key's transaction: sent with the claim.
+      effectsInTxOnly: true,
     }),
     async (c) => {
       const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.body);
