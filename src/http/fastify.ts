@@ -264,7 +264,8 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
         const owed = lifecycle.failure(err, p.begun); // the database went away
         if (owed) out = owed;
         else if (err === p.error)
-          return body; // rolled back; Fastify's error reply stands
+          // rolled back; Fastify's error reply stands (as a Buffer: Fastify refuses a bare Uint8Array)
+          return Buffer.from(body.buffer, body.byteOffset, body.byteLength);
         else {
           setHeaders(reply, []); // the store failed at commit: drop the handler's headers (Set-Cookie...)
           throw err;

@@ -331,6 +331,8 @@ export class PostgresStore implements AtomicStore<Tx> {
       if (!(await settlesBefore(running, deadline))) throw new KeyInFlightError(RETRY_AFTER_S);
     }
     let finish!: () => void;
+    // A speculative work started once lives on across attempts: its handler cannot be run twice.
+    const spec: Speculation = {};
     this.inFlight.set(
       id,
       new Promise<void>((r) => {
@@ -348,7 +350,7 @@ export class PostgresStore implements AtomicStore<Tx> {
           this.finished.delete(id);
         }
         try {
-          const out = await this.atomicOnce(claim, work, options);
+          const out = await this.atomicOnce(claim, work, options, spec);
           if (!options.rebuild && (out.kind === "replayed" || out.saved)) this.sawFinished(id, out.expiresAt);
           return out;
         } catch (err) {
@@ -360,6 +362,11 @@ export class PostgresStore implements AtomicStore<Tx> {
         await new Promise((r) => setTimeout(r, Math.min(left, pause * (0.5 + Math.random()))));
       }
     } finally {
+      if (spec.gate?.abandon()) {
+        // Answered otherwise (409, a replay read after a wait, an error) while the work still waited for
+        // its key: it has been told, and its adapter's error path ends before the answer is written.
+        await spec.running?.catch(() => {});
+      }
       this.inFlight.delete(id);
       finish();
     }
@@ -384,10 +391,11 @@ export class PostgresStore implements AtomicStore<Tx> {
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
     options: AtomicRunOptions<Tx>,
+    spec: Speculation,
   ): Promise<AtomicOutcome> {
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.runAtomic(claim, work, options);
+        return await this.runAtomic(claim, work, options, spec);
       } catch (err) {
         if (err instanceof AnswerAfterRollback) return await err.answer;
         if (err instanceof Rollback) {
@@ -415,6 +423,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
     { signal, rebuild, speculate }: AtomicRunOptions<Tx>,
+    spec: Speculation,
   ): Promise<AtomicOutcome> {
     return this.db.transaction(
       async (tx) => {
@@ -424,20 +433,29 @@ export class PostgresStore implements AtomicStore<Tx> {
           // The work starts now, and its first statement leaves with BEGIN, the lock and the lookup, in
           // one write. The lookup answers first (statements answer in order), and the work sees its own
           // statement's answer only once the lookup said the key is free.
+          //
+          // When the key's lock was busy (55P03, the key in flight elsewhere), this transaction was
+          // aborted before anything of the work ran; the work is not told, and its waiting statements
+          // are sent again in the next attempt's transaction (an adapter cannot run its handler twice).
           const lookup = this.lookup(tx, claim.scope, claim.key, now);
-          const gate = new SpeculativeTx(tx, lookup);
-          const running = work(gate).then(
-            (r) => r,
-            (err) => {
-              throw new WorkError(err);
-            },
-          );
-          running.catch(() => {}); // abandoned below when the key is taken
+          let gate = spec.gate;
+          let running = spec.running;
+          if (gate?.waiting && running) gate.retryOn(tx);
+          else {
+            gate = spec.gate = new SpeculativeTx(tx);
+            running = spec.running = work(gate).then(
+              (r) => r,
+              (err) => {
+                throw new WorkError(err);
+              },
+            );
+            running.catch(() => {}); // abandoned below when the key is taken
+          }
           let existing: KeyRow | undefined;
           try {
             existing = await lookup; // a lock timeout (55P03) rejects here: LockBusy, retried
           } catch (err) {
-            gate.abandon();
+            if (sqlStateOf(err) !== SqlState.LockNotAvailable) gate.abandon();
             throw err;
           }
           if (existing) {
@@ -445,6 +463,7 @@ export class PostgresStore implements AtomicStore<Tx> {
             gate.abandon();
             throw new AnswerAfterRollback(this.answerFromRow(claim, existing, tx, rebuild));
           }
+          gate.free();
           result = await running;
         } else {
           const existing = await this.lookup(tx, claim.scope, claim.key, now);
@@ -527,32 +546,55 @@ class AnswerAfterRollback {
   }
 }
 
+/** The speculative work of one `atomic` call, kept across its locked attempts. */
+interface Speculation {
+  gate?: SpeculativeTx;
+  running?: Promise<WorkResult>;
+}
+
 /**
  * The transaction as a speculative work sees it: while the lookup has not answered, its statements are
  * sent at once (pipelined behind the lookup), but their answers reach the work only once the lookup
  * found the key free. Once the key is known taken (or the lookup failed), every statement, pending or
  * new, rejects with `AbandonedWorkError`, and nothing more is sent: the transaction is rolling back,
- * and a statement sent after its ROLLBACK would run on its own.
+ * and a statement sent after its ROLLBACK would run on its own. When the key's lock was busy, the
+ * waiting statements are sent again in the next attempt's transaction (`retryOn`).
  */
 class SpeculativeTx implements Tx {
   private state: "pending" | "free" | "taken" = "pending";
-  private readonly decided: Promise<void>;
-  constructor(
-    private readonly tx: Tx,
-    lookup: Promise<KeyRow | undefined>,
-  ) {
-    this.decided = lookup.then(
-      (row) => {
-        if (this.state === "pending") this.state = row === undefined ? "free" : "taken";
-      },
-      () => {
-        this.state = "taken";
-      },
-    );
+  /** Settles when this attempt is decided (free, taken) or replaced by the next one (`retryOn`). */
+  private turn!: Promise<void>;
+  private endTurn!: () => void;
+  constructor(private tx: Tx) {
+    this.newTurn();
   }
-  /** The key is taken: the work's statements are abandoned from now on. */
-  abandon(): void {
+  private newTurn(): void {
+    this.turn = new Promise<void>((resolve) => {
+      this.endTurn = resolve;
+    });
+  }
+  /** Whether the work still waits to learn whether its key is free. */
+  get waiting(): boolean {
+    return this.state === "pending";
+  }
+  /** The lookup found the key free: the statements' answers reach the work from now on. */
+  free(): void {
+    this.state = "free";
+    this.endTurn();
+  }
+  /** The key is taken: the work's statements are abandoned from now on. True if the work was waiting. */
+  abandon(): boolean {
+    const waiting = this.state === "pending";
     this.state = "taken";
+    this.endTurn();
+    return waiting;
+  }
+  /** The key's lock was busy: the waiting statements are sent again in `tx`, the next attempt's. */
+  retryOn(tx: Tx): void {
+    this.tx = tx;
+    const ended = this.endTurn;
+    this.newTurn();
+    ended();
   }
   get raw(): unknown {
     return this.tx.raw;
@@ -560,20 +602,24 @@ class SpeculativeTx implements Tx {
   get pipelined(): boolean | undefined {
     return this.tx.pipelined;
   }
-  private async gate<T>(send: () => Promise<T>): Promise<T> {
-    if (this.state === "free") return send();
-    if (this.state === "taken") throw new AbandonedWorkError();
-    const sent = send();
-    sent.catch(() => {});
-    await this.decided; // the state changed meanwhile (TypeScript cannot tell)
-    if ((this.state as SpeculativeTx["state"]) !== "free") throw new AbandonedWorkError();
-    return sent;
+  private async gate<T>(send: (tx: Tx) => Promise<T>): Promise<T> {
+    for (;;) {
+      if (this.state === "free") return send(this.tx);
+      if (this.state === "taken") throw new AbandonedWorkError();
+      const turn = this.turn;
+      const sent = send(this.tx);
+      sent.catch(() => {});
+      await turn;
+      if (this.turn !== turn) continue; // sent in an aborted transaction: send it again (or be told)
+      if ((this.state as SpeculativeTx["state"]) === "free") return sent; // changed meanwhile
+      throw new AbandonedWorkError();
+    }
   }
   query<R>(sql: string, params?: readonly unknown[]) {
-    return this.gate(() => this.tx.query<R>(sql, params));
+    return this.gate((tx) => tx.query<R>(sql, params));
   }
   exec(sql: string): Promise<void> {
-    return this.gate(() => this.tx.exec(sql));
+    return this.gate((tx) => tx.exec(sql));
   }
   final(sql: string, params?: readonly unknown[]): void {
     this.tx.final(sql, params);
