@@ -364,8 +364,9 @@ export class PostgresStore implements AtomicStore<Tx> {
     } finally {
       if (spec.gate?.abandon()) {
         // Answered otherwise (409, a replay read after a wait, an error) while the work still waited for
-        // its key: it has been told, and its adapter's error path ends before the answer is written.
-        await spec.running?.catch(() => {});
+        // its key: it has been told, and its adapter's error path ends before the answer is written
+        // (bounded: an error handler that never answers must not hold this request).
+        await settlesBefore(spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS);
       }
       this.inFlight.delete(id);
       finish();
@@ -503,6 +504,9 @@ export class PostgresStore implements AtomicStore<Tx> {
 }
 
 const DEFAULT_RETENTION_MS = 24 * 3_600_000;
+
+/** How long an abandoned speculative work may take to end before the key's answer is given anyway. */
+const ABANDON_WAIT_MS = 1_000;
 
 /** How many finished keys a store remembers to read without a lock (about 100 bytes each). */
 const FINISHED_HINTS = 10_000;
