@@ -20,7 +20,9 @@ export function compareMarkdown(c: Comparison): string[] {
       `process, ${s.connections} connections, and loads one server at a time in ${s.sliceSeconds} s slices: per ` +
       "keyed variant, the bare handler of its framework, keyed first-time and replay in adjacent slices, over " +
       `${s.rounds} round${s.rounds > 1 ? "s" : ""}${s.quick ? " (--quick)" : ""}. The handler is one INSERT; ` +
-      "**bare** is that handler with no middleware, autocommitted. Each ratio is to the adjacent bare slice: " +
+      "**bare** is that handler with no middleware, autocommitted. idem's routes set `effectsInTxOnly` (the " +
+      "INSERT is the handler's only effect, so it is sent with the key's claim), and a replay of a key the " +
+      "server saw finished is one autocommitted read. Each ratio is to the adjacent bare slice: " +
       `median (lowest–highest round). Measured in ${f0(c.seconds)} s.`,
     "",
     "| variant | keyed first-time / bare | replay / bare | CPU per request / bare, keyed · replay | runs each key once under 50 concurrent | survives a crash |",
