@@ -30,9 +30,10 @@ export interface Tx extends Queryable {
   /** The driver's own transaction object (a `pg` client, a postgres.js `sql`, a PGlite `Transaction`). */
   readonly raw: unknown;
   /**
-   * Optional hint: the transaction wrote nothing and what it read is all the caller needs, so its COMMIT
-   * need not be waited for. A pipelining driver sends it and hands the connection back at once (its
-   * next user's statements follow the COMMIT on the wire); others ignore the hint. A replay uses it.
+   * Optional hint: what the transaction read is all the caller needs, and it wrote nothing it keeps, so
+   * its end (COMMIT, or the ROLLBACK when the function then throws) need not be waited for. A pipelining
+   * driver sends it and hands the connection back at once (its next user's statements follow it on the
+   * wire); others ignore the hint. A replay uses it, also one that discards a speculative work's writes.
    */
   readOnlyDone?(): void;
   /**

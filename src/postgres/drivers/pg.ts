@@ -146,6 +146,12 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
           await settleBegin();
         } catch (err) {
           release();
+          if (readOnlyDone) {
+            // What it read is the answer (a speculative work's statements are only being discarded):
+            // pipelined, the ROLLBACK need not be waited for, as the read-only COMMIT below.
+            client.query("ROLLBACK").catch(() => {});
+            throw err;
+          }
           await client.query("ROLLBACK").catch(() => {
             broken = true;
           });
