@@ -19,7 +19,6 @@
  * handler run; `onSend` hands the serialized reply to the
  * engine, waits for the commit and sends what the engine chose. A handler error (`onError`) rolls back.
  */
-import { Transform } from "node:stream";
 import type {
   FastifyReply,
   FastifyRequest,
@@ -116,9 +115,14 @@ function setHeaders(reply: FastifyReply, headers: Array<[string, string]>): void
     reply.header(name, values.length === 1 ? values[0] : values);
 }
 
+/** The body as a Buffer over the same bytes (Fastify sends Buffers as they are; no copy). */
+function bufferOf(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
 function send(reply: FastifyReply, r: StoredResponse): FastifyReply {
   setHeaders(reply, r.headers);
-  return reply.code(r.status).send(Buffer.from(r.body));
+  return reply.code(r.status).send(bufferOf(r.body));
 }
 
 /** The lifecycle's view of a Fastify request (a class: no closures per request). */
@@ -135,25 +139,21 @@ class FastifyIdemRequest implements IdemRequest {
   }
 }
 
-/** Keeps a copy of the raw body bytes (for the fingerprint) while Fastify's own parsers read them. */
+/**
+ * Keeps a copy of the raw body bytes (for the fingerprint) while Fastify's own parsers read them: a
+ * `data` listener put first on the payload stream sees every chunk any reader takes, in order (flowing
+ * `data` events, `read()` and async iteration all emit `data`). `prependListener` is EventEmitter's, not
+ * Readable's `on`: it does not start the stream flowing, so the parser that comes later (which may rely
+ * on its own `on("data")` to start it) finds the stream as Fastify left it. No Transform, no pipe.
+ */
 function rawBodyKeeper(rawBodies: WeakMap<FastifyRequest, Buffer[]>): preParsingAsyncHookHandler {
   return async function preParsing(request, _reply, payload) {
     const chunks: Buffer[] = [];
     rawBodies.set(request, chunks);
-    // Fastify compares receivedEncodedLength with Content-Length and the body limit: keep it current.
-    const tap = Object.assign(
-      new Transform({
-        transform(chunk: Buffer, _encoding, callback) {
-          chunks.push(chunk);
-          tap.receivedEncodedLength =
-            payload.receivedEncodedLength ?? tap.receivedEncodedLength + chunk.length;
-          callback(null, chunk);
-        },
-      }),
-      { receivedEncodedLength: 0 },
-    );
-    payload.on("error", (err) => tap.destroy(err));
-    return payload.pipe(tap);
+    payload.prependListener("data", (chunk: Buffer | string) => {
+      chunks.push(typeof chunk === "string" ? Buffer.from(chunk) : chunk); // a decoding preParsing stream
+    });
+    return payload;
   };
 }
 
@@ -273,7 +273,7 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       }
       setHeaders(reply, out.headers);
       reply.code(out.status);
-      return Buffer.from(out.body);
+      return bufferOf(out.body);
     },
 
     async onResponse(request) {
