@@ -67,6 +67,19 @@ async function startFastify({ store, runner }: AppParts) {
     { prefix: "/plugin" },
   );
   app.post("/v1/unkeyed", async () => ({ ok: true })); // beside the plugin's prefix: not affected by it
+  await app.register(async (notes) => {
+    // A parser in the style of raw-body: it listens for data and end and never calls resume().
+    notes.addContentTypeParser("text/plain", (_request, payload, done) => {
+      let text = "";
+      payload.on("data", (chunk: Buffer) => {
+        text += chunk.toString();
+      });
+      payload.on("end", () => done(null, text));
+    });
+    notes.post("/v1/notes", { ...idempotency({ store, scope }) }, async (request, reply) =>
+      reply.code(201).send({ note: request.body, seen: Date.now() + Math.random() }),
+    );
+  });
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
   return { url, close: () => app.close() };
 }
@@ -88,5 +101,20 @@ describe.each(backends)("Fastify adapter on $name", (backend) => {
     const outside = await app.post("/v1/unkeyed", { account: acct });
     expect(outside.status).toBe(200);
     expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("answers and replays a route whose own parser reads the body with a data listener only", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const note = (body: string) =>
+      app.post("/v1/notes", { account: acct, key, body, headers: { "content-type": "text/plain" } });
+    const first = await note("pay the rent");
+    expect(first.status).toBe(201);
+    const sent = await first.json();
+    expect(sent.note).toBe("pay the rent");
+    const retry = await note("pay the rent");
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(await retry.json()).toEqual(sent);
+    expect((await note("pay the bills")).status).toBe(422);
   });
 });
