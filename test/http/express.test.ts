@@ -63,6 +63,28 @@ function startExpress({ store, runner }: AppParts) {
   app.post("/v1/unparsed", idempotency({ store, scope }), (req, res) => {
     res.status(201).json({ key: req.idempotency.key });
   });
+  // Middleware that wrap res.end on the instance, before idempotency and after it (as on-headers does)
+  const wrapEnd =
+    (header: string): RequestHandler =>
+    (_req, res, next) => {
+      const end = res.end;
+      let calls = 0;
+      res.end = function (this: Response, ...args: unknown[]) {
+        if (!this.headersSent) this.setHeader(header, String(++calls));
+        return (end as (...a: unknown[]) => Response).apply(this, args);
+      } as Response["end"];
+      next();
+    };
+  app.post(
+    "/v1/wrapped",
+    json,
+    wrapEnd("x-outer"),
+    idempotency({ store, scope, replayHeaders: ["content-type", "x-inner"] }),
+    wrapEnd("x-inner"),
+    (req, res) => {
+      res.status(201).json({ key: req.idempotency.key, at: Date.now() + Math.random() });
+    },
+  );
   app.use((err: { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
     // body-parser's errors carry their status (400 for JSON that is not JSON); a crash is a 500
     res.status(err.status ?? 500).json({ type: "urn:test:crash" });
@@ -124,5 +146,20 @@ describe.each(backends)("Express adapter on $name", (backend) => {
     const notJson = await app.post("/v1/unparsed", { account: acct, key: randomUUID(), body: "one" });
     expect(notJson.status).toBe(400);
     expect(await notJson.json()).toMatchObject({ type: "urn:idem:problem:invalid-body" });
+  });
+
+  it("sends through the res.end wrappers in place before it, once, and saves what later ones set", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/wrapped", { account: acct, key });
+    expect(first.status).toBe(201);
+    expect(first.headers.get("x-outer")).toBe("1");
+    expect(first.headers.get("x-inner")).toBe("1");
+    const sent = await first.json();
+    const retry = await app.post("/v1/wrapped", { account: acct, key });
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(retry.headers.get("x-outer")).toBe("1");
+    expect(retry.headers.get("x-inner")).toBe("1");
+    expect(await retry.json()).toEqual(sent);
   });
 });
