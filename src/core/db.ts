@@ -51,8 +51,17 @@ export interface Db extends Queryable {
    * `begin` is extra SQL sent with BEGIN in the same round trip (e.g. `SET LOCAL lock_timeout = '5s'`).
    * `batch`: a pipelining driver holds BEGIN and the first statement until the second is queued (or the
    * current turn of the event loop ends), so the three leave in one write; others ignore it.
+   * `before`: a statement committed on its own just before BEGIN, on the same connection, so that a
+   * pipelining driver sends it with BEGIN in one write. Only for a `Db` whose `supportsBefore` is true
+   * (others may ignore it): if it fails, the transaction rolls back and `transaction()` rejects with
+   * its error; its rows are not returned.
    */
-  transaction<T>(fn: (tx: Tx) => Promise<T>, options?: { begin?: string; batch?: boolean }): Promise<T>;
+  transaction<T>(
+    fn: (tx: Tx) => Promise<T>,
+    options?: { begin?: string; batch?: boolean; before?: { sql: string; params?: readonly unknown[] } },
+  ): Promise<T>;
+  /** Whether `transaction()` honours its `before` option (callers run that statement first otherwise). */
+  readonly supportsBefore?: boolean;
   /** Close the pool (only when the adapter owns it). */
   close(): Promise<void>;
   /** A short name of the driver, for logs and error messages. */

@@ -65,11 +65,15 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
   const owned = options.owned ?? true;
   return {
     driver: "pg",
+    supportsBefore: true,
     query: (sql, params) => onOwnClient(pool, (client) => run(client, sql, params)),
     async exec(sql: string) {
       await onOwnClient(pool, (client) => client.query(sql));
     },
-    async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string; batch?: boolean }): Promise<T> {
+    async transaction<T>(
+      fn: (tx: Tx) => Promise<T>,
+      opts?: { begin?: string; batch?: boolean; before?: { sql: string; params?: readonly unknown[] } },
+    ): Promise<T> {
       const client = await pool.connect();
       let broken = false;
       // A checked-out client has no pool listener: if its connection dies (the server restarted), the
@@ -84,7 +88,11 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       // next statement behind it, and its failure surfaces at the first statement or at COMMIT. In
       // pipeline mode the socket is corked meanwhile, so BEGIN and that statement leave in one write.
       wire.cork();
+      // `before` commits on its own (autocommit) ahead of BEGIN on this connection; it fails the
+      // transaction where BEGIN would, at the first statement or at COMMIT.
+      const before = opts?.before && run(client, opts.before.sql, opts.before.params);
       let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
+      if (before) begun = Promise.all([before, begun]);
       begun.catch(() => {});
       // With `batch`, the first statement does not uncork: the second one (the handler's first, sent
       // before the first one answered) joins BEGIN and it in one write. If no second statement comes

@@ -23,6 +23,11 @@ export interface Lease<I, D> {
   input: I;
   /** Set when an external call of the current phase may have begun before (sql/0007). */
   attempted: boolean;
+  /**
+   * The recovery point an external phase just reached, not written yet: it commits on its own just
+   * before the next (local) phase's transaction, on the same connection (`Db.supportsBefore`).
+   */
+  unrecorded?: { sql: string; params: unknown[] };
 }
 
 /**

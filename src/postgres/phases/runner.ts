@@ -30,6 +30,7 @@ import {
   type PhaseFaults,
   SimulatedCrashError,
 } from "./faults.ts";
+import { FencedTx } from "./fenced-tx.ts";
 import { type PhaseStore, tableFor } from "./key-table.ts";
 import { fence, heartbeat, type Lease, nowIso, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
@@ -283,8 +284,18 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     }
     const next = this.nextOf(lease.point, phase, step);
     const advance = this.claimSettings.asyncRecoveryPoints ? lease.sql.advanceAsync : lease.sql.advance;
-    const r = await db.query(advance, this.advanceParams(lease, next, step?.data));
-    if (r.rowCount !== 1) throw new LeaseLostError();
+    const params = this.advanceParams(lease, next, step?.data);
+    if (!this.faults && db.supportsBefore && "local" in this.phases[next]!) {
+      // Committed on its own just before the next phase's BEGIN, on its connection: one write for
+      // both. Not a weaker recovery point: it still commits before the local phase begins, and a crash
+      // in between leaves the same states as before (the call recorded, or not yet). A fenced UPDATE
+      // that finds another token changes nothing, and the local phase's fence then finds it too. With
+      // fault hooks, it is written here, so that every hook sees it committed.
+      lease.unrecorded = { sql: advance, params };
+    } else {
+      const r = await db.query(advance, params);
+      if (r.rowCount !== 1) throw new LeaseLostError();
+    }
     lease.point = next;
     lease.attempted = false;
     Object.assign(lease.data, step?.data);
@@ -297,15 +308,30 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     ctx: PhaseContext<I, D>,
   ): Promise<AtomicOutcome | undefined> {
     const { table, sql } = lease;
+    // The recovery point an external phase left to go out with this transaction (see `record`).
+    const before = lease.unrecorded;
+    lease.unrecorded = undefined;
     let result: { next: string; data: Partial<D> | undefined } | { response: StoredResponse };
     try {
       result = await table.db.transaction(
         async (tx) => {
           // The fence: lock our key row only if the token is still ours. A stale worker stops here,
-          // before its business writes; a takeover that comes later waits for this commit.
-          const locked = await tx.query(sql.lock, fence(lease));
-          if (locked.rows.length === 0) throw new LeaseLostError();
-          const step = await phase.local(ctx, tx);
+          // before its business writes count; a takeover that comes later waits for this commit.
+          const held = tx.query(sql.lock, fence(lease)).then((locked) => {
+            if (locked.rows.length === 0) throw new LeaseLostError();
+          });
+          let step: PhaseStep<D> | undefined;
+          if (tx.pipelined) {
+            // The phase's first statement leaves with BEGIN and the lock; it is answered only once the
+            // fence held (FencedTx), and the fence's error wins over whatever the phase made of it.
+            const running = phase.local(ctx, new FencedTx(tx, held));
+            running.catch(() => {});
+            await held;
+            step = await running;
+          } else {
+            await held;
+            step = await phase.local(ctx, tx);
+          }
           // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
           // (one round trip on a pipelining driver), still fenced by the token.
           if (step?.response) {
@@ -319,7 +345,11 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           tx.final(sql.advance, this.advanceParams(lease, next, step?.data));
           return { next, data: step?.data };
         },
-        { begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(table.lockTimeoutMs))}ms'` },
+        {
+          begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(table.lockTimeoutMs))}ms'`,
+          batch: true,
+          before,
+        },
       );
     } catch (err) {
       if (!(err instanceof Unsaved)) throw err;
