@@ -36,6 +36,24 @@ export interface ChargeRequest {
 
 const agent = new Agent({ keepAlive: true, maxSockets: 256 });
 
+/** `POST {url}/v1/charges` as `request` options, parsed once per provider URL (a URL per call shows). */
+const chargeTargets = new Map<string, { protocol: string; host: string; port: string; path: string }>();
+function chargeTarget(url: string) {
+  let t = chargeTargets.get(url);
+  if (!t) {
+    const u = new URL("/v1/charges", url);
+    t = {
+      protocol: u.protocol,
+      host: u.hostname.replace(/^\[(.*)\]$/, "$1"),
+      port: u.port,
+      path: u.pathname,
+    };
+    if (chargeTargets.size > 100) chargeTargets.clear();
+    chargeTargets.set(url, t);
+  }
+  return t;
+}
+
 /** `POST {url}/v1/charges`, classified. Never throws for HTTP or network failures. */
 export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeResult> {
   const body = JSON.stringify({
@@ -44,7 +62,7 @@ export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeR
     card: req.card ?? null,
     ...(req.reference ? { reference: req.reference } : {}),
   });
-  const target = new URL("/v1/charges", url);
+  const target = chargeTarget(url);
   return new Promise<ChargeResult>((resolve) => {
     let settled = false;
     const done = (r: ChargeResult) => {
@@ -60,7 +78,7 @@ export function chargeProvider(url: string, req: ChargeRequest): Promise<ChargeR
     };
     if (req.idempotencyKey) headers["idempotency-key"] = req.idempotencyKey;
     if (req.fault) headers["x-fault"] = req.fault;
-    const r = request(target, { method: "POST", headers, agent }, (res) => {
+    const r = request({ ...target, method: "POST", headers, agent }, (res) => {
       const chunks: Buffer[] = [];
       res.on("data", (c: Buffer) => chunks.push(c));
       res.on("error", () => done({ kind: "transient", reason: "network" }));
