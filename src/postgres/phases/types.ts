@@ -70,7 +70,9 @@ export interface ExternalPhase<I, D> {
 export interface LocalPhase<I, D> {
   /**
    * One local transaction: write through `tx` only. It commits together with the recovery point, and only
-   * if this worker still holds the lease (its key row is locked, token checked, before this runs).
+   * if this worker still holds the lease (its key row is locked, token checked, before any of its
+   * statements is answered: on a pipelining driver the first one leaves with that lock, and is rolled
+   * back, its promise rejected with `LeaseLostError`, when the lease was lost).
    */
   local: (ctx: PhaseContext<I, D>, tx: Tx) => Promise<PhaseStep<D> | undefined>;
   /** The phase after this one, when it does not answer. */
