@@ -11,7 +11,9 @@ import {
   errorResponse,
   FAILED_NOT_APPLIED,
   IdemError,
+  isConnectFailure,
   isDatabaseUnavailable,
+  isMissingPartition,
   KeyInFlightError,
   KeyMismatchError,
   LeaseLostError,
@@ -105,8 +107,10 @@ describe("problem answers over HTTP", () => {
 
   it("the database down: 503 retryable with Retry-After, nothing done, the same key may be retried", async () => {
     const down = await startRulesApp({ "/v1": {} });
-    await down.close();
-    const res = await down.send("/v1/p", { key: "pb-6", body: "{}", headers: json });
+    await down.goDown();
+    const res = await down
+      .send("/v1/p", { key: "pb-6", body: "{}", headers: json })
+      .finally(() => down.close());
     const p = await problem(res);
     expect(p.status).toBe(503);
     expect(res.headers.get("retry-after")).toBe("1");
@@ -314,6 +318,53 @@ describe("the database is unavailable", () => {
     ]) {
       expect(isDatabaseUnavailable(e), String((e as Error)?.message ?? e)).toBe(false);
     }
+  });
+
+  it("no connection could be had (nothing sent can have committed) is told apart from one lost later", () => {
+    for (const e of [
+      err("57P03"),
+      err("53300"),
+      err("ECONNREFUSED"),
+      err("ENOTFOUND"),
+      err("EHOSTUNREACH"),
+      err("ENETUNREACH"),
+      err("EAI_AGAIN"),
+      err("CONNECT_TIMEOUT"),
+      err(undefined, "timeout exceeded when trying to connect"),
+      err(undefined, "PGlite is closed"),
+      err(undefined, "wrapped", err(undefined, "wrapped", err("ECONNREFUSED"))),
+    ]) {
+      expect(isConnectFailure(e), String(e.code ?? e.message)).toBe(true);
+      expect(isDatabaseUnavailable(e), String(e.code ?? e.message)).toBe(true);
+    }
+    for (const e of [
+      err("57P01"),
+      err("08006"),
+      err("ECONNRESET"),
+      err("EPIPE"),
+      err("CONNECTION_CLOSED"),
+      err(undefined, "Connection terminated unexpectedly"),
+      err(undefined, "a PGlite is closed"),
+      err("23505"),
+      null,
+      "ECONNREFUSED",
+    ]) {
+      expect(isConnectFailure(e), String((e as Error)?.message ?? e)).toBe(false);
+    }
+    let deep: unknown = err("ECONNREFUSED");
+    for (let i = 0; i < 4; i++) deep = err(undefined, "wrap", deep);
+    expect(isConnectFailure(deep)).toBe(true);
+    expect(isConnectFailure(err(undefined, "wrap", deep))).toBe(false);
+  });
+
+  it("an insert into a missing partition is recognised (the store then creates it), nothing else", () => {
+    const missing = err("23514", 'no partition of relation "keys" found for row');
+    expect(isMissingPartition(missing)).toBe(true);
+    expect(isMissingPartition(err("23514", 'new row for relation "keys" violates check constraint'))).toBe(
+      false,
+    );
+    expect(isMissingPartition(err("23505", "no partition of relation"))).toBe(false);
+    expect(isMissingPartition(null)).toBe(false);
   });
 
   it("sqlStateOf reads a five-character SQLSTATE only", () => {
