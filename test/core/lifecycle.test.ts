@@ -305,6 +305,13 @@ describe("what counts as the same request", () => {
     expect(ok.status).toBe(201);
     expect(((await ok.json()) as { body: unknown }).body).toEqual({ tag: ["b", "a"], x: "1" });
     expect((await r.send({ key: newKey(), body: "x=1&x=2", headers: form })).status).toBe(400);
+    // Sent twice is not the same request as one value holding a comma.
+    const key = newKey();
+    expect((await r.send({ key, body: "tag=a&tag=b", headers: form })).status).toBe(201);
+    expect((await r.send({ key, body: "tag=a%2Cb", headers: form })).status).toBe(422);
+    expect(
+      (await r.send({ key, body: "tag=a&tag=b", headers: form })).headers.get("idempotent-replayed"),
+    ).toBe("true");
   });
 });
 

@@ -194,8 +194,24 @@ describe("errorResponse, for adapters and runners", () => {
       status: 404,
       detail: "no such key",
     });
-    expect(header(other, "idempotency-operation-state")).toEqual([]);
-    expect(header(other, "retry-after")).toEqual([]);
+    expect(other.headers).toEqual([["content-type", "application/problem+json"]]);
+    expect(errorResponse(new KeyMismatchError()).headers).toEqual([
+      ["content-type", "application/problem+json"],
+      ["idempotency-operation-state", "none"],
+    ]);
+  });
+
+  it("a body over the limit (413): nothing done, a new key is safe", () => {
+    const r = errorResponse(new IdemError("body-too-large", 413, "The body is over 1 MiB."), { ref: "op_b" });
+    expect(bodyOf(r)).toEqual({
+      type: "urn:idem:problem:body-too-large",
+      title: "Content Too Large",
+      status: 413,
+      detail: "The body is over 1 MiB.",
+      operation_state: "none",
+      retry_same_key: false,
+      safe_new_key: true,
+    });
   });
 
   it("problemResponse: an unknown status is titled Error; fields and headers are added", () => {

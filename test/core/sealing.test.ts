@@ -69,7 +69,20 @@ describe("the AES-256-GCM sealer", () => {
     expect(Buffer.from(rotated.open(old)).equals(Buffer.from(plain))).toBe(true);
     const dropped = new AesGcmSealer([k2]);
     expect(() => dropped.open(old)).toThrow(SealedValueError);
-    expect(() => dropped.open(old)).toThrow(/sealed with key "k1", which is not configured \(keys: k2\)/);
+    expect(() => dropped.open(old)).toThrow(
+      'a value was sealed with key "k1", which is not configured (keys: k2): keep a key until every value sealed with it has expired',
+    );
+    const err = (() => {
+      try {
+        dropped.open(old);
+      } catch (e) {
+        return e as Error;
+      }
+    })();
+    expect(err?.name).toBe("SealedValueError");
+    expect(() => new AesGcmSealer([{ id: "k3", key: randomBytes(32) }, k2]).open(old)).toThrow(
+      /not configured \(keys: k3, k2\)/,
+    );
   });
 
   it("keeps a JSON input as one sealed string, and a clear one as it is", () => {
