@@ -5,6 +5,7 @@
  */
 import { describe, expect, it } from "vitest";
 import {
+  AbandonedWorkError,
   AmbiguousBodyError,
   IdemError,
   InvalidBodyError,
@@ -88,6 +89,14 @@ describe("idem's errors", () => {
       });
       expect(String(err)).toBe(`${name}: ${message}`);
     }
+  });
+
+  it("a speculative work whose key was taken is told so, by name", () => {
+    const err = new AbandonedWorkError();
+    expect(err).not.toBeInstanceOf(IdemError); // the handler's statements reject with it; let it propagate
+    expect(String(err)).toBe(
+      "AbandonedWorkError: this request's key was already taken: its statements were rolled back and its answer is not used",
+    );
   });
 
   it("keep their cause and what the caller needs next (Retry-After, the operation_ref)", () => {

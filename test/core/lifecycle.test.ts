@@ -252,6 +252,34 @@ describe("a keyed request and its replay", () => {
   });
 });
 
+describe("what the store is asked to do", () => {
+  it("start the work with the claim only on a route that promises effectsInTxOnly, never with compact", async () => {
+    const asked: Array<{ speculate: unknown; signal: boolean }> = [];
+    const recording: AtomicStore<Tx> = {
+      retentionMs: store.retentionMs,
+      lockTimeoutMs: store.lockTimeoutMs,
+      transaction: (work, options) => store.transaction(work, options),
+      atomic: (claim, work, options) => {
+        asked.push({ speculate: options?.speculate, signal: typeof options?.signal?.aborted === "boolean" });
+        return store.atomic(claim, work, options);
+      },
+    };
+    const compact = {
+      id: () => undefined,
+      rebuild: () => ({ status: 200, headers: [], body: new Uint8Array() }),
+    };
+    await route({ store: recording }).send({ key: newKey() });
+    await route({ store: recording, effectsInTxOnly: true }).send({ key: newKey() });
+    const spec = await route({ store: recording, effectsInTxOnly: true, compact }).send({ key: newKey() });
+    expect(spec.status).toBe(201);
+    expect(asked).toEqual([
+      { speculate: false, signal: true },
+      { speculate: true, signal: true },
+      { speculate: undefined, signal: true },
+    ]);
+  });
+});
+
 describe("what counts as the same request", () => {
   it("by default: method, path and body as read (keys in any order)", async () => {
     const r = route();
