@@ -155,6 +155,8 @@ describe("JSON bodies", () => {
       "[1 22]",
       '{"a"}',
       '{"a":1,"b"}',
+      '{a":1}',
+      '{"a"x1}',
     ]) {
       expect(refusal(text), text).toBe(NOT_JSON);
     }

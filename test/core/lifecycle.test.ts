@@ -31,6 +31,7 @@ import {
   idempotency,
   idempotentPhases,
 } from "../../src/http/hono.ts";
+import { idempotent } from "../../src/http/web.ts";
 import { PostgresStore } from "../../src/postgres/index.ts";
 import { type CoreDb, openCoreDb } from "./app.ts";
 
@@ -278,6 +279,22 @@ describe("what the store is asked to do", () => {
       { speculate: undefined, signal: true },
     ]);
   });
+
+  it("run a request without a key in the caller's scope (a store over several databases picks theirs)", async () => {
+    const scopes: unknown[] = [];
+    const recording: AtomicStore<Tx> = {
+      retentionMs: store.retentionMs,
+      atomic: (claim, work, options) => store.atomic(claim, work, options),
+      transaction: (work, options) => {
+        scopes.push(options?.scope);
+        return store.transaction(work, options);
+      },
+    };
+    const r = route({ store: recording, required: false });
+    expect((await r.send({})).status).toBe(201);
+    expect((await r.send({ headers: { "x-anonymous": "1" } })).status).toBe(201);
+    expect(scopes).toEqual([SCOPE, undefined]);
+  });
 });
 
 describe("what counts as the same request", () => {
@@ -472,6 +489,35 @@ describe("requests answered before anything is claimed", () => {
     const res = await r.send({ headers: { "x-anonymous": "1" } });
     expect(res.status).toBe(201);
     expect(r.events).toEqual([{ outcome: "unkeyed", status: 201, scope: undefined }]);
+  });
+
+  it("a body over the route's limit: 413 problem+json with the answer bound, the handler never runs", async () => {
+    const events: OutcomeEvent[] = [];
+    let runs = 0;
+    const handler = idempotent(
+      () => {
+        runs++;
+        return new Response("ran", { status: 201 });
+      },
+      { store, scope: () => SCOPE, limit: 8, onOutcome: (e) => events.push(e) },
+    );
+    const res = await handler(
+      new Request("http://idem.test/w", {
+        method: "POST",
+        body: '{"amount":1000}',
+        headers: { ...JSON_CT, "idempotency-key": newKey() },
+      }),
+      undefined,
+    );
+    expect(res.status).toBe(413);
+    expect(res.headers.get("idempotency-answer-within")).toBe("2");
+    expect(await res.json()).toMatchObject({
+      type: "urn:idem:problem:body-too-large",
+      operation_state: "none",
+      safe_new_key: true,
+    });
+    expect(res.headers.get("idempotency-operation-state")).toBe("none");
+    expect(runs).toBe(0);
   });
 
   it("the answer bound is the store's duplicate wait in whole seconds, at least one; 5 by default", async () => {
