@@ -259,7 +259,7 @@ describe("what the store is asked to do", () => {
     const recording: AtomicStore<Tx> = {
       retentionMs: store.retentionMs,
       lockTimeoutMs: store.lockTimeoutMs,
-      transaction: (work, options) => store.transaction(work, options),
+      transaction: (work) => store.transaction(work),
       atomic: (claim, work, options) => {
         asked.push({ speculate: options?.speculate, signal: typeof options?.signal?.aborted === "boolean" });
         return store.atomic(claim, work, options);
@@ -287,7 +287,7 @@ describe("what the store is asked to do", () => {
       atomic: (claim, work, options) => store.atomic(claim, work, options),
       transaction: (work, options) => {
         scopes.push(options?.scope);
-        return store.transaction(work, options);
+        return store.transaction(work);
       },
     };
     const r = route({ store: recording, required: false });
@@ -495,7 +495,7 @@ describe("requests answered before anything is claimed", () => {
     const events: OutcomeEvent[] = [];
     let runs = 0;
     const handler = idempotent(
-      () => {
+      async () => {
         runs++;
         return new Response("ran", { status: 201 });
       },
