@@ -105,10 +105,17 @@ const postgresJsBackend: TestBackend = {
   },
 };
 
+/**
+ * `npm run mutate` (vitest.mutation.config.ts) sets IDEM_MUTATION_BACKEND: the tests then run once per
+ * mutant on that one backend only (the real server through `pg`), not once per driver.
+ */
+const only = process.env.IDEM_MUTATION_BACKEND;
+const chosen = (list: TestBackend[]) => (only ? list.filter((b) => b.name === only) : list);
+
 /** PGlite always; both real drivers when DATABASE_URL is set. */
-export const backends: TestBackend[] = DATABASE_URL
-  ? [pgliteBackend, pgBackend, postgresJsBackend]
-  : [pgliteBackend];
+export const backends: TestBackend[] = chosen(
+  DATABASE_URL ? [pgliteBackend, pgBackend, postgresJsBackend] : [pgliteBackend],
+);
 
 /** Only the real-server backends (tests of concurrency that PGlite, being single-connection, cannot show). */
-export const serverBackends: TestBackend[] = DATABASE_URL ? [pgBackend, postgresJsBackend] : [];
+export const serverBackends: TestBackend[] = chosen(DATABASE_URL ? [pgBackend, postgresJsBackend] : []);
