@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type Claim, fingerprint, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
+import { PartitionWidthError } from "../../src/postgres/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 
@@ -153,6 +154,34 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     await expect(PostgresStore.open(open.db, { schema: "not_migrated" })).rejects.toThrow(
       'idem\'s tables are missing in schema "not_migrated": run migrate(db) or `idem migrate` first',
     );
+  });
+
+  it("sweep drops the partitions whose keys are all past retention; live keys still replay byte for byte", async () => {
+    await migrate(open.db, { schema: "swept", partitionSeconds: 3_600 });
+    let now = Date.UTC(2031, 5, 1, 10, 30);
+    const s = await stores({ schema: "swept", clock: () => now, retentionMs: 2 * HOUR });
+    const old = claimOf("k-swept");
+    await s.atomic(old, (tx) => charge(tx));
+    const oldBucket = s.partitions.bucketOf(now);
+    now += 3 * HOUR;
+    const live = claimOf("k-live");
+    const first = await s.atomic(live, (tx) => charge(tx));
+    const { dropped } = await s.sweep();
+    expect(dropped).toContain(oldBucket);
+    expect(dropped).not.toContain(s.partitions.bucketOf(now - 2 * HOUR));
+    expect(dropped).not.toContain(s.partitions.bucketOf(now));
+    const again = await s.atomic(live, (tx) => charge(tx));
+    expect(again.kind).toBe("replayed");
+    expect(Buffer.from(again.response.body).toString()).toBe(Buffer.from(first.response.body).toString());
+    expect((await s.atomic(old, (tx) => charge(tx))).kind).toBe("executed");
+    expect((await s.sweep()).dropped).toEqual([]);
+  });
+
+  it("refuses a retention that is not positive, or longer than its partitions can hold", async () => {
+    await expect(stores({ retentionMs: 0 })).rejects.toThrow(RangeError);
+    await expect(stores({ retentionMs: -HOUR })).rejects.toThrow(RangeError);
+    await expect(stores({ retentionMs: 11 * HOUR })).rejects.toThrow(PartitionWidthError);
+    expect((await stores({ retentionMs: 10 * HOUR })).retentionMs).toBe(10 * HOUR);
   });
 
   it("a lock timeout below 1 ms is sent as 1 ms, and the defaults are 24 h and 5 s", async () => {
