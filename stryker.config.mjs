@@ -12,7 +12,7 @@ export default {
   // are reported as Ignored and left out of the scores (reports/mutation/SUMMARY.md counts them).
   ignoreStatic: true,
   // The modules that guard money, in the order of issue 21. src/core/db.ts, store.ts and index.ts hold
-  // types and re-exports only (no mutants). Not yet in the set: the phases runner and the outbox relay.
+  // types and re-exports only (no mutants). Then the phases runner (runner, claim, lease) and the relay.
   mutate: [
     "src/core/key.ts",
     "src/core/fingerprint.ts",
