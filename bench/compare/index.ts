@@ -190,7 +190,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     }
 
     console.log(`  warmed up, replay keys stored (${since()})`);
-    // One slice: a few requests first (the pools close idle connections while the other variants
+    // One slice: some requests first (the pools close idle connections while the other variants
     // run), then wrk, with the CPU of the server, of this database's backends and of Redis around it.
     const samples = new Map<string, Sample[]>(); // `${name}/${mode}`
     const measure = async (v: Variant, mode: Mode, round: number): Promise<Sample> => {
@@ -198,9 +198,11 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       const prefix = mode === "replay" ? replayPrefix(v) : `${run}-${v.name}-k${round}`;
       const pre = (i: number) =>
         mode === "bare" ? undefined : mode === "replay" ? `${prefix}-${i}` : `${prefix}-pre-${i}`;
+      // Eight per pooled connection: each one (new when the pool closed it while other variants ran)
+      // passes PostgreSQL's five custom plans per prepared statement before the slice is measured.
       await send(
         server.url,
-        Array.from({ length: 20 }, (_, i) => pre(i)),
+        Array.from({ length: POOL_SIZE * 8 }, (_, i) => pre(i)),
         POOL_SIZE,
       );
       const node0 = processCpuUs(server.pid);
