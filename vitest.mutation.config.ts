@@ -12,6 +12,8 @@ export default defineConfig({
       "test/core/**/*.test.ts",
       "test/http/read-once.property.test.ts",
       "test/store/expiry-partitions.test.ts",
+      "test/store/speculative.test.ts",
+      "test/store/atomic.test.ts",
       "test/client/answer.test.ts",
       "test/client/backoff.test.ts",
       "test/client/budget.test.ts",
