@@ -16,7 +16,7 @@ import {
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
+import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 
 const enc = new TextEncoder();
 const speculate = { speculate: true };
@@ -53,16 +53,22 @@ async function count(db: Db, note: string): Promise<number> {
   return rows[0]!.n;
 }
 
-describe.each(backends)("work sent with the claim, on $name", (backend) => {
-  let open: OpenDb;
+/** A migrated database of its own with an `effects` table, for the tests of one describe block. */
+function effectsDb(backend: TestBackend): OpenDb {
+  const open = {} as OpenDb;
   beforeAll(async () => {
-    open = await backend.open();
+    Object.assign(open, await backend.open());
     await migrate(open.db);
     await open.db.exec("CREATE TABLE effects (id serial PRIMARY KEY, note text NOT NULL)");
   });
   afterAll(async () => {
-    await open?.close();
+    await open.close?.();
   });
+  return open;
+}
+
+describe.each(backends)("work sent with the claim, on $name", (backend) => {
+  const open = effectsDb(backend);
 
   it("runs a new key once, and a retry on another instance replays it and rolls its work back", async () => {
     const a = await PostgresStore.open(open.db);
@@ -132,15 +138,7 @@ describe.each(backends)("work sent with the claim, on $name", (backend) => {
 });
 
 describe.each(serverBackends)("a key held by another process, on $name", (backend) => {
-  let open: OpenDb;
-  beforeAll(async () => {
-    open = await backend.open();
-    await migrate(open.db);
-    await open.db.exec("CREATE TABLE effects (id serial PRIMARY KEY, note text NOT NULL)");
-  });
-  afterAll(async () => {
-    await open?.close();
-  });
+  const open = effectsDb(backend);
 
   it("answers 409 while the first runs, then replays it; the key's work ran once", async () => {
     const a = await PostgresStore.open(open.db);
