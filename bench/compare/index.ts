@@ -10,10 +10,13 @@
  *   npm run bench -- --only compare [--quick]
  *
  * Needs PostgreSQL (DATABASE_URL; a database of its own, dropped after), Redis (REDIS_URL, default
- * redis://127.0.0.1:6379) and wrk (`apt-get install -y wrk`). Full: 4 rounds of 2 s slices, under 4
- * minutes on a quiet machine; --quick: one round of 1 s slices, about a minute. BENCH_COMPARE_ROUNDS and
- * BENCH_COMPARE_SLICE_S override the two.
+ * redis://127.0.0.1:6379) and wrk (`apt-get install -y wrk`). idem runs from its built package (the
+ * bench builds dist/ first; BENCH_SOURCE=1 runs the sources). Full: 15 s of warm-up per server, then 4
+ * rounds of 2 s slices, about 7 minutes on a quiet machine; --quick: no warm-up, one round of 1 s
+ * slices, about a minute. BENCH_COMPARE_WARMUP_S, BENCH_COMPARE_ROUNDS and BENCH_COMPARE_SLICE_S
+ * override the three.
  */
+import { execFileSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { fromPg, migrate } from "idem/postgres";
 import pg from "pg";
@@ -30,7 +33,7 @@ import { backendsCpu, backendsDelta, findProcess, processCpuUs } from "./cpu.ts"
 import { PAYMENTS_DDL } from "./handler.ts";
 import { checkRedis, REDIS_URL, redisCleanup } from "./redis.ts";
 import { send } from "./requests.ts";
-import { type RunningServer, startServer } from "./spawn.ts";
+import { FROM_SOURCE, type RunningServer, startServer } from "./spawn.ts";
 import { bareOf, type Framework, POOL_SIZE, VARIANTS, type Variant } from "./variants.ts";
 import { checkWrk, type Mode, wrk } from "./wrk.ts";
 
@@ -47,6 +50,10 @@ export interface CompareSettings {
   sameKeys: number;
   /** How long the crash check retries a key before calling it stuck. */
   crashWindowSeconds: number;
+  /** Load on each server before the rounds (the replay path gets a fifth of it more). */
+  warmupSeconds: number;
+  /** idem's code as run by the servers: the built package, or the sources through tsx (BENCH_SOURCE=1). */
+  idemFrom: "dist" | "source";
 }
 
 /** One variant in one mode, over all rounds. */
@@ -122,6 +129,8 @@ function settingsFor(quick: boolean): CompareSettings {
     replayKeys: quick ? 32 : 256,
     sameKeys: quick ? 5 : 20,
     crashWindowSeconds: quick ? 3 : 12,
+    warmupSeconds: Number(process.env.BENCH_COMPARE_WARMUP_S ?? (quick ? 0 : 15)),
+    idemFrom: FROM_SOURCE ? "source" : "dist",
   };
 }
 
@@ -143,6 +152,11 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
   const settings = settingsFor(options.quick ?? false);
   await checkWrk();
   await checkRedis();
+  if (!FROM_SOURCE) {
+    // The servers import idem's built package: build it from the sources of this checkout.
+    execFileSync("npm", ["run", "--silent", "build"], { stdio: ["ignore", "ignore", "inherit"] });
+    console.log(`  idem built (dist/) (${((performance.now() - t0) / 1000).toFixed(0)} s)`);
+  }
   const run = randomUUID().slice(0, 8);
   const db = await freshBenchDatabase();
   const dbName = new URL(db.url).pathname.slice(1);
@@ -177,16 +191,35 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
           16,
         );
       } else {
-        // Long enough for V8 to optimise the hot paths (1 s left the first round visibly colder).
+        // Until the server runs at its steady pace: on this machine idem's keyed path took about 15 s
+        // of load to get there (2,600 -> 4,200 req/s, V8 optimising and PostgreSQL's backends warming;
+        // the bare handlers about 5 s), and a slice of a colder server measures the warm-up instead.
         const mode = v.kind === "bare" ? "bare" : "keyed";
-        await wrk(url, { mode, prefix, replayKeys: 1, seconds: 3, connections: settings.connections });
+        await wrk(url, {
+          mode,
+          prefix,
+          replayKeys: 1,
+          seconds: settings.warmupSeconds,
+          connections: settings.connections,
+        });
       }
     }
     for (const v of keyed) {
       const keys = Array.from({ length: settings.replayKeys }, (_, i) => `${replayPrefix(v)}-${i}`);
-      const ok = await send(servers.get(v.name)!.url, keys, 16);
+      const url = servers.get(v.name)!.url;
+      const ok = await send(url, keys, 16);
       if (ok < keys.length)
         throw new Error(`${v.name}: ${keys.length - ok} of the replay keys were not answered 2xx`);
+      if (!settings.quick) {
+        const seconds = Math.max(1, Math.round(settings.warmupSeconds / 5));
+        await wrk(url, {
+          mode: "replay",
+          prefix: replayPrefix(v),
+          replayKeys: settings.replayKeys,
+          seconds,
+          connections: settings.connections,
+        });
+      }
     }
 
     console.log(`  warmed up, replay keys stored (${since()})`);

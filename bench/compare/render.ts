@@ -19,7 +19,9 @@ export function compareMarkdown(c: Comparison): string[] {
     `Each variant is a server in a child process on 127.0.0.1 (pg pool of ${s.poolSize}); wrk runs in another ` +
       `process, ${s.connections} connections, and loads one server at a time in ${s.sliceSeconds} s slices: per ` +
       "keyed variant, the bare handler of its framework, keyed first-time and replay in adjacent slices, over " +
-      `${s.rounds} round${s.rounds > 1 ? "s" : ""}${s.quick ? " (--quick)" : ""}. The handler is one INSERT; ` +
+      `${s.rounds} round${s.rounds > 1 ? "s" : ""}${s.quick ? " (--quick)" : ""}, after ${s.warmupSeconds ?? 3} s of load on each server ` +
+      "(a server's first seconds under load are its slowest). " +
+      `idem runs ${s.idemFrom === "source" ? "from its TypeScript sources (BENCH_SOURCE=1)" : "from its built package, as users run it"}. The handler is one INSERT; ` +
       "**bare** is that handler with no middleware, autocommitted. idem's routes set `effectsInTxOnly` (the " +
       "INSERT is the handler's only effect, so it is sent with the key's claim), and a replay of a key the " +
       "server saw finished is one autocommitted read. Each ratio is to the adjacent bare slice: " +
