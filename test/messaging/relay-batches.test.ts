@@ -84,7 +84,7 @@ async function expireLocks(db: Db, topic: string): Promise<void> {
 async function write(
   db: Db,
   topic: string,
-  events: { aggregate?: [string, string]; payload?: unknown; headers?: Record<string, string> }[],
+  events: { aggregate?: [string | undefined, string]; payload?: unknown; headers?: Record<string, string> }[],
 ): Promise<string[]> {
   const ids: string[] = [];
   for (const e of events) {
@@ -504,6 +504,78 @@ describe.each(backends)("relay batches on $name", (backend) => {
       expect(state(a2)).toMatchObject({ published: false, locked: false, last_error: null });
       expect(state(b2)).toMatchObject({ published: false, locked: false, last_error: "broker down" });
     });
+
+    it("a broker outage puts back every event held behind failures, of several aggregates", async () => {
+      const topic = unique("t");
+      // Aggregates of their own: an aggregate held in another test's topic is held here too.
+      const [A, B, C] = [unique("A"), unique("B"), unique("C")];
+      const [a1, c1, b1, a2, c2, b2] = await write(db, topic, [
+        { aggregate: ["order", A] },
+        { aggregate: ["order", C] },
+        { aggregate: ["order", B] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", C] },
+        { aggregate: ["order", B] },
+      ]);
+      const r = recorder((m) => {
+        if (m.id === a1 || m.id === c1) return fail("nope");
+        return m.id === b2 ? "unavailable" : { ok: true };
+      });
+      const relay1 = ordered(topic, r.publisher, { backoff: { baseMs: 100_000, capMs: 100_000 } });
+      expect(await relay1.runOnce()).toBe(6);
+      const rows = await rowsOf(db, topic);
+      const state = (id: string | undefined) => rows.find((x) => x.id === id)!;
+      for (const id of [a1, c1]) expect(state(id)).toMatchObject({ attempts: 1, locked: true });
+      expect(state(b1).published).toBe(true);
+      for (const id of [a2, c2]) {
+        expect(state(id)).toMatchObject({ published: false, locked: false, attempts: 0, last_error: null });
+      }
+      expect(state(b2)).toMatchObject({ published: false, locked: false, last_error: "broker down" });
+    });
+
+    it("events without an aggregate all go in the first wave; a failed one holds back no aggregate", async () => {
+      const topic = unique("t");
+      // An aggregate id "null" without a type is an aggregate like any other, not "no aggregate".
+      const [x1, n1, x2, n2] = await write(db, topic, [
+        {},
+        { aggregate: [undefined, "null"] },
+        {},
+        { aggregate: [undefined, "null"] },
+      ]);
+      const r = recorder((m) => (m.id === x1 ? fail("nope") : { ok: true }));
+      expect(await ordered(topic, r.publisher).runOnce()).toBe(4);
+      expect(r.calls.map((w) => w.map((m) => m.id))).toEqual([[x1, n1, x2], [n2]]);
+      const rows = await rowsOf(db, topic);
+      expect(rows.map((x) => [x.id, x.published])).toEqual([
+        [x1, false],
+        [n1, true],
+        [x2, true],
+        [n2, true],
+      ]);
+    });
+  });
+
+  it("a database failure while marking a batch is thrown; the rows stay leased, to be sent again", async () => {
+    const topic = unique("t");
+    await write(db, topic, n(2));
+    const broken = new Error("disk full");
+    const failing: Db = new Proxy(db, {
+      get(target, prop, receiver) {
+        if (prop === "query") {
+          return (sql: string, params?: unknown[]) =>
+            sql.includes("SET published_at = now()") ? Promise.reject(broken) : target.query(sql, params);
+        }
+        return Reflect.get(target, prop, receiver);
+      },
+    });
+    const r = recorder();
+    const relay1 = new Relay({ db: failing, publisher: r.publisher, topics: [topic] });
+    await expect(relay1.runOnce()).rejects.toBe(broken);
+    expect(r.calls).toHaveLength(1);
+    expect((await rowsOf(db, topic)).map((x) => [x.published, x.locked])).toEqual([
+      [false, true],
+      [false, true],
+    ]);
   });
 
   it("refuses options that are not positive numbers", () => {
@@ -523,6 +595,17 @@ describe.each(backends)("relay batches on $name", (backend) => {
       );
     }
     expect(() => new Relay({ db, publisher: r.publisher, batchSize: 1, pollMs: 1 })).not.toThrow();
+    // The message names the option and the value.
+    for (const [bad, message] of [
+      [{ batchSize: 0 }, "batchSize must be a positive number, got 0"],
+      [{ concurrency: -2 }, "concurrency must be a positive number, got -2"],
+      [{ leaseMs: 0 }, "leaseMs must be a positive number, got 0"],
+      [{ maxAttempts: Number.NaN }, "maxAttempts must be a positive number, got NaN"],
+      [{ pollMs: -1 }, "pollMs must be a positive number, got -1"],
+      [{ cleanupEveryMs: 0 }, "cleanupEveryMs must be a positive number, got 0"],
+    ] as const) {
+      expect(() => new Relay({ db, publisher: r.publisher, ...bad })).toThrow(message);
+    }
   });
 
   it("deletes published rows past retention, more than one chunk of them, and keeps everything with retention 0", async () => {
@@ -695,6 +778,7 @@ describe.each(backends)("relay batches on $name", (backend) => {
       }
       // 250 ms after the first outage, 500 ms after the second.
       expect(times[1]! - times[0]!).toBeGreaterThanOrEqual(240);
+      expect(times[1]! - times[0]!).toBeLessThan(480); // not yet the second outage's 500 ms
       expect(times[2]! - times[1]!).toBeGreaterThanOrEqual(490);
       expect(relay1.stats.unavailable).toBe(2);
     });
@@ -740,6 +824,177 @@ describe.each(backends)("relay batches on $name", (backend) => {
         await relay1.stop();
       }
       expect(most).toBe(2);
+    });
+
+    /** The database, counting the relay's claims (empty or not). */
+    const counting = () => {
+      let claims = 0;
+      const counted: Db = new Proxy(db, {
+        get(target, prop, receiver) {
+          if (prop === "query") {
+            return (sql: string, params?: unknown[]) => {
+              if (sql.includes("FOR UPDATE SKIP LOCKED")) claims++;
+              return target.query(sql, params);
+            };
+          }
+          return Reflect.get(target, prop, receiver);
+        },
+      });
+      return { db: counted, claims: () => claims };
+    };
+    const pause = (ms: number) => new Promise((res) => setTimeout(res, ms));
+
+    it("claims again at once after a batch with work, once per wake-up, and sleeps after an empty claim", async () => {
+      const topic = unique("t");
+      const c = counting();
+      const r = recorder();
+      const relay1 = new Relay({
+        db: c.db,
+        publisher: r.publisher,
+        topics: [topic],
+        pollMs: 60_000,
+        batchSize: 1,
+      });
+      await relay1.start();
+      try {
+        relay1.wake(); // while the first claim is out: it is not lost, one more claim follows
+        await pause(300);
+        expect(c.claims()).toBe(2);
+        relay1.wake(); // asleep: one claim, then asleep again
+        await pause(300);
+        expect(c.claims()).toBe(3);
+        const ids = await write(db, topic, n(3));
+        const t0 = Date.now();
+        relay1.wake();
+        await until(() => ids.every((id) => r.ids().includes(id)), 3_000, "the three events");
+        expect(Date.now() - t0).toBeLessThan(2_000);
+        await pause(300);
+        expect(c.claims()).toBe(3 + 3 + 1); // one batch each, then one that found nothing
+      } finally {
+        await relay1.stop();
+      }
+    });
+
+    it("stop() ends the loop at once when it comes while a claim is out", async () => {
+      const topic = unique("t");
+      let entered!: () => void;
+      const claiming = new Promise<void>((res) => {
+        entered = res;
+      });
+      let answer!: () => void;
+      const held = new Promise<void>((res) => {
+        answer = res;
+      });
+      const slow: Db = new Proxy(db, {
+        get(target, prop, receiver) {
+          if (prop === "query") {
+            return async (sql: string, params?: unknown[]) => {
+              if (sql.includes("FOR UPDATE SKIP LOCKED")) {
+                entered();
+                await held;
+              }
+              return target.query(sql, params);
+            };
+          }
+          return Reflect.get(target, prop, receiver);
+        },
+      });
+      const relay1 = new Relay({
+        db: slow,
+        publisher: recorder().publisher,
+        topics: [topic],
+        pollMs: 60_000,
+      });
+      await relay1.start();
+      await claiming;
+      const stopping = relay1.stop();
+      answer();
+      const t0 = Date.now();
+      await stopping;
+      expect(Date.now() - t0).toBeLessThan(2_000);
+    });
+
+    it("stop() ends the wait after a broker outage at once", async () => {
+      const topic = unique("t");
+      await write(db, topic, n(1));
+      const times: number[] = [];
+      const publisher: Publisher = {
+        name: "down",
+        publish: async () => {
+          times.push(Date.now());
+          throw new BrokerUnavailableError("down");
+        },
+        close: async () => {},
+      };
+      const relay1 = relay(topic, publisher, { pollMs: 20 });
+      await relay1.start();
+      try {
+        await until(() => times.length >= 2, 5_000, "two tries");
+        await pause(100); // into the 500 ms wait after the second outage
+      } finally {
+        const t0 = Date.now();
+        await relay1.stop();
+        expect(Date.now() - t0).toBeLessThan(250);
+      }
+      expect(times).toHaveLength(2);
+    });
+
+    it("a relay killed in its loop stops, reports nothing, and stays dead", async () => {
+      const topic = unique("t");
+      const [id] = await write(db, topic, n(1));
+      const errors: Error[] = [];
+      let kills = 1;
+      const r = recorder();
+      const relay1 = relay(topic, r.publisher, {
+        pollMs: 20,
+        leaseMs: 60_000,
+        crash: (p) => p === "after-claim" && kills-- > 0,
+        onError: (e) => errors.push(e),
+      });
+      await relay1.start();
+      await until(() => !relay1.running, 3_000, "the crash");
+      await pause(100);
+      expect(errors).toEqual([]);
+      expect(r.calls).toHaveLength(0);
+      await expireLocks(db, topic);
+      // Dead: even a crash point that no longer fires does not bring it back.
+      await expect(relay1.runOnce()).rejects.toThrow("after-claim");
+      expect(r.calls).toHaveLength(0);
+      await relay1.stop();
+      expect((await rowsOf(db, topic)).find((x) => x.id === id)!.published).toBe(false);
+    });
+
+    it("a failing cleanup is reported; the relay keeps running", async () => {
+      const topic = unique("t");
+      const errors: string[] = [];
+      const failing: Db = new Proxy(db, {
+        get(target, prop, receiver) {
+          if (prop === "query") {
+            return (sql: string, params?: unknown[]) =>
+              sql.trimStart().startsWith("DELETE")
+                ? Promise.reject(new Error("cleanup refused"))
+                : target.query(sql, params);
+          }
+          return Reflect.get(target, prop, receiver);
+        },
+      });
+      const [id] = await write(db, topic, n(1));
+      const r = recorder();
+      const relay1 = new Relay({
+        db: failing,
+        publisher: r.publisher,
+        topics: [topic],
+        pollMs: 20,
+        cleanupEveryMs: 20,
+        onError: (e) => errors.push(e.message),
+      });
+      await relay1.start();
+      try {
+        await until(() => errors.includes("cleanup refused") && r.ids().includes(id!), 3_000, "both");
+        expect(relay1.running).toBe(true);
+      } finally {
+        await relay1.stop();
+      }
     });
   });
 });

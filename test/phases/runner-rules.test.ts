@@ -918,4 +918,379 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       expect(took).toBeLessThan(800);
     });
   });
+
+  describe("more rules", () => {
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    /** `db` with `query` (and every transaction's `query`) replaced by `fn(sql, params, real)`. */
+    const wrapDb = (
+      base: Db,
+      fn: (
+        sql: string,
+        params: unknown[] | undefined,
+        real: (s: string, p?: unknown[]) => Promise<unknown>,
+      ) => Promise<unknown>,
+    ): Db => {
+      const wrapTx = <T extends object>(tx: T): T =>
+        new Proxy(tx, {
+          get(target, prop) {
+            const v = Reflect.get(target, prop);
+            if (prop === "query") {
+              const real = (v as (s: string, p?: unknown[]) => Promise<unknown>).bind(target);
+              return (sql: string, params?: unknown[]) => fn(sql, params, real);
+            }
+            return typeof v === "function" ? v.bind(target) : v;
+          },
+        });
+      return new Proxy(base, {
+        get(target, prop) {
+          if (prop === "query") {
+            return (sql: string, params?: unknown[]) => fn(sql, params, (s, p) => target.query(s, p));
+          }
+          if (prop === "transaction") {
+            return (body: (tx: object) => Promise<unknown>, options?: object) =>
+              target.transaction((tx) => body(wrapTx(tx)), options as never);
+          }
+          const v = Reflect.get(target, prop);
+          return typeof v === "function" ? v.bind(target) : v;
+        },
+      }) as Db;
+    };
+
+    it("a local phase that returns nothing goes on to its next phase, keeping the data", async () => {
+      const key = newKey();
+      const runner = define({
+        a: { external: async () => ({ data: { a: 1 } }), next: "b" },
+        b: {
+          local: async (_ctx, tx) => {
+            await tx.query("INSERT INTO effects (key, what) VALUES ($1, 'b')", [key]);
+            return undefined;
+          },
+          next: "c",
+        },
+        c: { local: async (ctx) => ({ response: ok(ctx.data) }) },
+      });
+      const out = await runner.run(claimOf(key), {});
+      expect(JSON.parse(text(out.response))).toEqual({ a: 1 });
+      expect(await effects(key)).toBe(1);
+    });
+
+    it("a crash before a local phase commits its next point leaves nothing of it; the retry runs it again", async () => {
+      const key = newKey();
+      let runs = 0;
+      const phases = {
+        a: {
+          local: async (_ctx: unknown, tx: { query(sql: string, params?: unknown[]): Promise<unknown> }) => {
+            runs++;
+            await tx.query("INSERT INTO effects (key, what) VALUES ($1, 'a')", [key]);
+            return { data: { a: 1 } };
+          },
+          next: "b",
+        },
+        b: { local: async () => ({ response: ok() }) },
+      } as Record<string, Phase<D, D>>;
+      await expect(
+        define(phases, { faults: crashOnceAt("before-commit") }).run(claimOf(key), {}),
+      ).rejects.toBeInstanceOf(SimulatedCrashError);
+      expect(await effects(key)).toBe(0);
+      expect((await inspect(key))?.recoveryPoint).toBe("a");
+      now.ms += LEASE;
+      expect((await define(phases).run(claimOf(key), {})).kind).toBe("executed");
+      expect(runs).toBe(2);
+      expect(await effects(key)).toBe(1);
+    });
+
+    it("a worker whose lease was taken over does not go on to the next external phase", async () => {
+      const key = newKey();
+      const gate = deferred();
+      const entered = deferred();
+      let slow = true;
+      let charges = 0;
+      const runner = define({
+        a: {
+          external: async () => {
+            if (slow) {
+              slow = false;
+              entered.resolve();
+              await gate.promise;
+            }
+            return { data: { a: 1 } };
+          },
+          next: "charge",
+        },
+        charge: {
+          external: async () => {
+            charges++;
+            return { response: ok() };
+          },
+        },
+      });
+      const late = runner.run(claimOf(key), {});
+      await entered.promise;
+      now.ms += LEASE + 1;
+      expect((await runner.run(claimOf(key), {})).kind).toBe("executed");
+      gate.resolve();
+      expect(isLeaseLostError(await rejection(late))).toBe(true);
+      expect(charges).toBe(1);
+    });
+
+    it("renews the lease while an external call runs, one renewal at a time, and stops when the call ends", async () => {
+      const key = newKey();
+      let renewals = 0;
+      let inFlight = 0;
+      let overlaps = 0; // renewals begun while another was out
+      const slowRenewals = wrapDb(db, async (sql, params, real) => {
+        if (!sql.includes("SET lease_until = $5")) return real(sql, params);
+        renewals++;
+        if (inFlight++ > 0) overlaps++;
+        try {
+          await sleep(60);
+          return await real(sql, params);
+        } finally {
+          inFlight--;
+        }
+      });
+      const s2 = await PostgresStore.open(slowRenewals, { clock: () => now.ms, retentionMs: RETENTION });
+      const runner = definePhases<D, D>({
+        store: s2,
+        name: "rules",
+        heartbeatMs: 10,
+        answerWithinMs: Number.POSITIVE_INFINITY,
+        phases: {
+          a: {
+            external: async () => {
+              await sleep(300);
+              return { data: { a: 1 } };
+            },
+            next: "b",
+          },
+          b: {
+            external: async () => {
+              await sleep(300);
+              return { response: ok() };
+            },
+          },
+        },
+      });
+      expect((await runner.run(claimOf(key), {})).kind).toBe("executed");
+      expect(renewals).toBeGreaterThanOrEqual(4);
+      // One at a time; the first phase's heartbeat ended with its call (its last renewal may still be
+      // out when the second phase's first one begins).
+      expect(overlaps).toBeLessThanOrEqual(1);
+      const after = renewals;
+      await sleep(100);
+      expect(renewals).toBe(after);
+    });
+
+    it("a worker whose heartbeat finds its lease taken over answers nothing, not even an answer that is not final", async () => {
+      const key = newKey();
+      const gate = deferred();
+      const entered = deferred();
+      let first = true;
+      const runner = define(
+        {
+          a: {
+            external: async () => {
+              if (first) {
+                first = false;
+                entered.resolve();
+                await gate.promise;
+                return { response: jsonResponse(503, { busy: true }) };
+              }
+              return { response: ok() };
+            },
+          },
+        },
+        { heartbeatMs: 10 },
+      );
+      const late = runner.run(claimOf(key), {});
+      await entered.promise;
+      now.ms += LEASE + 1;
+      expect((await runner.run(claimOf(key), {})).kind).toBe("executed");
+      await sleep(100); // the late worker's heartbeat sees the other token
+      gate.resolve();
+      expect(isLeaseLostError(await rejection(late))).toBe(true);
+    });
+
+    it("a call or a lookup that rejects with no error object is handled like any other failure", async () => {
+      const key = newKey();
+      const reviews: string[] = [];
+      const runner = define(
+        { pay: { idempotent: false, external: () => Promise.reject(undefined) } },
+        { onNeedsReview: (e) => reviews.push(e.reason) },
+      );
+      expect(isOperationUncertainError(await rejection(runner.run(claimOf(key), {})))).toBe(true);
+      expect(reviews).toEqual(["the call failed (undefined); the phase has no lookup"]);
+
+      const key2 = newKey();
+      const blind = define({
+        pay: {
+          idempotent: false,
+          lookup: () => Promise.reject(null),
+          external: async () => {
+            throw new Error("timeout");
+          },
+        },
+      });
+      const err = await rejection(blind.run(claimOf(key2), {}));
+      expect(isRetryableError(err)).toBe(true);
+      expect((err as Error).message).toBe(
+        "Could not find out whether the call took effect (null); retry later.",
+      );
+    });
+
+    it("a failure within the answer bound goes to the caller only; without onBackgroundError a late one is dropped quietly", async () => {
+      const background: unknown[] = [];
+      const boom = new Error("quick failure");
+      const quick = define(
+        {
+          a: {
+            external: async () => {
+              throw boom;
+            },
+          },
+        },
+        { answerWithinMs: 50, onBackgroundError: (err) => background.push(err) },
+      );
+      expect(await rejection(quick.run(claimOf(newKey()), {}))).toBe(boom);
+      await sleep(100);
+      expect(background).toEqual([]);
+
+      const unhandled: unknown[] = [];
+      const onUnhandled = (e: unknown) => unhandled.push(e);
+      process.on("unhandledRejection", onUnhandled);
+      try {
+        const gate = deferred();
+        const quiet = define(
+          {
+            a: {
+              external: async () => {
+                await gate.promise;
+                throw new Error("late failure");
+              },
+            },
+          },
+          { answerWithinMs: 50 },
+        );
+        expect(await rejection(quiet.run(claimOf(newKey()), {}))).toBeInstanceOf(KeyInFlightError);
+        gate.resolve();
+        await sleep(100);
+        expect(unhandled).toEqual([]);
+      } finally {
+        process.off("unhandledRejection", onUnhandled);
+      }
+    });
+
+    it("a local phase waits for a row lock held a moment (within lockTimeoutMs)", async () => {
+      if (backend.name === "pglite") return; // one connection: nothing can hold a lock against it
+      const key = newKey();
+      await db.query("INSERT INTO effects (key, what) VALUES ($1, 'locked')", [key]);
+      const locked = deferred();
+      const holder = db.transaction(async (tx) => {
+        await tx.query("SELECT 1 FROM effects WHERE key = $1 FOR UPDATE", [key]);
+        locked.resolve();
+        await sleep(60);
+      });
+      await locked.promise;
+      const runner = define({
+        a: {
+          local: async (_ctx, tx) => {
+            await tx.query("SELECT 1 FROM effects WHERE key = $1 FOR UPDATE", [key]);
+            return { response: ok() };
+          },
+        },
+      });
+      const out = await runner.run(claimOf(key), {});
+      await holder;
+      expect(out).toMatchObject({ kind: "executed", saved: true });
+    });
+
+    it("a client already gone: a new key is not claimed, a finished key still gets its answer", async () => {
+      const gone = AbortSignal.abort();
+      const key = newKey();
+      let calls = 0;
+      const runner = define({
+        a: {
+          local: async () => {
+            calls++;
+            return { response: ok() };
+          },
+        },
+      });
+      const err = await rejection(runner.run(claimOf(key), {}, { signal: gone }));
+      expect(isRetryableError(err)).toBe(true);
+      expect((err as Error).message).toBe(
+        "The client went away before the key was claimed; nothing was done.",
+      );
+      expect(await inspect(key)).toBeUndefined();
+      await runner.run(claimOf(key), {});
+      const again = await runner.run(claimOf(key), {}, { signal: gone });
+      expect(again.kind).toBe("replayed");
+      expect(calls).toBe(1);
+    });
+
+    it("retries that lose the takeover of an abandoned key to a worker that then finishes get its answer", async () => {
+      if (backend.name === "pglite") return; // one connection: no race
+      const key = newKey();
+      let calls = 0;
+      const phases = {
+        a: {
+          external: async () => {
+            calls++;
+            return { response: ok({ n: calls }) };
+          },
+        },
+      };
+      await expect(
+        define(phases, { faults: crashOnceAt("after-claim") }).run(claimOf(key), {}),
+      ).rejects.toBeInstanceOf(SimulatedCrashError);
+      now.ms += LEASE;
+      // Every retry reads the abandoned row; the first takes it over, the others' takeovers wait for
+      // its answer to be saved.
+      const racing = barrierDb(3, (sql) => sql.trimStart().startsWith("WITH found AS"));
+      const finished = deferred();
+      let takeovers = 0;
+      const ordered = wrapDb(racing.db, async (sql, params, real) => {
+        if (sql.includes("RETURNING recovery_point, phase_data")) {
+          if (takeovers++ > 0) await finished.promise;
+          return real(sql, params);
+        }
+        const res = await real(sql, params);
+        if (sql.includes("SET recovery_point = 'done'")) finished.resolve();
+        return res;
+      });
+      const s2 = await PostgresStore.open(ordered, { clock: () => now.ms, retentionMs: RETENTION });
+      const runner = definePhases<D, D>({
+        store: s2,
+        name: "rules",
+        heartbeatMs: 0,
+        answerWithinMs: Number.POSITIVE_INFINITY,
+        phases,
+      });
+      const outcomes = await Promise.all(Array.from({ length: 3 }, () => runner.run(claimOf(key), {})));
+      expect(calls).toBe(1);
+      expect(outcomes.map((o) => o.kind).sort()).toEqual(["executed", "replayed", "replayed"]);
+      for (const o of outcomes) expect(text(o.response)).toBe('{"n":1}');
+    });
+
+    it("a database error during a first claim at a partition boundary is thrown, not taken for a race", async () => {
+      const key = newKey();
+      const at = store.partitions.startOf(store.partitions.bucketOf(now.ms) + 1) + 1;
+      const broken = new Error("disk full");
+      const failing = wrapDb(db, (sql, params, real) =>
+        sql.trimStart().startsWith("INSERT INTO") && params?.length === 12
+          ? Promise.reject(broken)
+          : real(sql, params),
+      );
+      const s2 = await PostgresStore.open(failing, { clock: () => at, retentionMs: RETENTION });
+      const runner = definePhases<D, D>({
+        store: s2,
+        name: "rules",
+        heartbeatMs: 0,
+        answerWithinMs: Number.POSITIVE_INFINITY,
+        phases: { a: { local: async () => ({ response: ok() }) } },
+      });
+      expect(await rejection(runner.run(claimOf(key), {}))).toBe(broken);
+      expect(await s2.inspect("acct", key)).toBeUndefined();
+    });
+  });
 });
