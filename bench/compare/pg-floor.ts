@@ -1,0 +1,138 @@
+/**
+ * PostgreSQL's own share of a keyed request, without node or HTTP: pgbench (a C client, so nearly all
+ * the CPU measured is the server's) runs the statements of the comparison's requests on this machine's
+ * PostgreSQL, and the PostgreSQL CPU per request is read from /proc while it runs.
+ *
+ *   npx tsx --conditions=source bench/compare/pg-floor.ts      (DATABASE_URL; needs pgbench, Linux)
+ *
+ * Scripts (each request a new key):
+ *   bare   the handler's INSERT, autocommitted (the comparison's bare handler);
+ *   keyed  what idem's atomic mode sends for it, pipelined as with `effectsInTxOnly` (one Sync, the
+ *          best case for the server): BEGIN, the lock and its timeout, the lookup, the INSERT, the key row
+ *          with its reply, COMMIT, as named prepared statements;
+ *   then keyed without one part at a time, to price each part.
+ * On a machine where node and PostgreSQL share the cores, keyed/bare here bounds what keyed/bare
+ * throughput can reach even if idem's node side cost nothing: see the README's Benchmarks section.
+ */
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fromPg, migrate, PostgresStore } from "idem/postgres";
+import pg from "pg";
+import { freshBenchDatabase } from "../http.ts";
+import { backendsCpu, backendsDelta } from "./cpu.ts";
+import { PAYMENTS_DDL } from "./handler.ts";
+
+const SECONDS = Number(process.env.PG_FLOOR_SECONDS ?? 6);
+const CLIENTS = 10; // the comparison's pool size
+
+function scripts(bucket: number): Record<string, string> {
+  const key = "'k' || :n";
+  const parts = {
+    begin: "BEGIN;",
+    timeout: "SET LOCAL lock_timeout = '10ms';",
+    lock: "SELECT pg_advisory_xact_lock(:n);",
+    reset: "SET LOCAL lock_timeout TO DEFAULT;",
+    lookup:
+      "SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id FROM idem.keys " +
+      `WHERE scope = 'POST /v1/payments' AND key = ${key} AND NOT marker AND bucket >= :b ` +
+      "AND created_at > now() - interval '1 day' ORDER BY bucket DESC LIMIT 1;",
+    insert: `INSERT INTO payments (idem_key, amount_cents, currency) VALUES (${key}, 5000, 'eur') RETURNING id, amount_cents, currency;`,
+    keyRow:
+      "WITH put AS (INSERT INTO idem.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, " +
+      `headers, body, resource_id) VALUES (:c, 'POST /v1/payments', ${key}, sha256(${key}::bytea), now(), 'done', 201, ` +
+      `'{"content-type":"application/json"}'::text::jsonb, '\\x7b226964223a317d', null) ` +
+      "ON CONFLICT (scope, key, bucket) DO UPDATE SET marker = false WHERE idem.keys.created_at <= now() - interval '1 day' " +
+      "RETURNING 1) INSERT INTO idem.keys (bucket, scope, key, fingerprint, created_at) " +
+      `SELECT :c, 'POST /v1/payments', ${key}, '\\x00', now() WHERE NOT EXISTS (SELECT 1 FROM put);`,
+    commit: "COMMIT;",
+  };
+  const head = `\\set n random(1, 1000000000000000)\n\\set b ${bucket - 1}\n\\set c ${bucket}\n`;
+  const piped = (names: (keyof typeof parts)[]) =>
+    `${head}\\startpipeline\n${names.map((n) => parts[n]).join("\n")}\n\\endpipeline\n`;
+  const all: (keyof typeof parts)[] = [
+    "begin",
+    "timeout",
+    "lock",
+    "reset",
+    "lookup",
+    "insert",
+    "keyRow",
+    "commit",
+  ];
+  const without = (...drop: (keyof typeof parts)[]) => all.filter((p) => !drop.includes(p));
+  return {
+    bare: `${head}${parts.insert}\n`,
+    keyed: piped(all),
+    "keyed without the lock timeout": piped(without("timeout", "reset")),
+    "keyed without the lock": piped(without("timeout", "lock", "reset")),
+    "keyed without the lookup": piped(without("lookup")),
+    "keyed without the key row": piped(without("keyRow")),
+    "the INSERT in a transaction": piped(["begin", "insert", "commit"]),
+  };
+}
+
+/** Run pgbench for SECONDS and read the CPU of the database's backends from second 2 to SECONDS - 1. */
+async function measure(url: string, admin: pg.Client, db: string, file: string) {
+  const u = new URL(url);
+  const child = spawn(
+    "pgbench",
+    ["-h", u.hostname, "-p", u.port || "5432", "-U", u.username || "postgres", "-n", "-M", "prepared"].concat(
+      ["-c", String(CLIENTS), "-j", "2", "-T", String(SECONDS), "-P", "1", "-f", file, db],
+    ),
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
+  let err = "";
+  let out = "";
+  child.stderr.on("data", (d) => {
+    err += d;
+  });
+  child.stdout.on("data", (d) => {
+    out += d;
+  });
+  const exited = new Promise<number | null>((r) => child.once("exit", r));
+  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+  await sleep(2000);
+  const t0 = performance.now();
+  const cpu0 = await backendsCpu(admin, db);
+  await sleep((SECONDS - 3) * 1000);
+  const cpu1 = await backendsCpu(admin, db);
+  const seconds = (performance.now() - t0) / 1000;
+  const code = await exited;
+  if (code !== 0) throw new Error(`pgbench failed: ${err.trim().split("\n").slice(-3).join(" | ")}`);
+  const tps = Number(/tps = ([\d.]+)/.exec(out)?.[1] ?? 0);
+  return { tps, cpuUs: backendsDelta(cpu0, cpu1) / (tps * seconds) };
+}
+
+const db = await freshBenchDatabase();
+const dir = mkdtempSync(join(tmpdir(), "idem-pg-floor-"));
+const admin = new pg.Client({
+  connectionString: process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test",
+});
+try {
+  await admin.connect();
+  const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+  await pool.query(PAYMENTS_DDL);
+  await migrate(fromPg(pool, { owned: false }));
+  await PostgresStore.open(fromPg(pool, { owned: false })); // creates today's partitions
+  await pool.end();
+  const name = new URL(db.url).pathname.slice(1);
+  const bucket = Math.floor(Date.now() / 86_400_000);
+  console.log(`PostgreSQL CPU per request, pgbench -M prepared, ${CLIENTS} clients, ${SECONDS} s each`);
+  let bareUs = 0;
+  for (const [label, text] of Object.entries(scripts(bucket))) {
+    const file = join(dir, `${label.replaceAll(" ", "-")}.sql`);
+    writeFileSync(file, text);
+    const r = await measure(db.url, admin, name, file);
+    if (label === "bare") bareUs = r.cpuUs;
+    console.log(
+      `  ${label.padEnd(32)} ${r.tps.toFixed(0).padStart(6)} tx/s  ${r.cpuUs.toFixed(0).padStart(4)} µs` +
+        (bareUs ? `  ${(r.cpuUs / bareUs).toFixed(2)} x bare` : ""),
+    );
+  }
+} finally {
+  await admin.end().catch(() => {});
+  await db.drop();
+  rmSync(dir, { recursive: true, force: true });
+}
