@@ -112,6 +112,8 @@ export class PostgresStore implements AtomicStore<Tx> {
    * a key swept, expired or unknown here takes the locked path. Bounded; the oldest go first.
    */
   private readonly finished = new Map<string, number>();
+  /** The last bucket this store made sure exists: a request past it creates the partitions first. */
+  private ensuredThrough = Number.NEGATIVE_INFINITY;
 
   private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
     this.db = db;
@@ -169,6 +171,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     const buckets = [b - 1];
     for (let i = 0; i <= PARTITIONS_AHEAD; i++) buckets.push(b + i);
     await this.partitions.ensure(buckets);
+    this.ensuredThrough = Math.max(this.ensuredThrough, b + PARTITIONS_AHEAD);
   }
 
   /** One key as an operator sees it (`KeyInspection`), or undefined when it is not live. */
@@ -340,6 +343,9 @@ export class PostgresStore implements AtomicStore<Tx> {
       }),
     );
     try {
+      // Past the partitions made so far (no sweep ran lately): make them before the work runs. The
+      // 23514 retry below would run the work a second time, which an adapter's handler cannot do.
+      if (this.partitions.bucketOf(this.clock()) > this.ensuredThrough) await this.ensurePartitions();
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
         if (waited || this.seenFinished(id)) {
           const answer = await this.finishedAnswer(claim);

@@ -4,9 +4,13 @@
  * whose clock has moved past the partitions it made at open still saves and replays keys, and what is not saved leaves nothing behind. PGlite always; pg and postgres.js on the real
  * server when DATABASE_URL is set.
  */
+import { Hono } from "hono";
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type Claim, fingerprint, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
+import { idempotency } from "../../src/http/hono.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
+import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PartitionWidthError } from "../../src/postgres/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
@@ -103,7 +107,7 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
   it("a store whose clock moved past its partitions creates the partition and saves the key", async () => {
     let now = Date.UTC(2031, 3, 1, 12);
     const s = await stores({ clock: () => now, retentionMs: 6 * HOUR });
-    now += 30 * DAY; // far past the partitions made at open (whether the save reaches the 23514 retry is not checked)
+    now += 30 * DAY; // far past the partitions made at open
     const before = await effects(open.db);
     const c = claimOf("k-no-partition");
     const first = await s.atomic(c, (tx) => charge(tx));
@@ -112,6 +116,50 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     expect(await effects(open.db)).toBe(before + 1);
     expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("replayed");
     expect(await effects(open.db)).toBe(before + 1);
+  });
+
+  it("through an HTTP adapter, the first request past the store's partitions is answered once, 201", async () => {
+    let now = Date.UTC(2031, 3, 3, 12);
+    const s = await stores({ clock: () => now });
+    now += 30 * DAY;
+    let runs = 0;
+    const app = new Hono();
+    app.post("/v1/payments", idempotency({ store: s, scope: () => "acct_1" }), async (ctx) => {
+      runs++;
+      const { rows } = await ctx.var.idempotency.tx.query<{ id: number }>(
+        "INSERT INTO effects DEFAULT VALUES RETURNING id",
+      );
+      return ctx.json({ id: rows[0]!.id }, 201);
+    });
+    const post = () =>
+      app.request("/v1/payments", {
+        method: "POST",
+        headers: { "idempotency-key": "k-http-no-partition", "content-type": "application/json" },
+        body: "{}",
+      });
+    const first = await post();
+    expect(first.status).toBe(201);
+    const again = await post();
+    expect(again.status).toBe(201);
+    expect(again.headers.get("idempotent-replayed")).toBe("true");
+    expect(await again.json()).toEqual(await first.json());
+    expect(runs).toBe(1);
+  });
+
+  it("a partition dropped under a running store (a sweep with a shorter retention) is made again on save", async () => {
+    await migrate(open.db, { schema: "dropped", partitionSeconds: 3_600 });
+    const now = Date.UTC(2031, 3, 5, 12, 30);
+    const s = await stores({ schema: "dropped", clock: () => now });
+    // Another instance, configured for one hour and with its clock three hours ahead, sweeps: it drops
+    // the partitions s made at open, the current one included.
+    const sweeper = await stores({ schema: "dropped", clock: () => now + 3 * HOUR, retentionMs: HOUR });
+    expect((await sweeper.sweep()).dropped).toContain(s.partitions.bucketOf(now));
+    const before = await effects(open.db);
+    const c = claimOf("k-dropped");
+    expect(await s.atomic(c, (tx) => charge(tx))).toMatchObject({ kind: "executed", saved: true });
+    expect(await effects(open.db)).toBe(before + 1);
+    expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("replayed");
+    expect(await s.partitions.list()).toContain(s.partitions.bucketOf(now));
   });
 
   it("an answer that is not saved leaves no key and no writes; its expiry is now", async () => {
@@ -150,10 +198,24 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     expect(isKeyMismatchError(err)).toBe(true);
   });
 
-  it("a store opened before migrate says how to fix it", async () => {
-    await expect(PostgresStore.open(open.db, { schema: "not_migrated" })).rejects.toThrow(
+  it("a store opened before migrate says how to fix it, with the database's error as the cause", async () => {
+    const err = await PostgresStore.open(open.db, { schema: "not_migrated" }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Error);
+    expect((err as Error).message).toBe(
       'idem\'s tables are missing in schema "not_migrated": run migrate(db) or `idem migrate` first',
     );
+    expect((err as Error).cause).toMatchObject({ code: "42P01" });
+  });
+
+  it("a database it cannot reach is reported as such when a store opens, not as a missing migration", async () => {
+    const nowhere = fromPg(new pg.Pool({ connectionString: "postgres://postgres@127.0.0.1:1/none" }));
+    try {
+      const err = await PostgresStore.open(nowhere).catch((e: unknown) => e);
+      expect(err).toMatchObject({ code: "ECONNREFUSED" });
+      expect((err as Error).message).not.toMatch(/migrate/);
+    } finally {
+      await nowhere.close();
+    }
   });
 
   it("sweep drops the partitions whose keys are all past retention; live keys still replay byte for byte", async () => {
@@ -178,7 +240,9 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
   });
 
   it("refuses a retention that is not positive, or longer than its partitions can hold", async () => {
-    await expect(stores({ retentionMs: 0 })).rejects.toThrow(RangeError);
+    await expect(stores({ retentionMs: 0 })).rejects.toThrow(
+      new RangeError("retentionMs must be a positive number of ms, got 0"),
+    );
     await expect(stores({ retentionMs: -HOUR })).rejects.toThrow(RangeError);
     await expect(stores({ retentionMs: 11 * HOUR })).rejects.toThrow(PartitionWidthError);
     expect((await stores({ retentionMs: 10 * HOUR })).retentionMs).toBe(10 * HOUR);

@@ -20,6 +20,7 @@ import { backends, type OpenDb, serverBackends, type TestBackend } from "../help
 
 const enc = new TextEncoder();
 const speculate = { speculate: true };
+const DAY = 86_400_000;
 
 function claimOf(key: string, body = '{"amount_cents":5000}'): Claim {
   return {
@@ -135,6 +136,74 @@ describe.each(backends)("work sent with the claim, on $name", (backend) => {
     expect(rerun.kind).toBe("executed");
     expect(await count(open.db, "gone")).toBe(2);
   });
+  it("a route without effectsInTxOnly never starts its handler for a key another instance finished", async () => {
+    const a = await PostgresStore.open(open.db);
+    const b = await PostgresStore.open(open.db);
+    const c = claimOf("k-not-speculative");
+    await a.atomic(c, (tx) => charge(tx, "not-speculative"));
+    let started = 0;
+    const again = await b.atomic(c, (tx) => {
+      started++;
+      return charge(tx, "not-speculative");
+    });
+    expect(again.kind).toBe("replayed");
+    expect(started).toBe(0);
+    expect(await count(open.db, "not-speculative")).toBe(1);
+  });
+
+  it("the handler's own error comes out unchanged, and none of its statements are kept", async () => {
+    const a = await PostgresStore.open(open.db);
+    const boom = new Error("card network down");
+    const err = await a
+      .atomic(
+        claimOf("k-own-error"),
+        async (tx) => {
+          await charge(tx, "own-error");
+          throw boom;
+        },
+        speculate,
+      )
+      .catch((e: unknown) => e);
+    expect(err).toBe(boom);
+    expect(await count(open.db, "own-error")).toBe(0);
+  });
+
+  it("the handler's transaction is the driver's: tx.raw, tx.pipelined and tx.exec work as without it", async () => {
+    const a = await PostgresStore.open(open.db);
+    const plain = await open.db.transaction(async (tx) => ({ raw: typeof tx.raw, pipelined: tx.pipelined }));
+    let seen: unknown;
+    const out = await a.atomic(
+      claimOf("k-exec"),
+      async (tx) => {
+        seen = { raw: typeof tx.raw, pipelined: tx.pipelined };
+        await tx.exec("INSERT INTO effects (note) VALUES ('exec')");
+        return charge(tx, "exec-charge");
+      },
+      speculate,
+    );
+    expect(out).toMatchObject({ kind: "executed", saved: true });
+    expect(seen).toEqual(plain);
+    expect(plain.raw).not.toBe("undefined");
+    expect(await count(open.db, "exec")).toBe(1);
+  });
+
+  it("a save that meets a missing partition is retried with the handler's writes kept", async () => {
+    await migrate(open.db, { schema: "spec_dropped" });
+    const now = Date.UTC(2032, 3, 1, 12);
+    const a = await PostgresStore.open(open.db, { schema: "spec_dropped", clock: () => now });
+    // A sweep by an instance whose clock is days ahead drops the partitions a made at open: the key
+    // row's INSERT then fails (23514), after the handler's statements ran.
+    const sweeper = await PostgresStore.open(open.db, { schema: "spec_dropped", clock: () => now + 3 * DAY });
+    expect((await sweeper.sweep()).dropped).toContain(a.partitions.bucketOf(now));
+    const c = claimOf("k-far");
+    const first = await a.atomic(c, (tx) => charge(tx, "far"), speculate);
+    expect(first).toMatchObject({ kind: "executed", saved: true });
+    expect(await count(open.db, "far")).toBe(1);
+    const again = await a.atomic(c, (tx) => charge(tx, "far"), speculate);
+    expect(again.kind).toBe("replayed");
+    expect(Buffer.from(again.response.body)).toEqual(Buffer.from(first.response.body));
+    expect(await count(open.db, "far")).toBe(1);
+  });
 });
 
 describe.each(serverBackends)("a key held by another process, on $name", (backend) => {
@@ -165,6 +234,90 @@ describe.each(serverBackends)("a key held by another process, on $name", (backen
     const later = await b.atomic(c, (tx) => charge(tx, "held"), speculate);
     expect(later.kind).toBe("replayed");
     expect(await count(open.db, "held")).toBe(1);
+  });
+
+  it("a duplicate that waited for the first, which then failed, runs its handler once", async () => {
+    const a = await PostgresStore.open(open.db);
+    const b = await PostgresStore.open(open.db, { lockTimeoutMs: 3_000 });
+    const c = claimOf("k-after-failure");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    let running!: () => void;
+    const holding = new Promise<void>((r) => {
+      running = r;
+    });
+    const first = a
+      .atomic(c, async (tx) => {
+        await charge(tx, "after-failure-first");
+        running();
+        await gate;
+        throw new Error("first crashed");
+      })
+      .catch((e: Error) => e.message);
+    await holding;
+    let started = 0;
+    const second = b.atomic(
+      c,
+      (tx) => {
+        started++;
+        return charge(tx, "after-failure");
+      },
+      speculate,
+    );
+    await new Promise((r) => setTimeout(r, 150)); // b finds the key's lock busy, several times
+    release();
+    expect(await first).toBe("first crashed");
+    expect(await second).toMatchObject({ kind: "executed", saved: true });
+    expect(started).toBe(1);
+    expect(await count(open.db, "after-failure")).toBe(1);
+    expect(await count(open.db, "after-failure-first")).toBe(0);
+  });
+
+  it("a duplicate answered 409 while its handler waited for the key: the handler's error path ends first", async () => {
+    const a = await PostgresStore.open(open.db);
+    const b = await PostgresStore.open(open.db, { lockTimeoutMs: 300 });
+    const c = claimOf("k-told");
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    let running!: () => void;
+    const holding = new Promise<void>((r) => {
+      running = r;
+    });
+    const first = a.atomic(c, async (tx) => {
+      const r = await charge(tx, "told");
+      running();
+      await gate;
+      return r;
+    });
+    await holding;
+    let told: unknown;
+    let ended = false;
+    const busy = await b
+      .atomic(
+        c,
+        (tx) =>
+          charge(tx, "told").catch(async (err) => {
+            told = err;
+            await new Promise((r) => setTimeout(r, 100)); // the adapter's error path
+            ended = true;
+            throw err;
+          }),
+        speculate,
+      )
+      .catch((e) => e);
+    expect(isKeyInFlightError(busy)).toBe(true);
+    // On the pipelining driver the handler was started and waited for the key; the others never started it.
+    if (backend.name === "pg") {
+      expect(told).toBeInstanceOf(AbandonedWorkError);
+      expect(ended).toBe(true);
+    } else expect(told).toBeUndefined();
+    release();
+    expect((await first).kind).toBe("executed");
+    expect(await count(open.db, "told")).toBe(1);
   });
 
   it("runs 20 concurrent duplicates from two processes once", async () => {
