@@ -29,6 +29,7 @@ import {
 } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import type { OpenDb } from "../helpers/db.ts";
+import { latch } from "../helpers/latch.ts";
 import { deferred, serverOrEmbedded } from "./helpers.ts";
 
 const enc = new TextEncoder();
@@ -80,10 +81,7 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
   /** The test database, where the first `n` statements matching `match` wait for each other's answers. */
   const barrierDb = (n: number, match: (sql: string) => boolean) => {
     let arrived = 0;
-    let release!: () => void;
-    const all = new Promise<void>((r) => {
-      release = r;
-    });
+    const [all, release] = latch();
     setTimeout(() => release(), 2_000).unref();
     const proxied = new Proxy(db, {
       get(target, prop, receiver) {
@@ -554,10 +552,7 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       const at = store.partitions.startOf(store.partitions.bucketOf(now.ms) + 1) + 1;
       // Every racer reads "no such key" before any of them claims.
       let arrived = 0;
-      let open!: () => void;
-      const barrier = new Promise<void>((r) => {
-        open = r;
-      });
+      const [barrier, open] = latch();
       setTimeout(() => open(), 2_000).unref();
       const racing = new Proxy(db, {
         get(target, prop, receiver) {

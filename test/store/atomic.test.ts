@@ -16,6 +16,7 @@ import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
 import { MAX_LIVE_PARTITIONS, PartitionWidthError } from "../../src/postgres/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
+import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const DAY = 86_400_000;
@@ -314,14 +315,8 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     await s.atomic(claimOf("acct_1", "k-held-new", "{}"), (tx) => charge(tx, "held-new"));
 
     // A report (or any slow request) reading the keys table, open for the whole test.
-    let release!: () => void;
-    const held = new Promise<void>((r) => {
-      release = r;
-    });
-    let reading!: () => void;
-    const opened = new Promise<void>((r) => {
-      reading = r;
-    });
+    const [held, release] = latch();
+    const [opened, reading] = latch();
     const report = open.db.transaction(async (tx) => {
       await tx.query("SELECT count(*) FROM idem.keys");
       reading();
@@ -433,10 +428,7 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
 
   it("lets the waiting duplicate execute when the first one rolls back", async () => {
     const c = claimOf("acct_1", "k-rollback", "{}");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
+    const [gate, release] = latch();
     const first = store
       .atomic(c, async (tx) => {
         await charge(tx, "rb-first");
@@ -457,10 +449,7 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
   it("answers 409 in flight when the first request holds the key past the lock timeout", async () => {
     const s = await PostgresStore.open(open.db, { lockTimeoutMs: 200 });
     const c = claimOf("acct_1", "k-inflight", "{}");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
+    const [gate, release] = latch();
     const first = s.atomic(c, async (tx) => {
       const r = await charge(tx, "inflight");
       await gate;
@@ -479,14 +468,8 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     // Two stores stand for two processes: the second cannot wait in memory, it polls the key's lock.
     const [a, b] = await Promise.all([0, 1].map(() => PostgresStore.open(open.db, { lockTimeoutMs: 300 })));
     const c = claimOf("acct_1", "k-inflight-two", "{}");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
-    let running!: () => void;
-    const holding = new Promise<void>((r) => {
-      running = r;
-    });
+    const [gate, release] = latch();
+    const [holding, running] = latch();
     const first = a!.atomic(c, async (tx) => {
       const r = await charge(tx, "inflight-two");
       running(); // the work runs: the key's lock is held
@@ -516,14 +499,8 @@ describe.each(serverBackends)("atomic store under concurrency on $name", (backen
     const b = await PostgresStore.open(open.db, { clock: () => boundary + 1 });
     expect(a.partitions.bucketOf(boundary - 1)).toBe(b.partitions.bucketOf(boundary + 1) - 1);
     const c = claimOf("acct_1", "k-boundary", "{}");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
-    let running!: () => void;
-    const holding = new Promise<void>((r) => {
-      running = r;
-    });
+    const [gate, release] = latch();
+    const [holding, running] = latch();
     const first = a.atomic(c, async (tx) => {
       const r = await charge(tx, "boundary");
       running(); // the work runs: the key's lock is held

@@ -12,6 +12,7 @@ import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
+import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const HOUR = 3_600_000;
@@ -75,10 +76,7 @@ function counting(db: Db) {
 }
 
 function deferred() {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => {
-    resolve = r;
-  });
+  const [promise, resolve] = latch();
   return { promise, resolve };
 }
 

@@ -10,6 +10,7 @@ import type { Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { CompactWithoutRebuildError, PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
+import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const text = (r: StoredResponse) => new TextDecoder().decode(r.body);
@@ -67,14 +68,8 @@ describe.each(backends)("saved answers in their forms, on $name", (backend) => {
 
   it("a compact key is rebuilt on replay, also for a duplicate that waited for the first", async () => {
     const c = claimOf("k-compact");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
-    let running!: () => void;
-    const holding = new Promise<void>((r) => {
-      running = r;
-    });
+    const [gate, release] = latch();
+    const [holding, running] = latch();
     const first = store.atomic(
       c,
       async (tx) => {

@@ -17,6 +17,7 @@ import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
+import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const speculate = { speculate: true };
@@ -213,10 +214,7 @@ describe.each(serverBackends)("a key held by another process, on $name", (backen
     const a = await PostgresStore.open(open.db);
     const b = await PostgresStore.open(open.db, { lockTimeoutMs: 300 });
     const c = claimOf("k-held");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
+    const [gate, release] = latch();
     const first = a.atomic(
       c,
       async (tx) => {
@@ -240,14 +238,8 @@ describe.each(serverBackends)("a key held by another process, on $name", (backen
     const a = await PostgresStore.open(open.db);
     const b = await PostgresStore.open(open.db, { lockTimeoutMs: 3_000 });
     const c = claimOf("k-after-failure");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
-    let running!: () => void;
-    const holding = new Promise<void>((r) => {
-      running = r;
-    });
+    const [gate, release] = latch();
+    const [holding, running] = latch();
     const first = a
       .atomic(c, async (tx) => {
         await charge(tx, "after-failure-first");
@@ -279,14 +271,8 @@ describe.each(serverBackends)("a key held by another process, on $name", (backen
     const a = await PostgresStore.open(open.db);
     const b = await PostgresStore.open(open.db, { lockTimeoutMs: 300 });
     const c = claimOf("k-told");
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
-    let running!: () => void;
-    const holding = new Promise<void>((r) => {
-      running = r;
-    });
+    const [gate, release] = latch();
+    const [holding, running] = latch();
     const first = a.atomic(c, async (tx) => {
       const r = await charge(tx, "told");
       running();
