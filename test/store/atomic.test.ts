@@ -3,36 +3,20 @@
  */
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  type Claim,
-  fingerprint,
-  isKeyInFlightError,
-  isKeyMismatchError,
-  type StoredResponse,
-} from "../../src/core/index.ts";
+import { isKeyInFlightError, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
 import { MAX_LIVE_PARTITIONS, PartitionWidthError } from "../../src/postgres/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const DAY = 86_400_000;
 
-function claimOf(scope: string, key: string, body: string): Claim {
-  return {
-    scope,
-    key,
-    fingerprint: fingerprint({
-      method: "POST",
-      path: "/v1/payments",
-      contentType: "application/json",
-      body: enc.encode(body),
-    }),
-  };
-}
+const claimOf = paymentClaim;
 
 /** The work a request does: one row in `effects`, and a reply naming it. */
 async function charge(

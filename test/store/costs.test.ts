@@ -7,26 +7,18 @@
  * connections on the real server only (PGlite has one connection).
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type Claim, fingerprint, isKeyInFlightError, type StoredResponse } from "../../src/core/index.ts";
+import { type Claim, isKeyInFlightError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const HOUR = 3_600_000;
 
-const claimOf = (key: string): Claim => ({
-  scope: "acct_cost",
-  key,
-  fingerprint: fingerprint({
-    method: "POST",
-    path: "/v1/payments",
-    contentType: "application/json",
-    body: enc.encode('{"amount_cents":700}'),
-  }),
-});
+const claimOf = (key: string): Claim => paymentClaim("acct_cost", key, '{"amount_cents":700}');
 
 async function charge(tx: Tx, status = 201) {
   const { rows } = await tx.query<{ id: number }>("INSERT INTO effects DEFAULT VALUES RETURNING id");

@@ -5,26 +5,18 @@
  * the handler ran (a deferred constraint). PGlite always; pg and postgres.js on the real server.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type Claim, fingerprint, type StoredResponse } from "../../src/core/index.ts";
+import type { Claim, StoredResponse } from "../../src/core/index.ts";
 import type { Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { CompactWithoutRebuildError, PostgresStore } from "../../src/postgres/store.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";
 
 const enc = new TextEncoder();
 const text = (r: StoredResponse) => new TextDecoder().decode(r.body);
 
-const claimOf = (key: string): Claim => ({
-  scope: "acct_forms",
-  key,
-  fingerprint: fingerprint({
-    method: "POST",
-    path: "/v1/payments",
-    contentType: "application/json",
-    body: enc.encode('{"amount_cents":700}'),
-  }),
-});
+const claimOf = (key: string): Claim => paymentClaim("acct_forms", key, '{"amount_cents":700}');
 
 const reply = (status: number, id: string, state: string): StoredResponse => ({
   status,

@@ -8,7 +8,6 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   AbandonedWorkError,
   type Claim,
-  fingerprint,
   isKeyInFlightError,
   isKeyMismatchError,
   type StoredResponse,
@@ -16,6 +15,7 @@ import {
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";
 
@@ -23,18 +23,7 @@ const enc = new TextEncoder();
 const speculate = { speculate: true };
 const DAY = 86_400_000;
 
-function claimOf(key: string, body = '{"amount_cents":5000}'): Claim {
-  return {
-    scope: "acct_spec",
-    key,
-    fingerprint: fingerprint({
-      method: "POST",
-      path: "/v1/payments",
-      contentType: "application/json",
-      body: enc.encode(body),
-    }),
-  };
-}
+const claimOf = (key: string, body = '{"amount_cents":5000}'): Claim => paymentClaim("acct_spec", key, body);
 
 async function charge(tx: Tx, note: string) {
   const { rows } = await tx.query<{ id: number }>("INSERT INTO effects (note) VALUES ($1) RETURNING id", [
