@@ -192,7 +192,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         );
       } else {
         // Until the server runs at its steady pace: on this machine idem's keyed path took about 15 s
-        // of load to get there (2,600 -> 4,200 req/s, V8 optimising and PostgreSQL's backends warming;
+        // of load to get there (2,600 -> 4,200 req/s, V8 optimising and PostgreSQL's CPU per request falling with it;
         // the bare handlers about 5 s), and a slice of a colder server measures the warm-up instead.
         const mode = v.kind === "bare" ? "bare" : "keyed";
         await wrk(url, {
