@@ -72,8 +72,7 @@ export class Held {
     if (res.end !== this.end) res.end = this.end;
     if (res.flushHeaders !== this.flushHeaders) res.flushHeaders = this.flushHeaders;
     helds.delete(res);
-    for (const name of res.getHeaderNames()) res.removeHeader(name);
-    res.statusCode = 200;
+    clearHeaders(res);
   }
 
   /** Send `r` for real. */
@@ -82,6 +81,12 @@ export class Held {
     if (this.onEnd) this.res.once("finish", this.onEnd);
     writeResponse(this.res, r);
   }
+}
+
+/** Forget the status and every header set on `res` so far. */
+export function clearHeaders(res: Res): void {
+  for (const name of res.getHeaderNames()) res.removeHeader(name);
+  res.statusCode = 200;
 }
 
 function noop(): void {}

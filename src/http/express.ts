@@ -43,7 +43,7 @@ import type {
   Tx,
 } from "../core/index.ts";
 import { Lifecycle, parsedBody } from "../core/index.ts";
-import { Held } from "./express-hold.ts";
+import { clearHeaders, Held } from "./express-hold.ts";
 import { headerOf, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
 export interface IdempotencyContext {
@@ -148,12 +148,22 @@ function authorizer(options: ExpressRouteOptions, req: Request): RunOptions["aut
   return check && (() => check(req));
 }
 
+/** Send the lifecycle's answer: through the held response when the chain ran, else straight out. */
+function answer(res: Response, held: Held | undefined, r: StoredResponse): void {
+  if (held) held.release(r);
+  else {
+    clearHeaders(res); // what earlier middleware set: a replay sends the saved headers only
+    writeResponse(res, r);
+  }
+}
+
 export function idempotency(options: ExpressIdempotencyOptions): RequestHandler {
   const lifecycle = new Lifecycle<Tx>(options);
   return async function idempotencyMiddleware(req: Request, res: Response, next: NextFunction) {
     const begun = await begin(lifecycle, options, req, res);
     if (!begun) return;
-    const held = new Held(res);
+    // Only a request whose chain runs has its response held back: a replay is written straight out.
+    let held: Held | undefined;
     const key = begun.kind === "keyed" ? begun.claim.key : undefined;
     const scope = begun.kind === "keyed" ? begun.claim.scope : begun.scope;
     const body = begun.body.value;
@@ -161,6 +171,7 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
     // written by an error handler after next(err) (a 500 is not final: the transaction rolls back).
     const work = (tx: Tx) => {
       req.idempotency = { tx, key, scope, body };
+      held = new Held(res);
       next();
       return held.finished;
     };
@@ -177,12 +188,13 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
           : await lifecycle.unkeyed(begun, work);
     } catch (err) {
       const owed = lifecycle.failure(err, begun); // the database went away before or after the chain
-      if (owed) return held.release(owed);
+      if (owed) return answer(res, held, owed);
       // The store failed otherwise: nothing held back is sent, and Express's error handling answers.
-      held.restore();
+      if (held) held.restore();
+      else clearHeaders(res);
       throw err;
     }
-    held.release(response);
+    answer(res, held, response);
   };
 }
 

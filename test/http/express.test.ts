@@ -85,6 +85,22 @@ function startExpress({ store, runner }: AppParts) {
       res.status(201).json({ key: req.idempotency.key, at: Date.now() + Math.random() });
     },
   );
+  // Middleware before idempotency that stamps a header on every request (saved with the answer), and
+  // another only when asked (not saved)
+  let stamps = 0;
+  app.post(
+    "/v1/stamped",
+    json,
+    (req, res, next) => {
+      res.setHeader("x-stamp", String(++stamps));
+      if (req.get("x-extra")) res.setHeader("x-extra-now", "yes");
+      next();
+    },
+    idempotency({ store, scope, replayHeaders: ["content-type", "x-stamp"] }),
+    (req, res) => {
+      res.status(201).json({ key: req.idempotency.key });
+    },
+  );
   app.use((err: { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
     // body-parser's errors carry their status (400 for JSON that is not JSON); a crash is a 500
     res.status(err.status ?? 500).json({ type: "urn:test:crash" });
@@ -161,5 +177,20 @@ describe.each(backends)("Express adapter on $name", (backend) => {
     expect(retry.headers.get("x-outer")).toBe("1");
     expect(retry.headers.get("x-inner")).toBe("1");
     expect(await retry.json()).toEqual(sent);
+  });
+
+  it("replays the saved headers only, not what middleware before it set on the retry", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/stamped", { account: acct, key });
+    expect(first.status).toBe(201);
+    const stamp = first.headers.get("x-stamp");
+    expect(first.headers.get("x-extra-now")).toBeNull();
+    const retry = await app.post("/v1/stamped", { account: acct, key, headers: { "x-extra": "1" } });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(retry.headers.get("x-stamp")).toBe(stamp);
+    expect(retry.headers.get("x-extra-now")).toBeNull();
+    expect(await retry.json()).toEqual({ key });
   });
 });
