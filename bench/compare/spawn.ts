@@ -21,6 +21,12 @@ export interface RunningServer {
   stop(): Promise<void>;
 }
 
+/**
+ * Extra node flags for the servers, e.g. BENCH_SERVER_NODE_ARGS="--cpu-prof --cpu-prof-dir=/tmp/prof"
+ * to profile them (NODE_OPTIONS refuses --cpu-prof). A server writes its profile when stopped.
+ */
+const SERVER_NODE_ARGS = (process.env.BENCH_SERVER_NODE_ARGS ?? "").split(" ").filter(Boolean);
+
 export function startServer(
   name: string,
   env: Record<string, string>,
@@ -28,7 +34,7 @@ export function startServer(
 ): Promise<RunningServer> {
   const child = spawn(
     process.execPath,
-    ["--import", "tsx", ...(FROM_SOURCE ? ["--conditions=source"] : []), SERVER, name],
+    [...SERVER_NODE_ARGS, "--import", "tsx", ...(FROM_SOURCE ? ["--conditions=source"] : []), SERVER, name],
     {
       env: { ...process.env, ...env },
       stdio: ["ignore", "pipe", "pipe"],

@@ -18,6 +18,7 @@ import {
   type KeyInspection,
   KeyMismatchError,
   openBytes,
+  RetryableError,
   type Sealer,
   SqlState,
   type StoredResponse,
@@ -343,8 +344,8 @@ export class PostgresStore implements AtomicStore<Tx> {
       }),
     );
     try {
-      // Past the partitions made so far (no sweep ran lately): make them before the work runs. The
-      // 23514 retry below would run the work a second time, which an adapter's handler cannot do.
+      // Past the partitions made so far (no sweep ran lately): make them before the work runs, so the
+      // key row has somewhere to go (else the request would be answered 503 after its work had run).
       if (this.partitions.bucketOf(this.clock()) > this.ensuredThrough) await this.ensurePartitions();
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
         if (waited || this.seenFinished(id)) {
@@ -400,29 +401,34 @@ export class PostgresStore implements AtomicStore<Tx> {
     options: AtomicRunOptions<Tx>,
     spec: Speculation,
   ): Promise<AtomicOutcome> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await this.runAtomic(claim, work, options, spec);
-      } catch (err) {
-        if (err instanceof AnswerAfterRollback) return await err.answer;
-        if (err instanceof Rollback) {
-          return {
-            kind: "executed",
-            response: err.response,
-            saved: false,
-            expiresAt: new Date(this.clock()),
-          };
-        }
-        if (sqlStateOf(err) === SqlState.LockNotAvailable && !(err instanceof WorkError))
-          throw new LockBusy();
-        if (err instanceof WorkError) throw err.cause;
-        if (attempt < 2 && isMissingPartition(err)) {
-          const b = this.partitions.bucketOf(this.clock());
-          await this.partitions.ensure([b, b + 1]);
-          continue;
-        }
-        throw err;
+    try {
+      return await this.runAtomic(claim, work, options, spec);
+    } catch (err) {
+      if (err instanceof AnswerAfterRollback) return await err.answer;
+      if (err instanceof Rollback) {
+        return {
+          kind: "executed",
+          response: err.response,
+          saved: false,
+          expiresAt: new Date(this.clock()),
+        };
       }
+      if (sqlStateOf(err) === SqlState.LockNotAvailable && !(err instanceof WorkError)) throw new LockBusy();
+      if (err instanceof WorkError) throw err.cause;
+      if (isMissingPartition(err)) {
+        // The key row's partition went away under this store (a sweep elsewhere with a shorter
+        // retention): everything rolled back. The work has run, and an adapter's handler cannot run
+        // twice, so the partition is made again and the caller retries: the key is still free.
+        const b = this.partitions.bucketOf(this.clock());
+        await this.partitions.ensure([b, b + 1]);
+        throw new RetryableError(
+          "the key's partition was missing; it has been made again, retry the request",
+          {
+            cause: err,
+          },
+        );
+      }
+      throw err;
     }
   }
 

@@ -7,7 +7,13 @@
 import { Hono } from "hono";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type Claim, fingerprint, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
+import {
+  type Claim,
+  fingerprint,
+  isKeyMismatchError,
+  RetryableError,
+  type StoredResponse,
+} from "../../src/core/index.ts";
 import { idempotency } from "../../src/http/hono.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
@@ -146,7 +152,7 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     expect(runs).toBe(1);
   });
 
-  it("a partition dropped under a running store (a sweep with a shorter retention) is made again on save", async () => {
+  it("a partition dropped under a running store (a sweep with a shorter retention): 503, made again, the retry saves", async () => {
     await migrate(open.db, { schema: "dropped", partitionSeconds: 3_600 });
     const now = Date.UTC(2031, 3, 5, 12, 30);
     const s = await stores({ schema: "dropped", clock: () => now });
@@ -156,10 +162,60 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     expect((await sweeper.sweep()).dropped).toContain(s.partitions.bucketOf(now));
     const before = await effects(open.db);
     const c = claimOf("k-dropped");
-    expect(await s.atomic(c, (tx) => charge(tx))).toMatchObject({ kind: "executed", saved: true });
+    let runs = 0;
+    const counted = (tx: Tx) => {
+      runs++;
+      return charge(tx);
+    };
+    // The work ran once and rolled back with the key row that had nowhere to go: the caller retries.
+    const err = await s.atomic(c, counted).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(RetryableError);
+    expect((err as RetryableError).status).toBe(503);
+    expect(runs).toBe(1);
+    expect(await effects(open.db)).toBe(before);
+    expect(await s.atomic(c, counted)).toMatchObject({ kind: "executed", saved: true });
+    expect(runs).toBe(2);
     expect(await effects(open.db)).toBe(before + 1);
     expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("replayed");
     expect(await s.partitions.list()).toContain(s.partitions.bucketOf(now));
+  });
+
+  it("through an HTTP adapter, a dropped partition is a 503 the client may retry, and the handler runs once per request", async () => {
+    await migrate(open.db, { schema: "dropped_http", partitionSeconds: 3_600 });
+    const now = Date.UTC(2031, 3, 6, 12, 30);
+    const s = await stores({ schema: "dropped_http", clock: () => now });
+    const sweeper = await stores({ schema: "dropped_http", clock: () => now + 3 * HOUR, retentionMs: HOUR });
+    expect((await sweeper.sweep()).dropped).toContain(s.partitions.bucketOf(now));
+    let runs = 0;
+    const app = new Hono();
+    app.post("/v1/payments", idempotency({ store: s, scope: () => "acct_1" }), async (ctx) => {
+      runs++;
+      const { rows } = await ctx.var.idempotency.tx.query<{ id: number }>(
+        "INSERT INTO effects DEFAULT VALUES RETURNING id",
+      );
+      return ctx.json({ id: rows[0]!.id }, 201);
+    });
+    const post = () =>
+      app.request("/v1/payments", {
+        method: "POST",
+        headers: { "idempotency-key": "k-http-dropped", "content-type": "application/json" },
+        body: "{}",
+      });
+    const before = await effects(open.db);
+    const first = await post();
+    expect(first.status).toBe(503);
+    expect(first.headers.get("retry-after")).toBe("1");
+    expect(first.headers.get("content-type")).toContain("application/problem+json");
+    expect(runs).toBe(1);
+    expect(await effects(open.db)).toBe(before);
+    const retry = await post();
+    expect(retry.status).toBe(201);
+    expect(runs).toBe(2);
+    const again = await post();
+    expect(again.headers.get("idempotent-replayed")).toBe("true");
+    expect(await again.json()).toEqual(await retry.json());
+    expect(runs).toBe(2);
+    expect(await effects(open.db)).toBe(before + 1);
   });
 
   it("an answer that is not saved leaves no key and no writes; its expiry is now", async () => {

@@ -10,6 +10,7 @@ import {
   type Claim,
   isKeyInFlightError,
   isKeyMismatchError,
+  RetryableError,
   type StoredResponse,
 } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
@@ -177,7 +178,7 @@ describe.each(backends)("work sent with the claim, on $name", (backend) => {
     expect(await count(open.db, "exec")).toBe(1);
   });
 
-  it("a save that meets a missing partition is retried with the handler's writes kept", async () => {
+  it("a save that meets a missing partition rolls the handler's writes back and asks for a retry", async () => {
     await migrate(open.db, { schema: "spec_dropped" });
     const now = Date.UTC(2032, 3, 1, 12);
     const a = await PostgresStore.open(open.db, { schema: "spec_dropped", clock: () => now });
@@ -186,6 +187,9 @@ describe.each(backends)("work sent with the claim, on $name", (backend) => {
     const sweeper = await PostgresStore.open(open.db, { schema: "spec_dropped", clock: () => now + 3 * DAY });
     expect((await sweeper.sweep()).dropped).toContain(a.partitions.bucketOf(now));
     const c = claimOf("k-far");
+    const refused = await a.atomic(c, (tx) => charge(tx, "far"), speculate).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(RetryableError);
+    expect(await count(open.db, "far")).toBe(0);
     const first = await a.atomic(c, (tx) => charge(tx, "far"), speculate);
     expect(first).toMatchObject({ kind: "executed", saved: true });
     expect(await count(open.db, "far")).toBe(1);
