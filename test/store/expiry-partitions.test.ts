@@ -59,6 +59,28 @@ const only = process.env.IDEM_MUTATION_BACKEND;
 const chosen = only ? backends.filter((b) => b.name === only) : backends;
 if (only && chosen.length === 0) throw new Error(`IDEM_MUTATION_BACKEND=${only}: set DATABASE_URL`);
 
+/** A Hono payments route on `s` whose handler inserts one effect; `post()` sends `key`, `runs()` counts. */
+function paymentsApp(s: PostgresStore, key: string) {
+  let runs = 0;
+  const app = new Hono();
+  app.post("/v1/payments", idempotency({ store: s, scope: () => "acct_1" }), async (ctx) => {
+    runs++;
+    const { rows } = await ctx.var.idempotency.tx.query<{ id: number }>(
+      "INSERT INTO effects DEFAULT VALUES RETURNING id",
+    );
+    return ctx.json({ id: rows[0]!.id }, 201);
+  });
+  return {
+    post: () =>
+      app.request("/v1/payments", {
+        method: "POST",
+        headers: { "idempotency-key": key, "content-type": "application/json" },
+        body: "{}",
+      }),
+    runs: () => runs,
+  };
+}
+
 describe.each(chosen)("the store's clock on $name", (backend) => {
   let open: OpenDb;
   // Hourly partitions hold at most 10 hours of retention (PartitionWidthError beyond): 6 h unless said.
@@ -128,28 +150,15 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     let now = Date.UTC(2031, 3, 3, 12);
     const s = await stores({ clock: () => now });
     now += 30 * DAY;
-    let runs = 0;
-    const app = new Hono();
-    app.post("/v1/payments", idempotency({ store: s, scope: () => "acct_1" }), async (ctx) => {
-      runs++;
-      const { rows } = await ctx.var.idempotency.tx.query<{ id: number }>(
-        "INSERT INTO effects DEFAULT VALUES RETURNING id",
-      );
-      return ctx.json({ id: rows[0]!.id }, 201);
-    });
-    const post = () =>
-      app.request("/v1/payments", {
-        method: "POST",
-        headers: { "idempotency-key": "k-http-no-partition", "content-type": "application/json" },
-        body: "{}",
-      });
+    const app = paymentsApp(s, "k-http-no-partition");
+    const post = app.post;
     const first = await post();
     expect(first.status).toBe(201);
     const again = await post();
     expect(again.status).toBe(201);
     expect(again.headers.get("idempotent-replayed")).toBe("true");
     expect(await again.json()).toEqual(await first.json());
-    expect(runs).toBe(1);
+    expect(app.runs()).toBe(1);
   });
 
   it("a partition dropped under a running store (a sweep with a shorter retention): 503, made again, the retry saves", async () => {
@@ -186,35 +195,22 @@ describe.each(chosen)("the store's clock on $name", (backend) => {
     const s = await stores({ schema: "dropped_http", clock: () => now });
     const sweeper = await stores({ schema: "dropped_http", clock: () => now + 3 * HOUR, retentionMs: HOUR });
     expect((await sweeper.sweep()).dropped).toContain(s.partitions.bucketOf(now));
-    let runs = 0;
-    const app = new Hono();
-    app.post("/v1/payments", idempotency({ store: s, scope: () => "acct_1" }), async (ctx) => {
-      runs++;
-      const { rows } = await ctx.var.idempotency.tx.query<{ id: number }>(
-        "INSERT INTO effects DEFAULT VALUES RETURNING id",
-      );
-      return ctx.json({ id: rows[0]!.id }, 201);
-    });
-    const post = () =>
-      app.request("/v1/payments", {
-        method: "POST",
-        headers: { "idempotency-key": "k-http-dropped", "content-type": "application/json" },
-        body: "{}",
-      });
+    const app = paymentsApp(s, "k-http-dropped");
+    const post = app.post;
     const before = await effects(open.db);
     const first = await post();
     expect(first.status).toBe(503);
     expect(first.headers.get("retry-after")).toBe("1");
     expect(first.headers.get("content-type")).toContain("application/problem+json");
-    expect(runs).toBe(1);
+    expect(app.runs()).toBe(1);
     expect(await effects(open.db)).toBe(before);
     const retry = await post();
     expect(retry.status).toBe(201);
-    expect(runs).toBe(2);
+    expect(app.runs()).toBe(2);
     const again = await post();
     expect(again.headers.get("idempotent-replayed")).toBe("true");
     expect(await again.json()).toEqual(await retry.json());
-    expect(runs).toBe(2);
+    expect(app.runs()).toBe(2);
     expect(await effects(open.db)).toBe(before + 1);
   });
 
