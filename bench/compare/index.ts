@@ -114,7 +114,8 @@ interface Sample {
   redisUs: number;
 }
 
-const median = (xs: number[]) => {
+/** The median (the mean of the middle two for an even count). */
+export const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[s.length >> 1]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };

@@ -28,6 +28,7 @@ import pg from "pg";
 import { freshBenchDatabase } from "../http.ts";
 import { backendsCpu, backendsDelta } from "./cpu.ts";
 import { PAYMENTS_DDL } from "./handler.ts";
+import { median } from "./index.ts";
 
 const SECONDS = Number(process.env.PG_FLOOR_SECONDS ?? 6);
 const ROUNDS = Number(process.env.PG_FLOOR_ROUNDS ?? 1);
@@ -144,14 +145,16 @@ try {
   const only = process.env.PG_FLOOR_ONLY?.split(",");
   const chosen = all.filter(([label]) => label === "bare" || !only || only.some((o) => label.includes(o)));
   const got = new Map<string, { tps: number; cpuUs: number }[]>();
+  const files = chosen.map(([label, text]) => {
+    const file = join(dir, `${label.replaceAll(" ", "-")}.sql`);
+    writeFileSync(file, text);
+    return [label, file] as const;
+  });
   for (let round = 0; round < ROUNDS; round++) {
-    for (const [label, text] of chosen) {
-      const file = join(dir, `${label.replaceAll(" ", "-")}.sql`);
-      writeFileSync(file, text);
+    for (const [label, file] of files) {
       got.set(label, [...(got.get(label) ?? []), await measure(db.url, admin, name, file)]);
     }
   }
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   const bareUs = median(got.get("bare")!.map((r) => r.cpuUs));
   for (const [label, rs] of got) {
     const cpuUs = median(rs.map((r) => r.cpuUs));

@@ -3,7 +3,7 @@
  *   started  (external) charge the provider with `<scope>:<key>`; a decline is a final 402
  *   charged  (local)    insert the payment row and one receipt-email outbox row, answer 201
  */
-import { type Claim, fingerprint, RetryableError, type StoredResponse } from "../../src/core/index.ts";
+import { type Claim, RetryableError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
@@ -18,6 +18,7 @@ import {
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
 import { chargeProvider, findCharges } from "../../src/testing/provider-client.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 
 export const LEASE_MS = 30_000;
@@ -27,7 +28,6 @@ export const LEASE_MS = 30_000;
  * depend on the driver, so that the suite does not pay for one more embedded database start-up.
  */
 export const serverOrEmbedded: TestBackend[] = serverBackends.length > 0 ? serverBackends : backends;
-const enc = new TextEncoder();
 
 export interface PayInput {
   amount_cents: number;
@@ -36,16 +36,7 @@ export interface PayInput {
 export type PayData = { chargeId: string };
 
 export function claimOf(scope: string, key: string, input: PayInput | Record<string, unknown>): Claim {
-  return {
-    scope,
-    key,
-    fingerprint: fingerprint({
-      method: "POST",
-      path: "/v1/payments",
-      contentType: "application/json",
-      body: enc.encode(JSON.stringify(input)),
-    }),
-  };
+  return paymentClaim(scope, key, JSON.stringify(input));
 }
 
 export interface World {
