@@ -4,15 +4,24 @@
  *   src/http       framework adapters: translate to the core's lifecycle; never the PostgreSQL store
  *   src/postgres   the store, its drivers, phases mode, migrations (drivers are typed structurally)
  *   src/client, src/messaging, src/testing, src/cli   build on the above
- * and no cycles anywhere in src/.
+ *   app/, examples/ use idem as users do: only through its public entry points (`idem/*`)
+ * and no cycles anywhere (src, app, bench, examples).
  */
+const { exports: entries } = require("./package.json");
+
+/** The files behind the package's public entry points (their `source` condition), as path patterns. */
+const PUBLIC_ENTRIES = Object.values(entries)
+  .map((e) => (typeof e === "object" && e.source ? e.source.replace(/^\.\//, "") : undefined))
+  .filter(Boolean)
+  .map((f) => `^${f.replace(/[.]/g, "\\.")}$`);
+
 module.exports = {
   forbidden: [
     {
       name: "no-cycles",
       severity: "error",
       comment: "A cycle makes two files one: split the shared part out.",
-      from: { path: "^src" },
+      from: { path: "^(src|app|bench|examples)/" },
       to: { circular: true },
     },
     {
@@ -35,6 +44,13 @@ module.exports = {
       comment: "Adapters talk to the core's lifecycle and store interfaces, not to the PostgreSQL store.",
       from: { path: "^src/http" },
       to: { path: "^src/postgres" },
+    },
+    {
+      name: "app-and-examples-use-public-entries",
+      severity: "error",
+      comment: "The reference service and the examples import idem as users do: `idem/*`, never src/ files.",
+      from: { path: "^(app|examples)/" },
+      to: { path: "^src/", pathNot: PUBLIC_ENTRIES },
     },
     {
       name: "library-imports-no-app-test-bench",

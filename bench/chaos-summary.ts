@@ -7,7 +7,7 @@
  */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import type { Report } from "./report.ts";
+import type { Report } from "./report-types.ts";
 
 export const CHAOS_GROUP = "Chaos suite (client defaults)";
 

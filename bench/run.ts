@@ -20,7 +20,8 @@ import { clientBench } from "./client.ts";
 import { compareBench } from "./compare/index.ts";
 import { httpBench, printRows } from "./http.ts";
 import { phasesBench } from "./phases.ts";
-import { type BenchResult, describeMachine, type Report, withPrevious, writeReport } from "./report.ts";
+import { describeMachine, withPrevious, writeReport } from "./report.ts";
+import type { BenchResult, Report } from "./report-types.ts";
 import { printRetention, retentionBench } from "./retention.ts";
 
 const DATABASE_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
