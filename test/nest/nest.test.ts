@@ -22,8 +22,10 @@ import {
 import { fromDrizzle } from "../../src/orm/drizzle.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { PAYMENTS_DDL } from "../orm/harness.ts";
+
+sayWhySkippedWithoutServer();
 
 const payments = pgTable("payments", {
   id: serial().primaryKey(),
