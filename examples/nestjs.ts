@@ -3,6 +3,7 @@
 import "reflect-metadata";
 import { Controller, Module, Post } from "@nestjs/common";
 import { NestFactory } from "@nestjs/core";
+import type { Request } from "express";
 import { fromKysely } from "idem/kysely";
 import { IdempotencyCtx, IdempotencyModule, Idempotent, type NestIdempotencyContext } from "idem/nestjs";
 import { migrate, PostgresStore } from "idem/postgres";
@@ -38,7 +39,7 @@ class PaymentsController {
 }
 
 @Module({
-  imports: [IdempotencyModule.forRoot({ store, scope: (req) => req.headers["x-account"] })],
+  imports: [IdempotencyModule.forRoot({ store, scope: (req: Request) => req.header("x-account") })],
   controllers: [PaymentsController],
 })
 class AppModule {}

@@ -3,6 +3,7 @@
  * the key's transaction (`idem/drizzle`): the handler is plain Nest (`@Post`, `@Body`, `@Headers`) plus
  * `@Idempotent()` and `@IdempotencyCtx()`. Each platform gets a database of its own.
  */
+import type { IncomingMessage } from "node:http";
 import "reflect-metadata";
 import { randomBytes, randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
@@ -64,7 +65,16 @@ function appModule(idemDb: IdemDb, store: PostgresStore) {
   }
 
   @Module({
-    imports: [IdempotencyModule.forRoot({ store, scope: (req) => req.headers["x-account"] })],
+    imports: [
+      IdempotencyModule.forRoot({
+        store,
+        // Express's and Fastify's requests both carry Node's headers.
+        scope: (req: IncomingMessage) => {
+          const account = req.headers["x-account"];
+          return typeof account === "string" ? account : undefined;
+        },
+      }),
+    ],
     controllers: [PaymentsController],
   })
   class AppModule {}
