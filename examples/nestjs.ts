@@ -27,12 +27,12 @@ const store = await PostgresStore.open(idemDb);
 class PaymentsController {
   @Post()
   @Idempotent() // the handler runs in the key's transaction; what it returns is saved and replayed
-  async create(@IdempotencyCtx() idem: NestIdempotencyContext) {
-    const { amount_cents } = idem.body as { amount_cents: number };
+  async create(@IdempotencyCtx() idem: NestIdempotencyContext<{ amount_cents: number }>) {
+    const { amount_cents } = idem.body; // your DTO's type, as with @Body()
     return idemDb
       .tx(idem.tx) // Kysely's Transaction<Database>: the insert commits with the key and the reply
       .insertInto("payments")
-      .values({ account: idem.scope!, amount_cents })
+      .values({ account: idem.scope, amount_cents })
       .returningAll()
       .executeTakeFirstOrThrow();
   }
