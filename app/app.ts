@@ -97,9 +97,19 @@ export function createApp(deps: AppDeps): Hono {
       playgroundRoutes({ ...deps, providerUrl: deps.providerUrl, service: (r) => app.fetch(r) }),
     );
   }
-  app.notFound((c) =>
-    problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
-  );
+  app.notFound((c) => {
+    const path = new URL(c.req.url).pathname;
+    const allowed = allowedMethods(app, path);
+    if (allowed.length > 0) {
+      return problem(
+        405,
+        "method-not-allowed",
+        `${path} does not take ${c.req.method}; it takes ${allowed.join(", ")}.`,
+        [["allow", allowed.join(", ")]],
+      );
+    }
+    return problem(404, "not-found", `No route for ${c.req.method} ${path}.`);
+  });
   app.onError((err, c) => {
     // A retry's handler abandoned on a taken key (effectsInTxOnly): idem answers from the key; not an error.
     if (!(err instanceof AbandonedWorkError)) (c.var.log ?? logger).error({ err }, "unhandled error");
@@ -110,6 +120,27 @@ export function createApp(deps: AppDeps): Hono {
     );
   });
   return app;
+}
+
+/**
+ * The methods the app's routes take on a path (HEAD with GET, as Hono answers it), for a 405's Allow
+ * header; none when no route has the path. Middlewares (`app.use`, method ALL) are not routes.
+ */
+function allowedMethods(
+  app: { routes: ReadonlyArray<{ method: string; path: string }> },
+  path: string,
+): string[] {
+  const methods = new Set<string>();
+  for (const route of app.routes) {
+    if (route.method === "ALL") continue;
+    const pattern = route.path
+      .replace(/[.+?^${}()|[\]\\]/g, "\\$&")
+      .replace(/:[^/]+/g, "[^/]+")
+      .replace(/\*/g, ".*");
+    if (new RegExp(`^${pattern}/?$`).test(path)) methods.add(route.method);
+  }
+  if (methods.has("GET")) methods.add("HEAD");
+  return [...methods].sort();
 }
 
 /** Age in seconds of the oldest unpublished outbox event, 0 when there is none. */

@@ -5,11 +5,12 @@ import { count } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/node-postgres";
 import { integer, pgTable, serial, text } from "drizzle-orm/pg-core";
 import { Hono } from "hono";
+import { validator } from "hono/validator";
 import { fromDrizzle } from "idem/drizzle";
 import { idempotency } from "idem/hono";
 import { migrate, PostgresStore } from "idem/postgres";
 import pg from "pg";
-import { DATABASE_URL, PAYMENTS_TABLE, tryTwice } from "./try-twice.ts";
+import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, tryTwice } from "./try-twice.ts";
 
 const payments = pgTable("payments", {
   id: serial().primaryKey(),
@@ -24,23 +25,28 @@ const idemDb = fromDrizzle(db); // idem runs inside Drizzle's transactions
 await migrate(idemDb);
 const store = await PostgresStore.open(idemDb);
 
-app.post("/payments", idempotency({ store, scope: (c) => c.req.header("x-account") }), async (c) => {
-  const trx = idemDb.tx(c.var.idempotency.tx); // Drizzle's transaction, typed like db
-  const { amount_cents } = c.var.idempotency.body as { amount_cents: number };
-  const [payment] = await trx
-    .insert(payments)
-    .values({ account: c.var.idempotency.scope!, amountCents: amount_cents })
-    .returning();
-  return c.json(payment, 201); // the insert, the key and this reply commit together
-});
+app.post(
+  "/payments",
+  validator("json", (body, c) => paymentOf(body) ?? c.text("amount_cents: a whole number", 400)),
+  idempotency({ store, scope: (c) => c.req.header("x-account") }),
+  async (c) => {
+    const trx = idemDb.tx(c.var.idempotency.tx); // Drizzle's transaction, typed like db
+    const { amount_cents } = c.req.valid("json"); // typed by the validator, from the bytes idem read
+    const [payment] = await trx
+      .insert(payments)
+      .values({ account: c.var.idempotency.scope, amountCents: amount_cents })
+      .returning();
+    return c.json(payment, 201); // the insert, the key and this reply commit together
+  },
+);
 // #endregion snippet
 
 await idemDb.exec(PAYMENTS_TABLE);
 const server = serve({ fetch: app.fetch, port: 0 }, async ({ port }) => {
-  await tryTwice(
-    `http://127.0.0.1:${port}/payments`,
-    async () => (await db.select({ n: count() }).from(payments))[0]!.n,
-  );
+  await tryTwice(`http://127.0.0.1:${port}/payments`, async () => {
+    const [row] = await db.select({ n: count() }).from(payments);
+    return row?.n ?? 0;
+  });
   server.close();
   await idemDb.close();
 });

@@ -27,10 +27,11 @@ app.post("/payments", idempotency({ store, scope: (req) => req.header("x-account
 
 await idemDb.exec(PAYMENTS_TABLE);
 const server = app.listen(0, "127.0.0.1", async () => {
-  const { port } = server.address() as { port: number };
+  const address = server.address();
+  const port = typeof address === "object" && address ? address.port : 0;
   await tryTwice(`http://127.0.0.1:${port}/payments`, async () => {
     const [row] = await knex("payments").count<{ n: string }[]>({ n: "*" });
-    return Number(row!.n);
+    return Number(row?.n ?? 0);
   });
   server.close();
   await idemDb.close();

@@ -2,12 +2,13 @@
 // Run it: DATABASE_URL=postgres://... npx tsx --conditions=source examples/kysely.ts
 import { serve } from "@hono/node-server";
 import { Hono } from "hono";
+import { validator } from "hono/validator";
 import { idempotency } from "idem/hono";
 import { fromKysely } from "idem/kysely";
 import { migrate, PostgresStore } from "idem/postgres";
 import { type Generated, Kysely, PostgresDialect } from "kysely";
 import pg from "pg";
-import { DATABASE_URL, PAYMENTS_TABLE, tryTwice } from "./try-twice.ts";
+import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, tryTwice } from "./try-twice.ts";
 
 interface Database {
   payments: { id: Generated<number>; account: string; amount_cents: number };
@@ -22,16 +23,21 @@ const idemDb = fromKysely(db); // idem runs inside Kysely's transactions
 await migrate(idemDb);
 const store = await PostgresStore.open(idemDb);
 
-app.post("/payments", idempotency({ store, scope: (c) => c.req.header("x-account") }), async (c) => {
-  const trx = idemDb.tx(c.var.idempotency.tx); // Transaction<Database>
-  const { amount_cents } = c.var.idempotency.body as { amount_cents: number };
-  const payment = await trx
-    .insertInto("payments")
-    .values({ account: c.var.idempotency.scope!, amount_cents })
-    .returningAll()
-    .executeTakeFirstOrThrow();
-  return c.json(payment, 201); // the insert, the key and this reply commit together
-});
+app.post(
+  "/payments",
+  validator("json", (body, c) => paymentOf(body) ?? c.text("amount_cents: a whole number", 400)),
+  idempotency({ store, scope: (c) => c.req.header("x-account") }),
+  async (c) => {
+    const trx = idemDb.tx(c.var.idempotency.tx); // Transaction<Database>
+    const { amount_cents } = c.req.valid("json"); // typed by the validator, from the bytes idem read
+    const payment = await trx
+      .insertInto("payments")
+      .values({ account: c.var.idempotency.scope, amount_cents })
+      .returningAll()
+      .executeTakeFirstOrThrow();
+    return c.json(payment, 201); // the insert, the key and this reply commit together
+  },
+);
 // #endregion snippet
 
 await idemDb.exec(PAYMENTS_TABLE);

@@ -3,6 +3,7 @@
 import "reflect-metadata";
 import { Controller, Module, Post } from "@nestjs/common";
 import { NestFactory } from "@nestjs/core";
+import type { Request } from "express";
 import { fromKysely } from "idem/kysely";
 import { IdempotencyCtx, IdempotencyModule, Idempotent, type NestIdempotencyContext } from "idem/nestjs";
 import { migrate, PostgresStore } from "idem/postgres";
@@ -26,19 +27,19 @@ const store = await PostgresStore.open(idemDb);
 class PaymentsController {
   @Post()
   @Idempotent() // the handler runs in the key's transaction; what it returns is saved and replayed
-  async create(@IdempotencyCtx() idem: NestIdempotencyContext) {
-    const { amount_cents } = idem.body as { amount_cents: number };
+  async create(@IdempotencyCtx() idem: NestIdempotencyContext<{ amount_cents: number }>) {
+    const { amount_cents } = idem.body; // your DTO's type, as with @Body()
     return idemDb
       .tx(idem.tx) // Kysely's Transaction<Database>: the insert commits with the key and the reply
       .insertInto("payments")
-      .values({ account: idem.scope!, amount_cents })
+      .values({ account: idem.scope, amount_cents })
       .returningAll()
       .executeTakeFirstOrThrow();
   }
 }
 
 @Module({
-  imports: [IdempotencyModule.forRoot({ store, scope: (req) => req.headers["x-account"] })],
+  imports: [IdempotencyModule.forRoot({ store, scope: (req: Request) => req.header("x-account") })],
   controllers: [PaymentsController],
 })
 class AppModule {}

@@ -4,13 +4,16 @@
 import { serve } from "@hono/node-server";
 import { PrismaPg } from "@prisma/adapter-pg";
 import { Hono } from "hono";
+import { validator } from "hono/validator";
 import { idempotency } from "idem/hono";
 import { migrate, PostgresStore } from "idem/postgres";
 import { fromPrisma } from "idem/prisma";
-import { DATABASE_URL, PAYMENTS_TABLE, tryTwice } from "./try-twice.ts";
+import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, tryTwice } from "./try-twice.ts";
 
 // In your app: import { PrismaClient } from "./generated/prisma/client.ts" (here generated out of the tree).
-const { PrismaClient } = await import("../.idem/prisma-example/client.ts" as string);
+// (A path in a variable: tsc does not look for the client before it is generated.)
+const generated = "../.idem/prisma-example/client.ts";
+const { PrismaClient } = await import(generated);
 const app = new Hono();
 
 // #region snippet
@@ -19,14 +22,19 @@ const idemDb = fromPrisma(prisma); // idem runs inside Prisma's interactive tran
 await migrate(idemDb);
 const store = await PostgresStore.open(idemDb);
 
-app.post("/payments", idempotency({ store, scope: (c) => c.req.header("x-account") }), async (c) => {
-  const tx = idemDb.tx(c.var.idempotency.tx); // Prisma's transaction client
-  const { amount_cents } = c.var.idempotency.body as { amount_cents: number };
-  const payment = await tx.payment.create({
-    data: { account: c.var.idempotency.scope!, amountCents: amount_cents },
-  });
-  return c.json(payment, 201); // the create, the key and this reply commit together
-});
+app.post(
+  "/payments",
+  validator("json", (body, c) => paymentOf(body) ?? c.text("amount_cents: a whole number", 400)),
+  idempotency({ store, scope: (c) => c.req.header("x-account") }),
+  async (c) => {
+    const tx = idemDb.tx(c.var.idempotency.tx); // Prisma's transaction client
+    const { amount_cents } = c.req.valid("json"); // typed by the validator, from the bytes idem read
+    const payment = await tx.payment.create({
+      data: { account: c.var.idempotency.scope, amountCents: amount_cents },
+    });
+    return c.json(payment, 201); // the create, the key and this reply commit together
+  },
+);
 // #endregion snippet
 
 await idemDb.exec(PAYMENTS_TABLE);

@@ -1,22 +1,56 @@
-// What the integration examples do once their route is up: the same keyed payment twice (the second
-// replays), then count the payments. Each example passes its URL and a way to count.
+// What the integration examples do once their route is up: the same keyed payment twice, under a key
+// made for this run (the second replays), then check that exactly one payment was added. A failed check
+// exits 1, so a script or a test sees it.
+import { randomUUID } from "node:crypto";
+
 export async function tryTwice(url: string, countPayments: () => Promise<number>): Promise<void> {
+  const key = `order-${randomUUID()}`;
+  const before = await countPayments();
   const send = () =>
     fetch(url, {
       method: "POST",
-      headers: { "x-account": "acct_1", "idempotency-key": "order-42", "content-type": "application/json" },
+      headers: { "x-account": "acct_1", "idempotency-key": key, "content-type": "application/json" },
       body: JSON.stringify({ amount_cents: 5000 }),
     });
+  const replies: string[] = [];
   for (const attempt of [1, 2]) {
     const r = await send();
     const replayed = r.headers.get("idempotent-replayed") ?? "false";
-    console.log(`attempt ${attempt}: ${r.status} replayed=${replayed} ${await r.text()}`);
+    const text = await r.text();
+    replies.push(`${r.status} replayed=${replayed} ${text}`);
+    console.log(`attempt ${attempt}: ${r.status} replayed=${replayed} ${text}`);
   }
-  console.log(`payments in the table: ${await countPayments()}`);
+  const added = (await countPayments()) - before;
+  console.log(`payments added: ${added}`);
+  const [first, second] = replies.map((r) => r.replace(/ replayed=\w+/, ""));
+  if (added !== 1 || first !== second || !replies[0]?.startsWith("201 replayed=false")) {
+    console.error("check failed: expected one payment, and the retry's reply the same as the first");
+    process.exitCode = 1;
+  }
 }
 
-/** The database of the examples: DATABASE_URL (the test gives each example a fresh one). */
-export const DATABASE_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+/** The database the examples write to (a table `payments`): DATABASE_URL, which they need. */
+function databaseUrl(): string {
+  const url = process.env.DATABASE_URL;
+  if (!url) {
+    console.error(
+      "set DATABASE_URL to a PostgreSQL database this example may write to (it creates idem's schema " +
+        "and a table payments), e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/idem_example",
+    );
+    process.exit(2);
+  }
+  return url;
+}
+export const DATABASE_URL = databaseUrl();
 
 export const PAYMENTS_TABLE =
   "CREATE TABLE IF NOT EXISTS payments (id serial PRIMARY KEY, account text NOT NULL, amount_cents int NOT NULL)";
+
+/** The body the examples take, checked: `{ amount_cents }`, a whole number above 0; else undefined. */
+export function paymentOf(value: unknown): { amount_cents: number } | undefined {
+  if (typeof value !== "object" || value === null || !("amount_cents" in value)) return undefined;
+  const { amount_cents } = value;
+  return typeof amount_cents === "number" && Number.isInteger(amount_cents) && amount_cents > 0
+    ? { amount_cents }
+    : undefined;
+}

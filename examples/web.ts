@@ -13,9 +13,9 @@ const store = await PostgresStore.open(db);
 
 // #region snippet
 // app/api/payments/route.ts (Next.js), or Bun.serve({ fetch: POST }), or Deno.serve(POST)
-export const POST = idempotent(
+export const POST = idempotent<unknown, { amount_cents: number }>(
   async (_request, { tx, scope, body }) => {
-    const { amount_cents } = body as { amount_cents: number };
+    const { amount_cents } = body; // the body's type, given above
     const { rows } = await tx.query(
       "INSERT INTO payments (account, amount_cents) VALUES ($1, $2) RETURNING id, amount_cents",
       [scope, amount_cents],
@@ -29,7 +29,7 @@ export const POST = idempotent(
 const server = serve({ fetch: (request) => POST(request, {}), port: 0 }, async ({ port }) => {
   await tryTwice(`http://127.0.0.1:${port}/api/payments`, async () => {
     const { rows } = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM payments");
-    return rows[0]!.n;
+    return rows[0]?.n ?? 0;
   });
   server.close();
   await db.close();

@@ -50,9 +50,13 @@ type Values = ReturnType<typeof parse<typeof OPTIONS>>["values"];
 export async function keysCommand(argv: string[]): Promise<number> {
   const { values, positionals } = parse(argv, OPTIONS, USAGE);
   const [sub, ...args] = positionals;
-  if (values.help || !sub) {
+  if (values.help) {
     console.log(USAGE);
-    return values.help ? EXIT.ok : EXIT.usage;
+    return EXIT.ok;
+  }
+  if (!sub) {
+    console.error(USAGE);
+    return EXIT.usage;
   }
   if (sub !== "inspect" && sub !== "list" && sub !== "settle") {
     throw new CliError(`unknown subcommand "${sub}": inspect, list or settle\n${USAGE}`, EXIT.usage);

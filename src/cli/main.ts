@@ -62,9 +62,13 @@ export async function main(argv: string[]): Promise<number> {
     console.log(version());
     return EXIT.ok;
   }
-  if (!name || name === "--help" || name === "-h" || name === "help") {
+  if (!name) {
+    console.error(USAGE); // bad usage: to stderr, so that a script's output stays clean
+    return EXIT.usage;
+  }
+  if (name === "--help" || name === "-h" || name === "help") {
     console.log(USAGE);
-    return name ? EXIT.ok : EXIT.usage;
+    return EXIT.ok;
   }
   const command = COMMANDS[name];
   if (!command) {

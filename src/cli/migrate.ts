@@ -1,13 +1,14 @@
 import { migrate, pendingMigrations } from "../postgres/migrate.ts";
 import { CliError, EXIT, openDb, parse } from "./shared.ts";
 
-const USAGE = `usage: idem migrate [--database-url URL] [--schema NAME] [--partition-seconds N] [--check]
+const USAGE = `usage: idem migrate [--database-url URL] [--schema NAME] [--partition-seconds N] [--check] [--json]
 
 Applies idem's numbered SQL migrations (safe when several instances run it at once).
   --database-url URL      PostgreSQL to migrate (default: $DATABASE_URL, else the embedded .idem/pgdata)
   --schema NAME           schema for idem's tables (default: idem)
   --partition-seconds N   width of a key partition, fixed at creation (default: 86400)
   --check                 apply nothing; exit 1 when migrations are pending
+  --json                  print {"applied": [...]} (or {"pending": [...]} with --check) as JSON
 Exit codes: 0 done (or up to date), 1 failure or pending with --check, 2 bad usage.`;
 
 export async function migrateCommand(argv: string[]): Promise<number> {
@@ -18,6 +19,7 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       schema: { type: "string" },
       "partition-seconds": { type: "string" },
       check: { type: "boolean" },
+      json: { type: "boolean" },
     },
     USAGE,
   );
@@ -33,15 +35,15 @@ export async function migrateCommand(argv: string[]): Promise<number> {
   try {
     if (values.check) {
       const pending = await pendingMigrations(db, { schema: values.schema });
-      if (pending.length) {
+      if (values.json) console.log(JSON.stringify({ database: where, pending }));
+      else if (pending.length) {
         console.log(`${pending.length} pending on ${where}: ${pending.join(", ")} (run: idem migrate)`);
-        return EXIT.failure;
-      }
-      console.log(`up to date on ${where}`);
-      return EXIT.ok;
+      } else console.log(`up to date on ${where}`);
+      return pending.length ? EXIT.failure : EXIT.ok;
     }
     const { applied } = await migrate(db, { schema: values.schema, partitionSeconds });
-    console.log(applied.length ? `applied ${applied.join(", ")} on ${where}` : `up to date on ${where}`);
+    if (values.json) console.log(JSON.stringify({ database: where, applied }));
+    else console.log(applied.length ? `applied ${applied.join(", ")} on ${where}` : `up to date on ${where}`);
     return EXIT.ok;
   } finally {
     await db.close();

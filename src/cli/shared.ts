@@ -79,11 +79,27 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
     await db.query("SELECT 1");
   } catch (err) {
     await db.close().catch(() => {});
-    throw new CliError(
-      `cannot reach PostgreSQL at ${parsed.host}${parsed.pathname} (${(err as Error).message}): start the server or fix DATABASE_URL`,
-    );
+    throw connectFailure(err, parsed);
   }
   return { db, where: `${parsed.host}${parsed.pathname}` };
+}
+
+/**
+ * The one line for a database that could not be opened: a server that answered that the database does
+ * not exist (SQLSTATE 3D000) is told apart from a server that could not be reached.
+ */
+export function connectFailure(err: unknown, url: URL): CliError {
+  const name = decodeURIComponent(url.pathname.slice(1)) || url.username || "postgres";
+  if ((err as { code?: unknown } | null)?.code === "3D000") {
+    const port = url.port || "5432";
+    return new CliError(
+      `database "${name}" does not exist on the PostgreSQL server at ${url.host}: create it ` +
+        `(createdb -h ${url.hostname} -p ${port} ${name}) or fix DATABASE_URL`,
+    );
+  }
+  return new CliError(
+    `cannot reach PostgreSQL at ${url.host}${url.pathname} (${(err as Error).message}): start the server or fix DATABASE_URL`,
+  );
 }
 
 /**

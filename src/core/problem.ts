@@ -33,17 +33,31 @@ export interface ProblemDetails {
   [extension: string]: unknown;
 }
 
+/** RFC 9110's reason phrases (and 429's, RFC 6585), the `title` of a problem with that status. */
 const TITLES: Record<number, string> = {
   400: "Bad Request",
   401: "Unauthorized",
   402: "Payment Required",
+  403: "Forbidden",
   404: "Not Found",
+  405: "Method Not Allowed",
+  406: "Not Acceptable",
+  408: "Request Timeout",
   409: "Conflict",
+  410: "Gone",
+  411: "Length Required",
+  412: "Precondition Failed",
   413: "Content Too Large",
+  414: "URI Too Long",
   415: "Unsupported Media Type",
   422: "Unprocessable Content",
+  428: "Precondition Required",
+  429: "Too Many Requests",
   500: "Internal Server Error",
+  501: "Not Implemented",
+  502: "Bad Gateway",
   503: "Service Unavailable",
+  504: "Gateway Timeout",
 };
 
 const encoder = new TextEncoder();

@@ -46,25 +46,28 @@ import { Lifecycle, parsedBody } from "../core/index.ts";
 import { clearHeaders, Held } from "./express-hold.ts";
 import { headerOf, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
-export interface IdempotencyContext {
+export interface IdempotencyContext<Body = unknown> {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
-  /** The request's idempotency key, or undefined on an optional-key route called without one. */
-  key: string | undefined;
-  scope: string | undefined;
+  /**
+   * The request's idempotency key. (On a `required: false` route called without a key, the one case
+   * this type does not show, `key` is undefined, and so is `scope` when the caller is anonymous.)
+   */
+  key: string;
+  /** The caller's scope, as the route's `scope` gave it. */
+  scope: string;
   /**
    * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
-   * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value.
+   * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value. Typed as the
+   * route's request body (`app.post<Params, ResBody, ReqBody>(...)`, like `req.body`).
    */
-  body: unknown;
+  body: Body;
 }
 
-declare global {
-  namespace Express {
-    interface Request {
-      /** Set by idem's `idempotency()` middleware for the handlers after it. */
-      idempotency: IdempotencyContext;
-    }
+declare module "express-serve-static-core" {
+  interface Request<P, ResBody, ReqBody, ReqQuery, LocalsObj extends Record<string, any>> {
+    /** Set by idem's `idempotency()` middleware for the handlers after it. */
+    idempotency: IdempotencyContext<ReqBody>;
   }
 }
 
@@ -170,7 +173,9 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
     // Runs the rest of the chain in `tx`; resolves with the response the chain wrote, including one
     // written by an error handler after next(err) (a 500 is not final: the transaction rolls back).
     const work = (tx: Tx) => {
-      req.idempotency = { tx, key, scope, body };
+      // key and scope are undefined only on an unkeyed request of a `required: false` route, the case
+      // IdempotencyContext documents: keyed routes, the default, type them as the strings they are.
+      req.idempotency = { tx, key, scope, body } as IdempotencyContext;
       held = new Held(res);
       next();
       return held.finished;

@@ -47,12 +47,17 @@ import { groupHeaders, headerPairs, SocketHangUp } from "./shared.ts";
 export interface FastifyIdempotency {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
-  /** The request's idempotency key, or undefined on an optional-key route called without one. */
-  key: string | undefined;
-  scope: string | undefined;
+  /**
+   * The request's idempotency key. (On a `required: false` route called without a key, the one case
+   * this type does not show, `key` is undefined, and so is `scope` when the caller is anonymous.)
+   */
+  key: string;
+  /** The caller's scope, as the route's `scope` gave it. */
+  scope: string;
   /**
    * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
-   * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value.
+   * arrays for `repeatable` fields), the raw bytes, or undefined. `request.body` holds the same
+   * request as Fastify parsed it, typed by the route's `Body` generic or its schema's type provider.
    */
   body: unknown;
 }
@@ -218,7 +223,9 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       const scope = begun.kind === "keyed" ? begun.claim.scope : begun.scope;
       const body = begun.body.value;
       const work = (tx: Tx) => {
-        request.idempotency = { tx, key, scope, body };
+        // key and scope are undefined only on an unkeyed request of a `required: false` route, the
+        // case FastifyIdempotency documents: keyed routes, the default, type them as the strings they are.
+        request.idempotency = { tx, key, scope, body } as FastifyIdempotency;
         entered();
         return produced;
       };

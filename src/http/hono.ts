@@ -26,23 +26,30 @@ import type {
 import { Lifecycle, Outcome } from "../core/index.ts";
 import { NULL_BODY, SocketHangUp } from "./shared.ts";
 
-export interface IdempotencyVariables {
+/**
+ * What a keyed route's handler gets. `Body` is the body's type when you know it (e.g.
+ * `idempotency<Env, Payment>` after a validator; `c.req.valid("json")` gives the validator's value of
+ * the same bytes). `Keyed` is false on a `required: false` route, where a request without a key runs
+ * with `key` (and possibly `scope`) undefined.
+ */
+export interface IdempotencyVariables<Body = unknown, Keyed extends boolean = true> {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
-  /** The request's idempotency key, or undefined on an optional-key route called without one. */
-  key: string | undefined;
-  scope: string | undefined;
+  /** The request's idempotency key. */
+  key: Keyed extends true ? string : string | undefined;
+  /** The caller's scope, as the route's `scope` gave it. */
+  scope: Keyed extends true ? string : string | undefined;
   /**
    * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
    * arrays for `repeatable` fields), the raw bytes, or undefined. Act on this value, not on a second
    * reading of the request.
    */
-  body: unknown;
+  body: Body;
 }
 
 /** The variables idem's middlewares set, typed on the routes that use them. */
-export type IdempotencyEnv = {
-  Variables: { idempotency: IdempotencyVariables; idempotencyOutcome: Outcome };
+export type IdempotencyEnv<Body = unknown, Keyed extends boolean = true> = {
+  Variables: { idempotency: IdempotencyVariables<Body, Keyed>; idempotencyOutcome: Outcome };
 };
 
 /** How the request ended (for logs and metrics), when one of idem's middlewares handled it. */
@@ -141,11 +148,20 @@ function authorizer<E extends Env>(options: RouteOptions<E>, c: Context): RunOpt
   return check && (() => check(c as Context<E>));
 }
 
-export function idempotency<E extends Env = any>(
+/**
+ * The middleware of a keyed route (atomic mode). `E`: the app's env (what `scope` reads); `Body`: the
+ * body's type in `c.var.idempotency.body`. With the default `required: true`, `key` and `scope` are
+ * strings on the route; with `required: false` they may be undefined.
+ */
+export function idempotency<E extends Env = any, Body = unknown>(
+  options: HonoIdempotencyOptions<E> & { required?: true },
+): MiddlewareHandler<IdempotencyEnv<Body>>;
+export function idempotency<E extends Env = any, Body = unknown>(
   options: HonoIdempotencyOptions<E>,
-): MiddlewareHandler<IdempotencyEnv> {
+): MiddlewareHandler<IdempotencyEnv<Body, false>>;
+export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions<E>): MiddlewareHandler<any> {
   const lifecycle = new Lifecycle<Tx>(options);
-  return createMiddleware<IdempotencyEnv>(async function idempotencyMiddleware(c, next) {
+  return createMiddleware<IdempotencyEnv<unknown, false>>(async function idempotencyMiddleware(c, next) {
     const scope = await options.scope(c as unknown as Context<E>);
     const begun = await begin(lifecycle, c, scope);
     if (begun.kind === "answer") {

@@ -39,17 +39,22 @@ export {
   writeResponse,
 } from "./shared.ts";
 
-export interface NodeIdempotencyContext {
+/**
+ * What the handler gets. `Keyed` is false on a `required: false` route, where a request without a key
+ * runs with `key` (and possibly `scope`) undefined; `Body` is the body's type when you know it.
+ */
+export interface NodeIdempotencyContext<Body = unknown, Keyed extends boolean = true> {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
-  /** The request's idempotency key, or undefined on an optional-key route called without one. */
-  key: string | undefined;
-  scope: string | undefined;
+  /** The request's idempotency key. */
+  key: Keyed extends true ? string : string | undefined;
+  /** The caller's scope, as the route's `scope` gave it. */
+  scope: Keyed extends true ? string : string | undefined;
   /**
    * The body as read once, and fingerprinted: parsed JSON, form fields (`Record<string, string>`,
    * arrays for `repeatable` fields), the raw bytes, or undefined for none.
    */
-  body: unknown;
+  body: Body;
   /** The body's bytes as received. */
   rawBody: Uint8Array;
 }
@@ -64,7 +69,10 @@ export interface NodeReply {
   body?: string | Uint8Array;
 }
 
-export type NodeIdempotentHandler = (req: IncomingMessage, ctx: NodeIdempotencyContext) => Promise<NodeReply>;
+export type NodeIdempotentHandler<Body = unknown, Keyed extends boolean = true> = (
+  req: IncomingMessage,
+  ctx: NodeIdempotencyContext<Body, Keyed>,
+) => Promise<NodeReply>;
 
 interface NodeRouteOptions {
   /** The caller's scope (their account id), from authentication, never from the body. Required. */
@@ -152,8 +160,16 @@ function authorizer(options: NodeRouteOptions, req: IncomingMessage): RunOptions
   return check && (() => check(req));
 }
 
+export function idempotent<Body = unknown>(
+  handler: NodeIdempotentHandler<Body>,
+  options: NodeIdempotencyOptions & { required?: true },
+): (req: IncomingMessage, res: ServerResponse) => void;
+export function idempotent<Body = unknown>(
+  handler: NodeIdempotentHandler<Body, false>,
+  options: NodeIdempotencyOptions,
+): (req: IncomingMessage, res: ServerResponse) => void;
 export function idempotent(
-  handler: NodeIdempotentHandler,
+  handler: NodeIdempotentHandler<any, any>, // one of the two above; its key is checked by `required`
   options: NodeIdempotencyOptions,
 ): (req: IncomingMessage, res: ServerResponse) => void {
   const lifecycle = new Lifecycle<Tx>(options);

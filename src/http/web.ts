@@ -32,23 +32,28 @@ import { IdemError, Lifecycle, ProblemCode, problemResponse } from "../core/inde
 import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
 
 /** What the wrapped handler gets besides the request. */
-export interface WebIdempotencyContext<C = unknown> {
+/**
+ * What the handler gets. `Keyed` is false on a `required: false` route, where a request without a key
+ * runs with `key` (and possibly `scope`) undefined; `Body` is the body's type when you know it.
+ */
+export interface WebIdempotencyContext<C = unknown, Body = unknown, Keyed extends boolean = true> {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
-  /** The request's idempotency key, or undefined on an optional-key route called without one. */
-  key: string | undefined;
-  scope: string | undefined;
+  /** The request's idempotency key. */
+  key: Keyed extends true ? string : string | undefined;
+  /** The caller's scope, as the route's `scope` gave it. */
+  scope: Keyed extends true ? string : string | undefined;
   /** The body as read once, and fingerprinted: parsed JSON, form fields, the raw bytes, or undefined. */
-  body: unknown;
+  body: Body;
   /** The body's bytes as received. */
   rawBody: Uint8Array;
   /** The platform's second argument (Next.js `{ params }`, Bun's server, Deno's info), as passed. */
   context: C;
 }
 
-export type WebIdempotentHandler<C = unknown> = (
+export type WebIdempotentHandler<C = unknown, Body = unknown, Keyed extends boolean = true> = (
   request: Request,
-  ctx: WebIdempotencyContext<C>,
+  ctx: WebIdempotencyContext<C, Body, Keyed>,
 ) => Promise<Response>;
 
 /** The wrapped route: the same shape as the handler's platform expects. */
@@ -196,8 +201,16 @@ function runOptions<C>(options: WebRouteOptions<C>, request: Request, context: C
 }
 
 /** Wrap a Fetch API handler as a keyed route in atomic mode. */
+export function idempotent<C = unknown, Body = unknown>(
+  handler: WebIdempotentHandler<C, Body>,
+  options: WebIdempotencyOptions<C> & { required?: true },
+): WebHandler<C>;
+export function idempotent<C = unknown, Body = unknown>(
+  handler: WebIdempotentHandler<C, Body, false>,
+  options: WebIdempotencyOptions<C>,
+): WebHandler<C>;
 export function idempotent<C = unknown>(
-  handler: WebIdempotentHandler<C>,
+  handler: WebIdempotentHandler<C, any, any>, // one of the two above; its key is checked by `required`
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C> {
   const lifecycle = new Lifecycle<Tx>(options);

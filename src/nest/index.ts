@@ -17,6 +17,7 @@
  * marked `@Idempotent()` or `@IdempotentPhases(runner)` only. Create the app with `{ rawBody: true }`
  * so that the fingerprint and the duplicate-key check see the bytes sent.
  */
+import type { IncomingMessage } from "node:http";
 import { createParamDecorator, type DynamicModule, type ExecutionContext } from "@nestjs/common";
 import { APP_INTERCEPTOR } from "@nestjs/core";
 import {
@@ -50,7 +51,7 @@ export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(
 // biome-ignore lint/complexity/noStaticOnlyClass: a Nest module is a class, configured by forRoot()
 export class IdempotencyModule {
   /** The store and scope given as they are. */
-  static forRoot(options: IdempotencyModuleOptions): DynamicModule {
+  static forRoot<Req = IncomingMessage>(options: IdempotencyModuleOptions<Req>): DynamicModule {
     return IdempotencyModule.forRootAsync({ useFactory: () => options });
   }
 
@@ -58,7 +59,7 @@ export class IdempotencyModule {
   static forRootAsync(options: {
     imports?: DynamicModule["imports"];
     inject?: any[];
-    useFactory: (...deps: any[]) => IdempotencyModuleOptions | Promise<IdempotencyModuleOptions>;
+    useFactory: (...deps: any[]) => IdempotencyModuleOptions<any> | Promise<IdempotencyModuleOptions<any>>;
   }): DynamicModule {
     return {
       module: IdempotencyModule,
@@ -68,7 +69,7 @@ export class IdempotencyModule {
         { provide: IDEMPOTENCY_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] },
         {
           provide: APP_INTERCEPTOR,
-          useFactory: (o: IdempotencyModuleOptions) => new IdempotencyInterceptor(o),
+          useFactory: (o: IdempotencyModuleOptions<any>) => new IdempotencyInterceptor(o),
           inject: [IDEMPOTENCY_OPTIONS],
         },
       ],

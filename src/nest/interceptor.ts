@@ -26,40 +26,63 @@ import { Lifecycle, parsedBody } from "../core/index.ts";
 import { headerPairs, NodeIdemRequest, SocketHangUp } from "../http/shared.ts";
 import { toResponse, toStored } from "../http/web.ts";
 
-/** What an `@Idempotent()` handler gets through `@IdempotencyCtx()`. */
-export interface NestIdempotencyContext {
+/**
+ * What an `@Idempotent()` handler gets through `@IdempotencyCtx()`; `Body` is your DTO's type, as with
+ * `@Body() dto: PaymentDto` (Nest's pipes validate `@Body()`; `body` here is the same request as read
+ * once and fingerprinted).
+ */
+export interface NestIdempotencyContext<Body = unknown> {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
-  /** The request's idempotency key, or undefined on an optional-key route called without one. */
-  key: string | undefined;
-  scope: string | undefined;
+  /**
+   * The request's idempotency key. (On a `required: false` route called without a key, the one case
+   * this type does not show, `key` is undefined, and so is `scope` when the caller is anonymous.)
+   */
+  key: string;
+  /** The caller's scope, as the module's `scope` gave it. */
+  scope: string;
   /** The body as read once, and fingerprinted. */
-  body: unknown;
+  body: Body;
 }
 
-/** The module's options: the store and how to find the caller, shared by every idempotent route. */
-export interface IdempotencyModuleOptions extends LifecycleOptions<Tx> {
+/**
+ * The module's options: the store and how to find the caller, shared by every idempotent route. `Req`
+ * is your platform's request (`Request` from express, or `FastifyRequest`); default: Node's.
+ */
+export interface IdempotencyModuleOptions<Req = IncomingMessage> extends LifecycleOptions<Tx> {
   /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (request: any) => string | undefined | Promise<string | undefined>;
+  scope: (request: Req) => string | undefined | Promise<string | undefined>;
   /**
    * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
    * 401 and sends nothing of the saved answer. Default: none.
    */
-  authorizeReplay?: (request: any) => boolean | Promise<boolean>;
+  authorizeReplay?: (request: Req) => boolean | Promise<boolean>;
 }
 
 /** Per-route options of `@Idempotent()`: anything of the module's lifecycle options, overridden. */
-export type IdempotentRouteOptions = Partial<Omit<IdempotencyModuleOptions, "store" | "scope">>;
+export type IdempotentRouteOptions<Req = IncomingMessage> = Partial<
+  Omit<IdempotencyModuleOptions<Req>, "store" | "scope">
+>;
 
-export interface IdempotentPhasesRouteOptions
-  extends Partial<Omit<IdempotencyModuleOptions, "store" | "required" | "compact">> {
+export interface IdempotentPhasesRouteOptions<Req = IncomingMessage>
+  extends Partial<Omit<IdempotencyModuleOptions<Req>, "store" | "required" | "compact">> {
   /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
   answerWithinMs?: number;
 }
 
+/**
+ * The options as the interceptor holds them: their callbacks take the platform's request, whatever
+ * request type the application wrote them for (Express's, Fastify's or Node's).
+ */
+type HeldOptions = IdempotencyModuleOptions<any>;
+
 type Route =
-  | { mode: "atomic"; options: IdempotentRouteOptions }
-  | { mode: "phases"; runner: PhasesRunnerLike<unknown>; options: IdempotentPhasesRouteOptions };
+  | { mode: "atomic"; options: Partial<HeldOptions> }
+  | {
+      mode: "phases";
+      runner: PhasesRunnerLike<unknown>;
+      options: Partial<HeldOptions> & { answerWithinMs?: number };
+    };
 
 /** Route handlers marked by the decorators (keyed by the handler function Nest reports). */
 const routes = new WeakMap<object, Route>();
@@ -69,7 +92,9 @@ const CONTEXT = Symbol("idem:nest-context");
  * Mark a route handler idempotent (atomic mode). `IdempotencyModule.forRoot()` supplies the store and
  * the scope; `options` override the module's per route (e.g. `{ required: false }`).
  */
-export function Idempotent(options: IdempotentRouteOptions = {}): MethodDecorator {
+export function Idempotent<Req = IncomingMessage>(
+  options: IdempotentRouteOptions<Req> = {},
+): MethodDecorator {
   return (_target, _key, descriptor) => {
     routes.set(descriptor.value as object, { mode: "atomic", options });
   };
@@ -79,9 +104,9 @@ export function Idempotent(options: IdempotentRouteOptions = {}): MethodDecorato
  * Mark a route handler as a phases route: the handler validates the request and returns the runner's
  * input (it runs before the key is claimed); the runner does the work and its answer is sent.
  */
-export function IdempotentPhases<I>(
+export function IdempotentPhases<I, Req = IncomingMessage>(
   runner: PhasesRunnerLike<I>,
-  options: IdempotentPhasesRouteOptions = {},
+  options: IdempotentPhasesRouteOptions<Req> = {},
 ): MethodDecorator {
   return (_target, _key, descriptor) => {
     routes.set(descriptor.value as object, { mode: "phases", runner, options });
@@ -144,7 +169,7 @@ function bodyOf(req: NestRequest): Uint8Array | RequestBody {
 
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly lifecycles = new WeakMap<object, Lifecycle<Tx>>();
-  constructor(private readonly options: IdempotencyModuleOptions) {}
+  constructor(private readonly options: HeldOptions) {}
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     const route = context.getType() === "http" ? routes.get(context.getHandler()) : undefined;
@@ -191,12 +216,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
       if (begun.kind === "unkeyed") {
         return toResponse(
           await lifecycle.unkeyed(begun, async (tx) => {
-            req[CONTEXT] = { tx, key: undefined, scope, body };
+            // Undefined key and scope: the unkeyed request of a `required: false` route (documented).
+            req[CONTEXT] = { tx, key: undefined, scope, body } as unknown as NestIdempotencyContext;
             return produce();
           }),
         );
       }
-      const key = begun.claim.key;
+      const { key, scope: claimed } = begun.claim;
       if (route.mode === "phases") {
         const input = await lastValueFrom(next.handle(), { defaultValue: undefined });
         return toResponse((await lifecycle.phases(begun, route.runner, input, run)).response);
@@ -204,7 +230,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       const out = await lifecycle.keyed(
         begun,
         async (tx) => {
-          req[CONTEXT] = { tx, key, scope, body };
+          req[CONTEXT] = { tx, key, scope: claimed, body };
           return produce();
         },
         run,

@@ -65,6 +65,26 @@ describe(`bad input on ${backend.name}: a clear 4xx, nothing claimed, the server
     expect(await payments()).toBe(p0);
   });
 
+  it("answers a method a route does not take with 405, its Allow header, and claims nothing", async () => {
+    const [k0, p0] = [await keys(), await payments()];
+    const r = await fetch(`${svc.url}/v1/payments`, {
+      method: "DELETE",
+      headers: { authorization: "Bearer sk_test_demo_1", "idempotency-key": randomUUID() },
+    });
+    expect(r.status).toBe(405);
+    expect(r.headers.get("allow")).toBe("GET, HEAD, POST");
+    expect(r.headers.get("content-type")).toBe("application/problem+json");
+    expect(await r.json()).toMatchObject({
+      type: "urn:idem:problem:method-not-allowed",
+      title: "Method Not Allowed",
+      status: 405,
+    });
+    const nowhere = await fetch(`${svc.url}/v1/nowhere`, { method: "DELETE" });
+    expect(nowhere.status).toBe(404);
+    expect(await keys()).toBe(k0);
+    expect(await payments()).toBe(p0);
+  });
+
   it.each([
     ["{not json", "application/json", "the body is not valid JSON"],
     ["[1,2]", "application/json", "the body must be a JSON object"],

@@ -183,6 +183,7 @@ describe(`idempotent by design: each endpoint's repeat behaviour on ${backend.na
     expect(repeated.headers.get("etag")).toBe('"v2"');
     const stale = await call("PUT", `/v1/products/${id}`, { price_cents: 1200 }, { "if-match": etag });
     expect(stale.status).toBe(412);
+    expect(await stale.json()).toMatchObject({ title: "Precondition Failed", status: 412 });
     const now = await call("GET", `/v1/products/${id}`);
     expect(now.headers.get("etag")).toBe('"v2"');
     expect((await now.json()).price_cents).toBe(1500);

@@ -5,8 +5,10 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { pay } from "./service.ts";
+
+sayWhySkippedWithoutServer();
 
 function startProcess(databaseUrl: string): Promise<{ url: string; child: ChildProcess }> {
   const child = spawn("node_modules/.bin/tsx", ["--conditions=source", "app/main.ts"], {

@@ -1,7 +1,10 @@
 /** The command line's contract with scripts: exit 2 and one line for bad usage, never a Node stack. */
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { main } from "../../src/cli/main.ts";
+import { DATABASE_URL } from "../helpers/db.ts";
 
 afterEach(() => vi.restoreAllMocks());
 
@@ -31,5 +34,57 @@ describe("idem's exit codes", () => {
     expect(code).toBe(2);
     expect(err.split("\n")).toHaveLength(1);
     expect(err).toMatch(message);
+  });
+
+  it.each([[[]], [["keys"]]])("%j prints its usage to stderr and exits 2", async (argv) => {
+    const { code, out, err } = await runCli(argv);
+    expect(code).toBe(2);
+    expect(out).toBe("");
+    expect(err).toMatch(/^usage: idem/);
+  });
+
+  it("--help prints the usage to stdout and exits 0", async () => {
+    for (const argv of [["--help"], ["keys", "--help"]]) {
+      const { code, out, err } = await runCli(argv);
+      expect(code).toBe(0);
+      expect(out).toMatch(/^usage: idem/);
+      expect(err).toBe("");
+    }
+  });
+});
+
+describe("idem migrate and idem sweep --json", () => {
+  it("print what they did as JSON, on the embedded database", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "idem-cli-json-"));
+    const before = process.env.IDEM_DATA_DIR;
+    process.env.IDEM_DATA_DIR = join(dir, "pgdata");
+    try {
+      const first = await runCli(["migrate", "--json", "--database-url", ""]);
+      expect(first.code).toBe(0);
+      expect(JSON.parse(first.out).applied).toContain("0001_keys.sql");
+      const check = await runCli(["migrate", "--check", "--json", "--database-url", ""]);
+      expect(check.code).toBe(0);
+      expect(JSON.parse(check.out)).toMatchObject({ pending: [] });
+      const sweep = await runCli(["sweep", "--json", "--database-url", ""]);
+      expect(sweep.code).toBe(0);
+      expect(JSON.parse(sweep.out)).toMatchObject({ keyPartitions: [], inboxPartitions: [] });
+    } finally {
+      if (before === undefined) delete process.env.IDEM_DATA_DIR;
+      else process.env.IDEM_DATA_DIR = before;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+});
+
+describe.skipIf(!DATABASE_URL)("a database that does not exist", () => {
+  it("is reported as such, not as a server that cannot be reached", async () => {
+    const url = new URL(DATABASE_URL ?? "");
+    url.pathname = "/idem_no_such_db_35";
+    const { code, err } = await runCli(["migrate", "--database-url", url.toString()]);
+    expect(code).toBe(1);
+    expect(err.split("\n")).toHaveLength(1);
+    expect(err).toContain('database "idem_no_such_db_35" does not exist on the PostgreSQL server at');
+    expect(err).toContain("createdb -h 127.0.0.1");
+    expect(err).not.toContain("cannot reach");
   });
 });

@@ -9,6 +9,7 @@ import { randomBytes } from "node:crypto";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
 import postgres from "postgres";
+import { it } from "vitest";
 import type { Db } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
@@ -19,6 +20,17 @@ if (process.env.CI && !DATABASE_URL) {
   throw new Error(
     "CI=true but DATABASE_URL is not set: the store tests must run against the real PostgreSQL",
   );
+}
+
+/** Why the tests that need the real PostgreSQL do not run here (undefined: DATABASE_URL is set). */
+export const NO_SERVER = DATABASE_URL ? undefined : "needs the real PostgreSQL: set DATABASE_URL";
+
+/**
+ * Called at the top of a file whose tests all need the real server: without one, the file reports a
+ * skipped test that says why (and is not left with no suite, which vitest counts as a failure).
+ */
+export function sayWhySkippedWithoutServer(): void {
+  if (NO_SERVER) it.skip(`skipped: ${NO_SERVER}`, () => {});
 }
 
 export interface OpenDb {

@@ -15,3 +15,21 @@ export function typingOfTheMiddleware(app: Hono, parts: AppParts): void {
   // @ts-expect-error: the scope callback's context is typed: accountId is a string, not a number
   idempotency<Authed>({ store: parts.store, scope: (c) => c.var.accountId.toFixed() });
 }
+
+/** On a keyed route `key` and `scope` are strings; with `required: false` they may be undefined. */
+export function typingOfKeysAndBodies(app: Hono, parts: AppParts): void {
+  const scope = (c: { req: { header(name: string): string | undefined } }) => c.req.header("x-account");
+  app.post("/keyed", idempotency({ store: parts.store, scope }), (c) => {
+    const { key, scope: account }: { key: string; scope: string } = c.var.idempotency;
+    return c.text(`${key.length} ${account.length}`);
+  });
+  app.post("/optional", idempotency({ store: parts.store, scope, required: false }), (c) => {
+    // @ts-expect-error: a route with required: false may run without a key
+    const key: string = c.var.idempotency.key;
+    return c.text(String(key));
+  });
+  type Payment = { amount_cents: number };
+  app.post("/typed-body", idempotency<any, Payment>({ store: parts.store, scope }), (c) =>
+    c.text(String(c.var.idempotency.body.amount_cents.toFixed())),
+  );
+}

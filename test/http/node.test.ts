@@ -17,7 +17,7 @@ import {
 import { lifecycleContract, ownBodyContract } from "./contract-lifecycle.ts";
 
 /** Plain node has no middleware chain: the handler validates first and answers 400 (not saved). */
-const pay: NodeIdempotentHandler = async (req, { tx, scope, body }) => {
+const pay: NodeIdempotentHandler<unknown, false> = async (req, { tx, scope, body }) => {
   if (typeof validatePayment(body) === "string") {
     return { status: 400, headers: { "content-type": "application/problem+json" }, body: INVALID_BODY };
   }

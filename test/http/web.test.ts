@@ -17,7 +17,7 @@ import {
 import { lifecycleContract, ownBodyContract } from "./contract-lifecycle.ts";
 
 /** A route handler as users write them: validate, write, answer with `Response`. */
-const pay: WebIdempotentHandler = async (request, { tx, scope, body }) => {
+const pay: WebIdempotentHandler<unknown, unknown, false> = async (request, { tx, scope, body }) => {
   if (typeof validatePayment(body) === "string") {
     return new Response(INVALID_BODY, {
       status: 400,

@@ -6,9 +6,11 @@ import { Inbox } from "../../src/messaging/inbox.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
-import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { AMQP_URL, effectCounts, prepare, record, unique, until, writeCredits } from "./helpers.ts";
 import { type CuttableProxy, startProxy } from "./proxy.ts";
+
+sayWhySkippedWithoutServer();
 
 const backend = serverBackends.find((b) => b.name === "pg");
 

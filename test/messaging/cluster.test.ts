@@ -17,11 +17,13 @@ import { Inbox } from "../../src/messaging/inbox.ts";
 import { consumeNats, NatsPublisher } from "../../src/messaging/nats.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { AMQP_URL, prepare, unique, until } from "./helpers.ts";
 import { hasNatsServer, type NatsCluster, startNatsCluster } from "./nats-cluster.ts";
 import { orderedEffect, orderedResult, prepareOrdered, writeBacklog } from "./ordered.ts";
 import { type CuttableProxy, startProxy } from "./proxy.ts";
+
+sayWhySkippedWithoutServer();
 
 const backend = serverBackends.find((b) => b.name === "pg");
 const N = 10_000;

@@ -11,9 +11,11 @@ import { Inbox } from "../../src/messaging/inbox.ts";
 import { consumeNats, NatsPublisher } from "../../src/messaging/nats.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { NATS_URL, prepare, unique, until } from "./helpers.ts";
 import { orderedEffect, orderedResult, prepareOrdered, writeBacklog } from "./ordered.ts";
+
+sayWhySkippedWithoutServer();
 
 const backend = serverBackends.find((b) => b.name === "pg");
 

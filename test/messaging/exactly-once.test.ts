@@ -18,8 +18,10 @@ import type { Publisher } from "../../src/messaging/types.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { uuidv7 } from "../../src/postgres/uuid7.ts";
 import { createRng } from "../../src/testing/prng.ts";
-import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { AMQP_URL, NATS_URL, prepare, record, unique, until } from "./helpers.ts";
+
+sayWhySkippedWithoutServer();
 
 const backend = serverBackends.find((b) => b.name === "pg");
 const EVENTS = 10_000;

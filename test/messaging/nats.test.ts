@@ -7,9 +7,11 @@ import { consumeNats, NatsPublisher } from "../../src/messaging/nats.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
-import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { NATS_URL, prepare, record, unique, until, writeCredits } from "./helpers.ts";
 import { type CuttableProxy, startProxy } from "./proxy.ts";
+
+sayWhySkippedWithoutServer();
 
 const backend = serverBackends.find((b) => b.name === "pg");
 

@@ -3,6 +3,7 @@
  * the key's transaction (`idem/drizzle`): the handler is plain Nest (`@Post`, `@Body`, `@Headers`) plus
  * `@Idempotent()` and `@IdempotencyCtx()`. Each platform gets a database of its own.
  */
+import type { IncomingMessage } from "node:http";
 import "reflect-metadata";
 import { randomBytes, randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
@@ -22,8 +23,10 @@ import {
 import { fromDrizzle } from "../../src/orm/drizzle.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { PAYMENTS_DDL } from "../orm/harness.ts";
+
+sayWhySkippedWithoutServer();
 
 const payments = pgTable("payments", {
   id: serial().primaryKey(),
@@ -62,7 +65,16 @@ function appModule(idemDb: IdemDb, store: PostgresStore) {
   }
 
   @Module({
-    imports: [IdempotencyModule.forRoot({ store, scope: (req) => req.headers["x-account"] })],
+    imports: [
+      IdempotencyModule.forRoot({
+        store,
+        // Express's and Fastify's requests both carry Node's headers.
+        scope: (req: IncomingMessage) => {
+          const account = req.headers["x-account"];
+          return typeof account === "string" ? account : undefined;
+        },
+      }),
+    ],
     controllers: [PaymentsController],
   })
   class AppModule {}

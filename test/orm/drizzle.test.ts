@@ -6,7 +6,10 @@ import pg from "pg";
 import postgres from "postgres";
 import { describe, expect, it } from "vitest";
 import { fromDrizzle } from "../../src/orm/drizzle.ts";
+import { sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { hasServer, ormContract } from "./harness.ts";
+
+sayWhySkippedWithoutServer();
 
 const payments = pgTable("payments", {
   id: serial().primaryKey(),

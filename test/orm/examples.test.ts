@@ -1,6 +1,7 @@
 /**
- * The integration examples (examples/web.ts, drizzle.ts, kysely.ts, knex.ts, prisma.ts, nestjs.ts) run, each on a
- * fresh database, and print what the README says; the README shows each snippet as it is in the file.
+ * The integration examples (examples/web.ts, drizzle.ts, kysely.ts, knex.ts, prisma.ts, nestjs.ts) run, each
+ * twice on a fresh database (each run makes its own key and checks one payment was added), and print what
+ * the README says; they refuse to run without DATABASE_URL; the README shows each snippet as it is.
  */
 import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
@@ -35,26 +36,42 @@ describe.skipIf(!DATABASE_URL)("integration examples", () => {
             },
           });
         }
-        const { stdout } = await run(
-          "node_modules/.bin/tsx",
-          ["--conditions=source", `examples/${name}.ts`],
-          {
-            timeout: 120_000,
-            env: { ...process.env, DATABASE_URL: fresh.url },
-          },
-        );
-        const first = /attempt 1: 201 replayed=false (.+)/.exec(stdout);
-        const second = /attempt 2: 201 replayed=true (.+)/.exec(stdout);
-        expect(first, stdout).not.toBeNull();
-        expect(second![1]).toBe(first![1]);
-        expect(JSON.parse(first![1]!)).toMatchObject({ id: 1 });
-        expect(stdout).toContain("payments in the table: 1");
+        // Twice on the same database: each run makes its own key and checks its own payment.
+        for (const round of [1, 2]) {
+          const { stdout } = await run(
+            "node_modules/.bin/tsx",
+            ["--conditions=source", `examples/${name}.ts`],
+            {
+              timeout: 120_000,
+              env: { ...process.env, DATABASE_URL: fresh.url },
+            },
+          );
+          const first = /attempt 1: 201 replayed=false (.+)/.exec(stdout);
+          const second = /attempt 2: 201 replayed=true (.+)/.exec(stdout);
+          expect(first, stdout).not.toBeNull();
+          expect(second?.[1]).toBe(first?.[1]);
+          expect(JSON.parse(first?.[1] ?? "null")).toMatchObject({ id: round });
+          expect(stdout).toContain("payments added: 1");
+        }
       } finally {
         await fresh.drop();
       }
     },
     150_000,
   );
+});
+
+describe.skipIf(!DATABASE_URL)("an integration example's own check", () => {
+  it("refuses to run without DATABASE_URL (exit 2, one line that says what to set)", async () => {
+    const env: NodeJS.ProcessEnv = { ...process.env };
+    delete env.DATABASE_URL;
+    const err = await run("node_modules/.bin/tsx", ["--conditions=source", "examples/web.ts"], { env }).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err?.code).toBe(2);
+    expect(err?.stderr).toContain("set DATABASE_URL to a PostgreSQL database this example may write to");
+  }, 60_000);
 });
 
 describe("README", () => {

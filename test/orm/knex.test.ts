@@ -2,7 +2,10 @@
 import Knex from "knex";
 import { describe, expect, it } from "vitest";
 import { fromKnex, knexRaw } from "../../src/orm/knex.ts";
+import { sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { hasServer, ormContract } from "./harness.ts";
+
+sayWhySkippedWithoutServer();
 
 describe.skipIf(!hasServer)("Knex on pg", () => {
   ormContract(async (url) => {

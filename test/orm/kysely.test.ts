@@ -3,7 +3,10 @@ import { Kysely, PostgresDialect } from "kysely";
 import pg from "pg";
 import { describe } from "vitest";
 import { fromKysely } from "../../src/orm/kysely.ts";
+import { sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { hasServer, ormContract } from "./harness.ts";
+
+sayWhySkippedWithoutServer();
 
 interface Database {
   payments: {

@@ -8,7 +8,10 @@ import { promisify } from "node:util";
 import { PrismaPg } from "@prisma/adapter-pg";
 import { describe } from "vitest";
 import { fromPrisma, type PrismaClientLike } from "../../src/orm/prisma.ts";
+import { sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { hasServer, ormContract } from "./harness.ts";
+
+sayWhySkippedWithoutServer();
 
 const run = promisify(execFile);
 

@@ -1,10 +1,13 @@
 /**
  * idem as a new user gets it: `npm pack` (which builds dist/ through `prepack`), the tarball installed
  * into fresh projects outside this repository, and used from there with plain node and tsc:
- * - a project with the peers: every subpath export type-checks under `--strict` with
- *   `moduleResolution: nodenext` and `bundler`; a keyed request, its replay and one row run with plain
- *   `node` on the real PostgreSQL (when DATABASE_URL is set) and on PGlite; every subpath can be
- *   require()d from CommonJS; `npx idem --help`, `--version` and `migrate` work;
+ * - a project with the peers at the lowest versions their ranges admit: every subpath export
+ *   type-checks under `--strict` with `moduleResolution: nodenext` and `bundler`; a keyed request, its
+ *   replay and one row run with plain `node` on the real PostgreSQL (when DATABASE_URL is set) and on
+ *   PGlite; every subpath can be require()d from CommonJS; `npx idem --help`, `--version` and `migrate`
+ *   work; the integrations, each with only its own peers, at their lowest too;
+ * - the same project with every peer at the newest version its range admits (type-check, run, require);
+ * - the manifest: every condition of every export resolves inside the tarball, and the metadata;
  * - a project with nothing but the tarball: what a library user installs, its size, and `idem migrate`
  *   without a database or PGlite says what to install in one line and creates nothing.
  */
@@ -47,8 +50,20 @@ const SUBPATHS = Object.keys(pkg.exports as Record<string, unknown>)
   .map((p) => (p === "." ? "idem" : `idem/${p.slice(2)}`))
   .filter((p) => !(p in INTEGRATIONS));
 
-/** The peers a user of every subpath installs, at the versions this repository tests with. */
-const PEERS = [
+const peerRanges = pkg.peerDependencies as Record<string, string>;
+/** The lowest version a peer range admits: every range is `^x.y.z` (checked below). */
+const lowest = (name: string) => peerRanges[name]!.replace(/^\^/, "");
+/**
+ * A package at the lowest or the newest version its peer range admits (npm resolves the range to its
+ * newest); the tools that are no peers of idem at the versions this repository tests with.
+ */
+const spec = (name: string, at: "lowest" | "newest") =>
+  name in peerRanges
+    ? `${name}@${at === "lowest" ? lowest(name) : peerRanges[name]}`
+    : `${name}@${pkg.devDependencies[name]}`;
+
+/** What a user of every subpath installs. */
+const COMMON = [
   "hono",
   "@hono/node-server",
   "pg",
@@ -63,7 +78,7 @@ const PEERS = [
   "@types/node",
   "@types/pg",
   "@types/express",
-].map((name) => `${name}@${pkg.devDependencies[name]}`);
+];
 
 const NPM_FLAGS = ["--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"];
 
@@ -85,7 +100,10 @@ const mb = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(2)} MB`;
 describe("the packed tarball, installed in a fresh project", () => {
   let work: string;
   let tarball: string;
+  /** With every common peer at the lowest version its range admits. */
   let full: string;
+  /** The same, at the newest. */
+  let newest: string;
   let bare: string;
 
   beforeAll(async () => {
@@ -96,8 +114,9 @@ describe("the packed tarball, installed in a fresh project", () => {
     });
     tarball = join(work, stdout.trim().split("\n").at(-1)!);
     full = join(work, "full");
+    newest = join(work, "newest");
     bare = join(work, "bare");
-    for (const dir of [full, bare]) {
+    for (const dir of [full, newest, bare]) {
       mkdirSync(dir);
       writeFileSync(
         join(dir, "package.json"),
@@ -105,8 +124,14 @@ describe("the packed tarball, installed in a fresh project", () => {
       );
     }
     cpSync(FIXTURE, full, { recursive: true });
-    await run("npm", ["install", tarball, ...PEERS, ...NPM_FLAGS], { cwd: full });
-    await run("npm", ["install", tarball, ...NPM_FLAGS], { cwd: bare });
+    cpSync(FIXTURE, newest, { recursive: true });
+    const lowestPeers = COMMON.map((name) => spec(name, "lowest"));
+    const newestPeers = COMMON.map((name) => spec(name, "newest"));
+    await Promise.all([
+      run("npm", ["install", tarball, ...lowestPeers, ...NPM_FLAGS], { cwd: full }),
+      run("npm", ["install", tarball, ...newestPeers, ...NPM_FLAGS], { cwd: newest }),
+      run("npm", ["install", tarball, ...NPM_FLAGS], { cwd: bare }),
+    ]);
   }, 300_000);
 
   // Asynchronous, with time: a synchronous rm of the integrations' node_modules trees blocked vitest's
@@ -135,6 +160,29 @@ describe("the packed tarball, installed in a fresh project", () => {
     console.log(`tarball ${mb(statSync(tarball).size)}, ${files.length} files`);
   });
 
+  it("has a manifest whose every condition resolves inside the tarball, and complete metadata", () => {
+    const installed = JSON.parse(readFileSync(join(bare, "node_modules/idem/package.json"), "utf8"));
+    const missing: string[] = [];
+    for (const [subpath, target] of Object.entries(installed.exports as Record<string, unknown>)) {
+      const paths = typeof target === "string" ? { default: target } : (target as Record<string, string>);
+      for (const [condition, path] of Object.entries(paths)) {
+        if (!existsSync(join(bare, "node_modules/idem", path)))
+          missing.push(`${subpath} ${condition}: ${path}`);
+      }
+    }
+    expect(missing).toEqual([]);
+    expect(JSON.stringify(installed.exports)).not.toContain('"source"');
+    expect(existsSync(join(bare, "node_modules/idem/LICENSE"))).toBe(true);
+    for (const field of ["license", "repository", "homepage", "bugs", "keywords", "sideEffects"]) {
+      expect(installed[field], field).toBeDefined();
+    }
+    // The repository's own package.json keeps its `source` conditions (tests, npm start, benchmarks).
+    expect(JSON.stringify(pkg.exports)).toContain('"source"');
+    expect(existsSync(join(ROOT, ".package.json.prepack"))).toBe(false);
+    // Every peer range is `^x.y.z`: its lower bound is what the full project installs.
+    for (const [name, range] of Object.entries(peerRanges)) expect(range, name).toMatch(/^\^\d+\.\d+\.\d+$/);
+  });
+
   it("installs only what the library imports at run time", () => {
     const installed = JSON.parse(readFileSync(join(bare, "node_modules/.package-lock.json"), "utf8"));
     const names = Object.keys(installed.packages as Record<string, unknown>).map((p) =>
@@ -149,7 +197,7 @@ describe("the packed tarball, installed in a fresh project", () => {
   });
 
   for (const resolution of ["nodenext", "bundler"] as const) {
-    it(`type-checks every subpath with --strict and moduleResolution ${resolution}`, async () => {
+    it(`type-checks every subpath with --strict and moduleResolution ${resolution} (lowest peers)`, async () => {
       const module = resolution === "nodenext" ? "nodenext" : "esnext";
       await run(
         join(full, "node_modules/.bin/tsc"),
@@ -174,6 +222,32 @@ describe("the packed tarball, installed in a fresh project", () => {
       });
     }, 120_000);
   }
+
+  it("type-checks, runs and require()s with every peer at the newest version its range admits", async () => {
+    const versions = JSON.parse(readFileSync(join(newest, "node_modules/.package-lock.json"), "utf8"));
+    await run(
+      join(newest, "node_modules/.bin/tsc"),
+      ["--noEmit", "--strict", "--module", "nodenext", "--target", "es2022", "--types", "node", "types.ts"],
+      { cwd: newest },
+    ).catch((err: { stdout?: string }) => {
+      throw new Error(`tsc failed:\n${err.stdout}`);
+    });
+    const { stdout } = await run(process.execPath, ["run.mjs"], {
+      cwd: newest,
+      env: { ...process.env, DATABASE_URL: "" },
+    });
+    expect(JSON.parse(stdout)).toEqual({ first: 201, second: 201, replayed: "true", same: true, rows: 1 });
+    const required = await run(process.execPath, ["--no-warnings", "require.cjs", ...SUBPATHS], {
+      cwd: newest,
+    });
+    expect(Object.keys(JSON.parse(required.stdout)).sort()).toEqual([...SUBPATHS].sort());
+    const at = (name: string) => versions.packages[`node_modules/${name}`]?.version;
+    console.log(
+      `newest peers: ${COMMON.filter((n) => n in peerRanges)
+        .map((n) => `${n}@${at(n)}`)
+        .join(", ")}`,
+    );
+  }, 120_000);
 
   it("runs a keyed request and its replay with plain node on PGlite", async () => {
     const { stdout } = await run(process.execPath, ["run.mjs"], {
@@ -244,7 +318,7 @@ describe("the packed tarball, installed in a fresh project", () => {
           join(dir, "package.json"),
           JSON.stringify({ name: "consumer", private: true, type: "module" }),
         );
-        const versions = peers.map((name) => `${name}@${pkg.devDependencies[name]}`);
+        const versions = peers.map((name) => spec(name, "lowest"));
         await run("npm", ["install", tarball, ...versions, ...NPM_FLAGS], { cwd: dir });
         const imported = await run(
           process.execPath,

@@ -9,16 +9,14 @@ import { complete } from "../../src/postgres/complete.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { randomCrashes } from "../../src/testing/faults.ts";
 import { createRng } from "../../src/testing/prng.ts";
-import { serverBackends } from "../helpers/db.ts";
+import { sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { claimOf, LEASE_MS, openWorld, sleep, text, type World } from "./helpers.ts";
+
+sayWhySkippedWithoutServer();
 
 const KEYS = 20;
 const CLIENTS_PER_KEY = 10;
 const SEED = 20_240_611;
-
-if (serverBackends.length === 0) {
-  it.skip("needs the real PostgreSQL (set DATABASE_URL)", () => {});
-}
 
 describe.each(serverBackends)("exactly once under chaos on $name", (backend) => {
   let w: World;

@@ -7,8 +7,10 @@ import { main } from "../../src/cli/main.ts";
 import { encodeOperationRef } from "../../src/core/index.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
-import { serverBackends } from "../helpers/db.ts";
+import { sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { claimOf, openWorld, type World } from "./helpers.ts";
+
+sayWhySkippedWithoutServer();
 
 const PAY = { amount_cents: 1_100, currency: "eur" };
 

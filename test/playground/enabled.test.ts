@@ -5,7 +5,9 @@
  */
 import { describe, expect, it } from "vitest";
 import { start } from "../../app/main.ts";
-import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
+
+sayWhySkippedWithoutServer();
 
 describe.skipIf(!DATABASE_URL)("the playground is served only with the demo accounts", () => {
   const env = { PORT: "0", PROVIDER_PORT: "0", LOG_LEVEL: "silent" };

@@ -9,7 +9,9 @@ import type { Db } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
+
+sayWhySkippedWithoutServer();
 
 const enc = new TextEncoder();
 

@@ -9,13 +9,9 @@ import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { hashRoute, ShardedStore, UnknownShardError } from "../../src/postgres/sharded.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { DATABASE_URL, type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 
-if (!DATABASE_URL) {
-  describe.skip("sharded store (needs DATABASE_URL: two databases on the real server)", () => {
-    it("is skipped", () => {});
-  });
-}
+sayWhySkippedWithoutServer();
 
 const HOMES: Record<string, string> = { acct_a: "one", acct_b: "two" };
 
