@@ -399,6 +399,7 @@ export async function soakBench(): Promise<SoakResult[]> {
     const r = await soakService({
       payments,
       sampleEvery: Math.max(1_000, Math.round(payments / 20)),
+      maxSeconds: process.env.SOAK_SERVICE_SECONDS ? Number(process.env.SOAK_SERVICE_SECONDS) : undefined,
       log: console.log,
     });
     printSoak(r, "payments");
