@@ -1,6 +1,6 @@
 /**
- * (About 430 lines: the claim, publish and mark loop with its ordered waves is one state machine; its
- * SQL lives in relay-sql.ts and the requeue/parking tools in outbox-admin.ts.)
+ * (The claim, publish and mark loop lives here; a batch's way to the broker, with a chain per aggregate
+ * when ordered, in relay-batch.ts; its SQL in relay-sql.ts; the requeue/parking tools in outbox-admin.ts.)
  *
  * The outbox relay: takes events committed into `<schema>.outbox` and publishes them, at least once,
  * with the event id as the broker's message id.

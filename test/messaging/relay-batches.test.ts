@@ -1,6 +1,6 @@
 /**
  * The outbox relay batch by batch (`runOnce`): what a claim takes and hands over, how publishes are
- * marked, backed off, parked and put back, per-aggregate waves, leases after a crash, and the loop's
+ * marked, backed off, parked and put back, per-aggregate chains, leases after a crash, and the loop's
  * waking and cleanup. Small batches, so that `npm run mutate` can run it once per mutant.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -20,7 +20,7 @@ import { prepare, unique, until } from "./helpers.ts";
 
 type Verdict = PublishOutcome | "unavailable";
 
-/** A publisher that records every call (one call per wave); `verdict` decides per message. */
+/** A publisher that records every call (one per event of an aggregate when ordered); `verdict` decides per message. */
 function recorder(verdict: (m: OutboxMessage) => Verdict = () => ({ ok: true })) {
   const calls: OutboxMessage[][] = [];
   const publisher: Publisher = {
