@@ -7,6 +7,7 @@
  *   DATABASE_URL          PostgreSQL (default: the embedded PGlite under .idem/)
  *   PROVIDER_URL          the payment provider (default: the simulator, started in this process)
  *   PROVIDER_PORT         port of that in-process simulator (default 4100; 0 picks a free one)
+ *   PROVIDER_RETENTION_MS how long that simulator remembers a key and its charge (default 86400000, 24 h)
  *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
  *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
@@ -79,6 +80,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
       port: providerPort,
       host: "127.0.0.1",
       declineCards: [DECLINED_TEST_CARD],
+      retentionMs: env.PROVIDER_RETENTION_MS ? Number(env.PROVIDER_RETENTION_MS) : undefined,
     }).catch((err: unknown) => {
       throw portInUse(err, providerPort, "PROVIDER_PORT");
     });

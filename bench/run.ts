@@ -12,7 +12,8 @@
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
  * http, compare, client, phases, messaging, keys, sealing, retention, scale (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
- * previous run, marked as such. `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
+ * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
+ * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
  */
 import { existsSync } from "node:fs";
 import { relative } from "node:path";
@@ -214,7 +215,12 @@ if (wanted("phases")) {
  * A benchmark file of another issue, if it exists: its exported `...Bench` function is called, what it
  * prints is kept as a note, and rows it returns in a known shape become results.
  */
-async function optionalBench(name: string, group: string, toResults?: (value: unknown) => BenchResult[]) {
+async function optionalBench(
+  name: string,
+  group: string,
+  toResults?: (value: unknown) => BenchResult[],
+  timeoutMs?: number,
+) {
   const url = new URL(`./${name}.ts`, import.meta.url);
   if (!existsSync(url)) return;
   const mod: Record<string, unknown> = await import(url.href);
@@ -224,7 +230,7 @@ async function optionalBench(name: string, group: string, toResults?: (value: un
     return;
   }
   console.log(`\n${group}`);
-  const out = await section(group, () => capturing(() => (entry[1] as () => Promise<unknown>)()));
+  const out = await section(group, () => capturing(() => (entry[1] as () => Promise<unknown>)()), timeoutMs);
   if (!out) return;
   const rows = toResults?.(out.value) ?? [];
   for (const r of rows) result(r);
@@ -289,6 +295,26 @@ if (wanted("scale")) {
       })),
     );
   });
+}
+
+// --- Issue 33: bounded memory over a long run (bench/soak.ts), only when named ------------------------------
+if (ONLY?.includes("soak")) {
+  const group = "Soak: heap after GC over 1,000,000 events and keyed payments";
+  await optionalBench(
+    "soak",
+    group,
+    (value) =>
+      Array.isArray(value)
+        ? value.map((r: { name: string; rate: number; growthMB: number; bytesPer: number; n: number }) => ({
+            group,
+            scenario: `${r.name}: ${f0(r.n)} ${r.name.includes("service") ? "keyed payments" : "events end to end"}`,
+            throughput: r.rate,
+            unit: r.name.includes("service") ? "payments/s" : "events/s",
+            note: `heap growth after GC from 10% to the end ${r.growthMB.toFixed(1)} MB (${r.bytesPer.toFixed(1)} B each)`,
+          }))
+        : [],
+    6 * 3_600_000,
+  );
 }
 
 // --- Retention: a day of keys, dropped or deleted ------------------------------------------------------

@@ -4,6 +4,7 @@ import { CliError, EXIT, parse } from "./shared.ts";
 const USAGE = `usage: idem provider [--port N] [--host ADDR] [--seed N] [--latency-ms N|MIN-MAX]
                      [--decline-amounts A,B] [--decline-cards C,D]
                      [--timeout-rate P] [--error-rate P] [--drop-rate P] [--decline-rate P]
+                     [--retention-ms N]
 
 Runs the payment-provider simulator: POST /v1/charges with an Idempotency-Key (a repeat returns the
 existing charge), GET /v1/charges lists every charge with the key it received.
@@ -17,6 +18,7 @@ existing charge), GET /v1/charges lists every charge with the key it received.
   --error-rate P        probability of a 500 or 503 (nothing charged)
   --drop-rate P         probability that the charge is made and the reply is lost
   --decline-rate P      probability of a decline
+  --retention-ms N      how long a key and its charge are remembered (default: 86400000, 24 h)
 Per request, the header X-Fault: timeout|500|503|drop|decline forces a fault; POST /_sim/faults
 {"rates": {...}, "next": [...]} changes them at run time. Stops on SIGINT or SIGTERM.
 Exit codes: 0 stopped cleanly, 1 failure (e.g. the port is taken), 2 bad usage.`;
@@ -50,6 +52,7 @@ export async function providerCommand(argv: string[]): Promise<number> {
       "error-rate": { type: "string" },
       "drop-rate": { type: "string" },
       "decline-rate": { type: "string" },
+      "retention-ms": { type: "string" },
     },
     USAGE,
   );
@@ -70,8 +73,13 @@ export async function providerCommand(argv: string[]): Promise<number> {
     if (!m) throw new CliError("--latency-ms takes N or MIN-MAX (milliseconds)", EXIT.usage);
     latencyMs = m[2] === undefined ? Number(m[1]) : [Number(m[1]), Math.max(Number(m[1]), Number(m[2]))];
   }
+  const retention = values["retention-ms"];
+  const retentionMs = retention === undefined ? undefined : Number(retention);
+  if (retentionMs !== undefined && !(Number.isInteger(retentionMs) && retentionMs > 0))
+    throw new CliError("--retention-ms takes a positive whole number of milliseconds", EXIT.usage);
   const options: ProviderOptions = {
     port,
+    retentionMs,
     host: values.host ?? "127.0.0.1",
     seed,
     latencyMs,
@@ -102,6 +110,6 @@ export async function providerCommand(argv: string[]): Promise<number> {
     process.once("SIGTERM", stop);
   });
   await provider.close();
-  console.log(`stopped; ${provider.charges().length} charge(s) were made`);
+  console.log(`stopped; ${provider.charges().length} charge(s) made within the retention`);
   return EXIT.ok;
 }

@@ -58,7 +58,10 @@ export interface AmqpPublisherOptions {
   setup?: (channel: Channel) => Promise<void>;
   /** Persistent (delivery mode 2) messages. Default true. */
   persistent?: boolean;
-  /** How long to wait for the broker's confirms of one batch. Default 30,000 ms. */
+  /**
+   * How long to wait for the broker's confirms of one batch. Past it the connection is dropped and the
+   * unconfirmed messages are put back (no attempt counted), to go out again on a new one. Default 10,000 ms.
+   */
   confirmTimeoutMs?: number;
   /** Passed to `amqplib.connect`. Default `{ timeout: 5000 }`. */
   socketOptions?: SocketOptions;
@@ -69,9 +72,25 @@ interface Link {
   channel: ConfirmChannel;
   /** Message ids the broker returned as unroutable (a return always precedes its confirm). */
   returned: Set<string>;
-  /** Rejects when the channel or connection goes away. */
-  lost: Promise<never>;
+  /**
+   * What waits on this connection (a confirm, a full socket buffer), told when it dies. Each waiter
+   * removes itself once served, so the set holds what is in flight, never a trace of what was.
+   */
+  waiters: Set<(err: Error) => void>;
   dead: boolean;
+  /** Drop the connection, telling every waiter why. */
+  kill(err: Error): void;
+}
+
+/**
+ * A channel closed by the broker with a reply code (406 PRECONDITION_FAILED, 404 NOT_FOUND...) refused
+ * what it was sent: the messages' fault, counted as failed attempts. Anything else that ends a
+ * connection (a reset socket, a missed heartbeat, a broker shutting down) is the broker's state: the
+ * messages in flight are put back without an attempt.
+ */
+function lostConnection(err: Error, channelRefused: boolean): Error {
+  if (channelRefused && typeof (err as { code?: unknown }).code === "number") return err;
+  return new BrokerUnavailableError(`RabbitMQ connection lost: ${err.message}`, { cause: err });
 }
 
 /** Publishes outbox batches to RabbitMQ with publisher confirms. */
@@ -94,22 +113,18 @@ export class AmqpPublisher implements Publisher {
       await model.close().catch(() => {});
       throw err;
     }
-    let markLost!: (err: Error) => void;
-    const lost = new Promise<never>((_, reject) => {
-      markLost = reject;
-    });
-    lost.catch(() => {});
-    const link: Link = { model, channel, returned: new Set(), lost, dead: false };
-    const die = (err?: Error) => {
+    const die = (err: Error) => {
       if (link.dead) return;
       link.dead = true;
-      markLost(err ?? new Error("RabbitMQ connection closed"));
+      for (const w of [...link.waiters]) w(err);
+      link.waiters.clear();
       model.close().catch(() => {});
     };
-    model.on("error", die);
-    model.on("close", die);
-    channel.on("error", die);
-    channel.on("close", () => die(new Error("RabbitMQ channel closed")));
+    const link: Link = { model, channel, returned: new Set(), waiters: new Set(), dead: false, kill: die };
+    model.on("error", (err: Error) => die(lostConnection(err, false)));
+    model.on("close", () => die(lostConnection(new Error("connection closed"), false)));
+    channel.on("error", (err: Error) => die(lostConnection(err, true)));
+    channel.on("close", () => die(lostConnection(new Error("channel closed"), false)));
     channel.on("return", (msg: { properties: { messageId?: string } }) => {
       if (msg.properties.messageId) link.returned.add(String(msg.properties.messageId));
     });
@@ -142,7 +157,8 @@ export class AmqpPublisher implements Publisher {
     const outcomes: Promise<PublishOutcome>[] = [];
     for (const m of messages) {
       if (link.dead) {
-        outcomes.push(Promise.resolve({ ok: false, error: new Error("RabbitMQ connection lost mid-batch") }));
+        const error = new BrokerUnavailableError("RabbitMQ connection lost mid-batch");
+        outcomes.push(Promise.resolve({ ok: false, error }));
         continue;
       }
       const options: Options.Publish = {
@@ -155,43 +171,47 @@ export class AmqpPublisher implements Publisher {
         headers: wireHeaders(m),
       };
       let sent = true;
-      const confirmed = new Promise<PublishOutcome>((resolve) => {
-        try {
-          sent = channel.publish(exchange, routingKey(m), Buffer.from(m.body), options, (err: unknown) => {
-            if (err) resolve({ ok: false, error: errorOf(err) });
-            else if (link.returned.delete(m.id)) {
-              resolve({ ok: false, error: new Error(`unroutable: no queue bound for "${routingKey(m)}"`) });
-            } else resolve({ ok: true });
-          });
-        } catch (err) {
-          resolve({ ok: false, error: errorOf(err) });
-        }
-      });
       // Until confirmed, a message is only as safe as the connection carrying it.
       outcomes.push(
-        Promise.race([confirmed, link.lost.catch((e: Error) => ({ ok: false as const, error: e }))]),
+        new Promise<PublishOutcome>((resolve) => {
+          const lost = (error: Error) => resolve({ ok: false, error });
+          link.waiters.add(lost);
+          const settle = (o: PublishOutcome) => {
+            link.waiters.delete(lost);
+            resolve(o);
+          };
+          try {
+            sent = channel.publish(exchange, routingKey(m), Buffer.from(m.body), options, (err: unknown) => {
+              if (err) settle({ ok: false, error: errorOf(err) });
+              else if (link.returned.delete(m.id)) {
+                settle({ ok: false, error: new Error(`unroutable: no queue bound for "${routingKey(m)}"`) });
+              } else settle({ ok: true });
+            });
+          } catch (err) {
+            settle({ ok: false, error: errorOf(err) });
+          }
+        }),
       );
-      if (!sent) {
+      if (!sent && !link.dead) {
         // The socket's buffer is full: wait for it to drain (or for the connection to die).
-        await Promise.race([new Promise((r) => channel.once("drain", r)), link.lost.catch(() => {})]);
+        await new Promise<void>((resolve) => {
+          const done = () => {
+            channel.off("drain", done);
+            link.waiters.delete(done);
+            resolve();
+          };
+          channel.once("drain", done);
+          link.waiters.add(done);
+        });
       }
     }
-    const timeoutMs = this.#options.confirmTimeoutMs ?? 30_000;
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<PublishOutcome>((resolve) => {
-      timer = setTimeout(
-        () => resolve({ ok: false, error: new Error(`no confirm within ${timeoutMs} ms`) }),
-        timeoutMs,
-      );
-    });
+    const timeoutMs = this.#options.confirmTimeoutMs ?? 10_000;
+    const timer = setTimeout(() => {
+      // Confirms stuck: drop the connection (what waits on it fails and goes out again on a new one).
+      link.kill(new BrokerUnavailableError(`RabbitMQ sent no confirm within ${timeoutMs} ms`));
+    }, timeoutMs);
     try {
-      const settled = await Promise.all(outcomes.map((o) => Promise.race([o, timeout])));
-      if (settled.some((o) => !o.ok && o.error.message.startsWith("no confirm"))) {
-        // Confirms stuck: start over on a fresh connection next time.
-        link.dead = true;
-        link.model.close().catch(() => {});
-      }
-      return settled;
+      return await Promise.all(outcomes);
     } finally {
       clearTimeout(timer);
     }

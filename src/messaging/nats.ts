@@ -25,21 +25,29 @@ import {
 /** The header JetStream deduplicates on; `msgID` sets it. */
 export const NATS_MSG_ID = "Nats-Msg-Id";
 
-async function libs() {
-  try {
-    const [transport, js] = await Promise.all([
-      import("@nats-io/transport-node"),
-      import("@nats-io/jetstream"),
-    ]);
-    return { transport, js };
-  } catch (err) {
-    throw new Error(
-      "idem/messaging/nats needs @nats-io/jetstream and @nats-io/transport-node: npm install them",
-      {
-        cause: err,
-      },
-    );
-  }
+let loaded:
+  | Promise<{
+      transport: typeof import("@nats-io/transport-node");
+      js: typeof import("@nats-io/jetstream");
+    }>
+  | undefined;
+
+/**
+ * The NATS libraries, imported once (an `import()` per publish costs a module resolution each time:
+ * under a loader such as tsx, a round trip to its thread, which was most of the ordered relay's CPU).
+ */
+function libs() {
+  loaded ??= Promise.all([import("@nats-io/transport-node"), import("@nats-io/jetstream")]).then(
+    ([transport, js]) => ({ transport, js }),
+    (err: unknown) => {
+      loaded = undefined;
+      throw new Error(
+        "idem/messaging/nats needs @nats-io/jetstream and @nats-io/transport-node: npm install them",
+        { cause: err },
+      );
+    },
+  );
+  return loaded;
 }
 
 /** Connect to NATS, failing fast (as {@link BrokerUnavailableError}) when no server answers. */
@@ -65,6 +73,32 @@ export async function connectNats(
   }
 }
 
+/** NATS errors that say the stream or the connection is away for now, not that the message is wrong. */
+const UNAVAILABLE = new Set([
+  "TimeoutError", // no ack in time: a stream leader died, or the connection is down and buffering
+  "NoResponders", // nobody serves the subject at this moment: a stream between two leaders
+  "JetStreamNotEnabled", // what the JetStream client makes of "no responders"
+  "ClosedConnectionError",
+  "DrainingConnectionError",
+  "ConnectionError",
+]);
+
+/**
+ * A failed JetStream publish as the relay should see it: while the stream or the connection is away
+ * (a leader election, a reconnect) it is {@link BrokerUnavailableError}, put back without an attempt
+ * and tried again soon; anything else (a message too large, a full stream) is the message's failure.
+ */
+function publishFailure(err: unknown): Error {
+  const error = errorOf(err);
+  for (let e: unknown = error; e instanceof Error; e = e.cause) {
+    const status = e.name === "JetStreamApiError" ? (e as { status?: unknown }).status : undefined;
+    if (UNAVAILABLE.has(e.name) || status === 503) {
+      return new BrokerUnavailableError(`NATS JetStream unavailable: ${error.message}`, { cause: error });
+    }
+  }
+  return error;
+}
+
 /** Options of {@link NatsPublisher}: a `servers` list to connect to, or a `connection` of yours. */
 export interface NatsPublisherOptions {
   /** `nats://127.0.0.1:4222` or several. Ignored when `connection` is given. */
@@ -77,7 +111,11 @@ export interface NatsPublisherOptions {
   connection?: NatsConnection;
   /** Connection options when connecting from `servers`. */
   connectOptions?: ConnectionOptions;
-  /** How long to wait for each message's ack. Default 10,000 ms. */
+  /**
+   * How long to wait for each message's ack. A publish without an ack in time is put back (no attempt
+   * counted) and goes out again with the same `Nats-Msg-Id`, which the stream drops if the first copy
+   * did arrive; so this can be short, and it bounds the wait when a stream's leader dies. Default 2,000 ms.
+   */
   timeoutMs?: number;
   /** The subject of a message. Default: its topic. */
   subject?: (m: OutboxMessage) => string;
@@ -120,7 +158,7 @@ export class NatsPublisher implements Publisher {
       throw new BrokerUnavailableError("NATS connection closed");
     }
     const { transport } = await libs();
-    const timeout = this.#options.timeoutMs ?? 10_000;
+    const timeout = this.#options.timeoutMs ?? 2_000;
     const subject = this.#options.subject ?? ((m: OutboxMessage) => m.topic);
     const encoder = new TextEncoder();
     return Promise.all(
@@ -136,7 +174,7 @@ export class NatsPublisher implements Publisher {
           });
           return { ok: true, duplicate: ack.duplicate };
         } catch (err) {
-          return { ok: false, error: errorOf(err) };
+          return { ok: false, error: publishFailure(err) };
         }
       }),
     );

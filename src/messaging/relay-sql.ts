@@ -15,7 +15,7 @@ export interface Row {
   created_at: Date | string;
 }
 
-/** The three statements a relay runs, built once per schema and option set. */
+/** The statements a relay runs, built once per schema and option set. */
 export function statements(schema: string, ordered: boolean, filtered: boolean) {
   const t = `${schema}.outbox`;
   const returning = `RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
@@ -25,13 +25,17 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
         ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}`;
   const claim = ordered
     ? /*
-       * Ordered: a run of events per aggregate (the relay publishes them in waves, in order).
+       * Ordered: a run of events per aggregate (the relay publishes them in order, each once the one
+       * before it is confirmed).
        *   held        aggregates with an unpublished event in flight, backing off or parked (few rows:
        *               the partial index outbox_held): none of their events may go now.
        *   candidates  the oldest claimable events of the other aggregates, row-locked.
-       *   the UPDATE  keeps an event only if every older unpublished event of its aggregate is a
-       *               candidate too. (A concurrent claim may hold an older one's row lock, which SKIP
-       *               LOCKED passes over, or may have committed after this statement's snapshot.)
+       *   checked     an event is good if no unpublished event of its aggregate lies between it and
+       *               the candidate just before it (or, for the first, before it at all). (A concurrent
+       *               claim may hold an older one's row lock, which SKIP LOCKED passes over, or may
+       *               have committed after this statement's snapshot.) Between two candidates that is
+       *               a short range of the index; only the first of each aggregate looks further back.
+       *   the UPDATE  keeps the events of an aggregate up to its first that is not good.
        * The ids go to the UPDATE as an array, so it finds them by primary key.
        */
       `
@@ -50,16 +54,27 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
       FOR UPDATE SKIP LOCKED
     ), ranked AS (
       SELECT id, aggregate_type, aggregate_id,
-             row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) - 1 AS older
+             lag(id) OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) AS prev
       FROM candidates
+    ), checked AS (
+      SELECT r.id, r.aggregate_type, r.aggregate_id,
+             CASE WHEN r.aggregate_id IS NULL THEN true
+               WHEN r.prev IS NULL THEN (SELECT count(*) FROM ${t} p
+                 WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL AND p.id < r.id
+                   AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type) = 0
+               ELSE (SELECT count(*) FROM ${t} p
+                 WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL
+                   AND p.id > r.prev AND p.id < r.id
+                   AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type) = 0
+             END AS good
+      FROM ranked r
     )
     UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
     WHERE o.id = ANY (ARRAY(
-      SELECT r.id FROM ranked r
-      WHERE r.aggregate_id IS NULL OR r.older = (
-        SELECT count(*) FROM ${t} p
-        WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL AND p.id < r.id
-          AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type)))
+      SELECT k.id FROM (
+        SELECT id, bool_and(good) OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) AS kept
+        FROM checked) k
+      WHERE k.kept))
     ${returning}`
     : `
     WITH claimed AS (
@@ -75,15 +90,21 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
   const published = `
     UPDATE ${t} SET published_at = now(), locked_until = NULL, last_error = NULL
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
+  // $6: the jitter (0.5-1) of this group of failures, one draw for the group, so that the relay knows
+  // when each row's backoff ends (and wakes then) from its attempts alone.
   const failed = `
     UPDATE ${t} SET
       attempts = attempts + 1,
       last_error = $2::text,
-      locked_until = now() + least($4::float8, $3::float8 * power(2, attempts)) * (0.5 + random() / 2)
+      locked_until = now() + least($4::float8, $3::float8 * power(2, attempts)) * $6::float8
                              * interval '1 millisecond',
       parked_at = CASE WHEN attempts + 1 >= $5::int THEN now() END
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL
-    RETURNING parked_at IS NOT NULL AS parked`;
+    RETURNING parked_at IS NOT NULL AS parked, attempts`;
+  // The broker lost these (a connection cut, no ack in time): no attempt counted, back in $3 ms.
+  const hold = `
+    UPDATE ${t} SET locked_until = now() + $3::float8 * interval '1 millisecond', last_error = $2::text
+    WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
   const release = `
     UPDATE ${t} SET locked_until = NULL, last_error = coalesce($2::text, last_error)
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
@@ -91,7 +112,7 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
     DELETE FROM ${t} WHERE id IN (
       SELECT id FROM ${t} WHERE published_at < now() - $1::float8 * interval '1 millisecond'
       ORDER BY published_at LIMIT $2::int)`;
-  return { claim, published, failed, release, cleanup };
+  return { claim, published, failed, hold, release, cleanup };
 }
 
 export function toMessage(r: Row): OutboxMessage {

@@ -1,6 +1,6 @@
 /**
- * (About 430 lines: the claim, publish and mark loop with its ordered waves is one state machine; its
- * SQL lives in relay-sql.ts and the requeue/parking tools in outbox-admin.ts.)
+ * (The claim, publish and mark loop lives here; a batch's way to the broker, with a chain per aggregate
+ * when ordered, in relay-batch.ts; its SQL in relay-sql.ts; the requeue/parking tools in outbox-admin.ts.)
  *
  * The outbox relay: takes events committed into `<schema>.outbox` and publishes them, at least once,
  * with the event id as the broker's message id.
@@ -12,11 +12,14 @@
  *            and set `locked_until = now() + leaseMs`. Committed at once: no transaction stays open
  *            while the broker is talked to.
  *   publish  hand the batch to the publisher, which resolves once the broker confirmed each message
- *            (with `orderByAggregate`, in waves: see `runOnce`).
- *   mark     confirmed rows get `published_at`; failed ones `attempts + 1`, `last_error` and a
- *            backoff (as `locked_until`); at `maxAttempts` a row is parked.
+ *            (with `orderByAggregate`, a chain per aggregate: see relay-batch.ts).
+ *   mark     as confirms come in, confirmed rows get `published_at`; failed ones `attempts + 1`,
+ *            `last_error` and a backoff (as `locked_until`), and at `maxAttempts` a row is parked;
+ *            rows the broker lost (a connection cut, no ack in time) go back without an attempt,
+ *            to be tried again within a second.
  *   again    a batch that found work is followed by the next claim at once; the relay sleeps
- *            (`pollMs`, or until NOTIFY) only after a claim that found nothing.
+ *            (`pollMs`, or until NOTIFY) only after a claim that found nothing, and a timer wakes it
+ *            when the earliest backoff it set ends.
  *
  * A relay that dies anywhere in between leaves its rows locked until the lease expires; then they are
  * claimed and published again. The copy is a duplicate with the same message id, which NATS drops
@@ -25,6 +28,7 @@
 import type { Db } from "../core/db.ts";
 import { schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
+import { Alarms, marker, publishBatch } from "./relay-batch.ts";
 import { type Row, statements, toMessage } from "./relay-sql.ts";
 import {
   errorOf,
@@ -56,9 +60,9 @@ export interface RelayOptions {
   leaseMs?: number;
   /**
    * Publish the events of one aggregate (same `aggregate_type` and `aggregate_id`) strictly in the order
-   * they were written: an event waits until every older event of its aggregate is published (a parked
-   * one holds the rest back until it is requeued). Events without an aggregate id are unaffected.
-   * Default false.
+   * they were written: an event goes out once the broker confirmed every older event of its aggregate
+   * (a parked one holds the rest back until it is requeued). Aggregates never wait for each other.
+   * Events without an aggregate id are unaffected. Default false.
    */
   orderByAggregate?: boolean;
   /** Only these topics (so one relay can serve RabbitMQ and another webhooks). Default: every topic. */
@@ -66,8 +70,11 @@ export interface RelayOptions {
   /** Failed publishes after which a row is parked with its last error. Default 10. */
   maxAttempts?: number;
   /**
-   * Wait before retrying a failed row: `min(capMs, baseMs * 2^(attempts-1))`, jittered to 50-100%.
-   * Defaults: baseMs 1,000, capMs 300,000 (10 attempts take about 20 minutes before parking).
+   * Wait before retrying a failed row: `min(capMs, baseMs * 2^(attempts-1))`, jittered to 50-100%; the
+   * relay wakes when it ends. Defaults: baseMs 1,000, capMs 300,000 (10 attempts take about 20 minutes
+   * before parking). Rows the broker lost rather than refused (it could not be reached, the connection
+   * dropped, no ack came in time) count no attempt: they are tried again after 250 ms, 500 ms, then
+   * every second while the broker stays away.
    */
   backoff?: { baseMs?: number; capMs?: number };
   /** Wake up on NOTIFY (see `listenWithPg` & co). Default: none, polling only. */
@@ -93,7 +100,7 @@ export interface RelayStats {
   /** Failed publishes (each counts an attempt on its row). */
   failed: number;
   parked: number;
-  /** Batches put back because the broker could not be reached. */
+  /** Batches in which the broker could not be reached or lost messages (put back, no attempt counted). */
   unavailable: number;
   deleted: number;
 }
@@ -101,29 +108,9 @@ export interface RelayStats {
 /** Thrown inside a relay loop by a test's crash point; the loop stops dead. */
 class RelayCrash extends Error {}
 
-function aggregateKey(m: OutboxMessage): string {
-  return `${m.aggregateType ?? ""}\u0000${m.aggregateId}`;
-}
-
-/**
- * Split a batch (sorted by id) into waves: wave i holds the i-th event of each aggregate. Events
- * without an aggregate go in the first wave.
- */
-function wavesOf(batch: OutboxMessage[]): OutboxMessage[][] {
-  const waves: OutboxMessage[][] = [];
-  const seen = new Map<string, number>();
-  for (const m of batch) {
-    let i = 0;
-    if (m.aggregateId !== null) {
-      const k = aggregateKey(m);
-      i = seen.get(k) ?? 0;
-      seen.set(k, i + 1);
-    }
-    const wave = waves[i];
-    if (wave) wave.push(m);
-    else waves[i] = [m];
-  }
-  return waves;
+/** The wait after the broker could not be reached `streak` times in a row: 250 ms, 500 ms, then 1 s. */
+function brokerWaitMs(streak: number): number {
+  return Math.min(1_000, 250 * 2 ** Math.max(0, streak - 1));
 }
 
 /**
@@ -170,6 +157,9 @@ export class Relay {
   #cleanupTimer: NodeJS.Timeout | undefined;
   #unavailableStreak = 0;
   #crashed = false;
+  /** Wakes the loops when rows this relay put off (backoff, broker away) become claimable. */
+  readonly #alarms = new Alarms(() => this.#wake());
+  #claims: Promise<unknown> = Promise.resolve();
 
   constructor(options: RelayOptions) {
     const schema = schemaOf(options);
@@ -227,6 +217,7 @@ export class Relay {
   async stop(): Promise<void> {
     this.#running = false;
     clearInterval(this.#cleanupTimer);
+    this.#alarms.clear();
     this.#wake(true);
     await Promise.all(this.#loops);
     this.#loops = [];
@@ -243,72 +234,37 @@ export class Relay {
    * Claim, publish and mark one batch. Resolves with the number of rows claimed (0: nothing to do).
    * Throws what the database throws; a broker failure is recorded on the rows, not thrown.
    *
-   * With `orderByAggregate` a batch may hold several events of one aggregate. It is then published in
-   * waves: the first event of every aggregate, then (once the broker confirmed those) the second, and
-   * so on. An aggregate whose event failed sends nothing more in this batch; its later events are put
-   * back, held behind the failed one until it is published.
+   * With `orderByAggregate` a batch may hold several events of one aggregate. Each aggregate's events
+   * then go out one after the other, each once the broker confirmed the previous one, while the other
+   * aggregates go their own pace (relay-batch.ts). An aggregate whose event failed sends nothing more
+   * in this batch; its later events are put back, held behind the failed one until it is published.
    */
   async runOnce(): Promise<number> {
-    const { rows } = await this.#db.query<Row>(this.#sql.claim, this.#claimParams());
+    const { rows } = await this.#claim();
     if (rows.length === 0) return 0;
     this.#maybeCrash("after-claim");
     const batch = rows.map(toMessage).sort((a, b) => (a.id < b.id ? -1 : 1));
     this.stats.batches++;
-    const held: string[] = [];
-    const failedAggregates = new Set<string>();
-    // Each wave is marked as soon as it is confirmed, while the next one is on its way to the broker.
-    const marking: Promise<unknown>[] = [];
-    const markWave = (wave: OutboxMessage[], got: PublishOutcome[]) => {
-      this.#maybeCrash("after-publish");
-      marking.push(this.#mark(wave, got).catch((err: unknown) => ({ failed: err })));
-    };
-    const settle = async () => {
-      for (const r of await Promise.all(marking)) {
-        if (r && typeof r === "object" && "failed" in r) throw r.failed;
-      }
-    };
-    const waves = this.#ordered ? wavesOf(batch) : [batch];
-    try {
-      for (let w = 0; w < waves.length; w++) {
-        const wave = waves[w]!.filter((m) => {
-          const blocked = m.aggregateId !== null && failedAggregates.has(aggregateKey(m));
-          if (blocked) held.push(m.id);
-          return !blocked;
-        });
-        if (wave.length === 0) continue;
-        let got: PublishOutcome[];
-        try {
-          got = await this.#publisher.publish(wave);
-          if (got.length !== wave.length) {
-            throw new Error(`publisher ${this.#publisher.name} answered ${got.length} of ${wave.length}`);
-          }
-        } catch (err) {
-          const error = errorOf(err);
-          if (isBrokerUnavailable(error)) {
-            // Nobody's fault: put the rest back now, count nothing, and let the loop back off.
-            this.stats.unavailable++;
-            this.#unavailableStreak++;
-            this.#onError(error);
-            const rest = [...wave, ...waves.slice(w + 1).flat()].map((m) => m.id);
-            await this.#db.query(this.#sql.release, [rest.join(","), error.message]);
-            if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
-            await settle();
-            return batch.length;
-          }
-          got = wave.map(() => ({ ok: false, error }));
-        }
-        wave.forEach((m, i) => {
-          if (!got[i]!.ok && m.aggregateId !== null) failedAggregates.add(aggregateKey(m));
-        });
-        this.#unavailableStreak = 0;
-        markWave(wave, got);
-      }
-      if (held.length > 0) await this.#db.query(this.#sql.release, [held.join(","), null]);
-    } catch (err) {
-      await Promise.all(marking);
-      throw err;
+    const marks = marker(
+      (messages, outcomes) => this.#mark(messages, outcomes),
+      () => {
+        if (this.#crashed || this.#crash?.("after-publish")) this.#crashed = true;
+        return !this.#crashed;
+      },
+    );
+    const end = await publishBatch(this.#publisher, batch, this.#ordered, marks.sink);
+    const lost = await marks.settled(); // throws a database error
+    if (this.#crashed) throw new RelayCrash("after-publish");
+    if (end.unavailable) {
+      // Nobody's fault: put what was not sent back now, count nothing, and let the loop back off.
+      this.#onError(end.unavailable);
+      await this.#db.query(this.#sql.release, [end.unsent.join(","), end.unavailable.message]);
     }
-    await settle();
+    if (end.held.length > 0) await this.#db.query(this.#sql.release, [end.held.join(","), null]);
+    if (end.unavailable || lost > 0) {
+      this.stats.unavailable++;
+      this.#unavailableStreak++;
+    } else this.#unavailableStreak = 0;
     return batch.length;
   }
 
@@ -325,14 +281,20 @@ export class Relay {
     return total;
   }
 
-  async #mark(batch: OutboxMessage[], outcomes: PublishOutcome[]): Promise<void> {
+  /** Record outcomes on their rows. Resolves with the number the broker lost (held, no attempt). */
+  async #mark(batch: readonly OutboxMessage[], outcomes: readonly PublishOutcome[]): Promise<number> {
     const ok: string[] = [];
+    const lost: string[] = [];
+    let lostError: Error | undefined;
     const failures = new Map<string, string[]>(); // error message -> ids
     outcomes.forEach((o, i) => {
       const id = batch[i]!.id;
       if (o.ok) {
         ok.push(id);
         if (o.duplicate) this.stats.duplicates++;
+      } else if (isBrokerUnavailable(o.error)) {
+        lost.push(id);
+        lostError ??= o.error;
       } else {
         const msg = (o.error.message || o.error.name).slice(0, 2_000);
         const ids = failures.get(msg);
@@ -344,18 +306,49 @@ export class Relay {
       await this.#db.query(this.#sql.published, [ok.join(",")]);
       this.stats.published += ok.length;
     }
+    if (lostError) {
+      const waitMs = brokerWaitMs(this.#unavailableStreak + 1);
+      await this.#db.query(this.#sql.hold, [lost.join(","), lostError.message.slice(0, 2_000), waitMs]);
+      this.#wakeAt(Date.now() + waitMs);
+      this.#onError(lostError);
+    }
     for (const [message, ids] of failures) {
-      const { rows } = await this.#db.query<{ parked: boolean }>(this.#sql.failed, [
+      const jitter = 0.5 + Math.random() / 2;
+      const { rows } = await this.#db.query<{ parked: boolean; attempts: number }>(this.#sql.failed, [
         ids.join(","),
         message,
         this.#baseMs,
         this.#capMs,
         this.#maxAttempts,
+        jitter,
       ]);
+      const now = Date.now();
+      for (const attempts of new Set(rows.filter((r) => !r.parked).map((r) => Number(r.attempts)))) {
+        this.#wakeAt(now + Math.min(this.#capMs, this.#baseMs * 2 ** (attempts - 1)) * jitter);
+      }
       this.stats.failed += ids.length;
       this.stats.parked += rows.filter((r) => r.parked).length;
       this.#onError(new Error(`publishing ${ids.length} event(s) failed: ${message}`));
     }
+    return lost.length;
+  }
+
+  /**
+   * One claim. Ordered claims of one relay go one at a time: the ordered claim locks candidates it may
+   * then leave (an older event of theirs is unpublished), and a loop whose claim skipped such a locked
+   * row while the other's claim, on an older snapshot, left it, would both find nothing and sleep.
+   */
+  #claim() {
+    const claim = () => this.#db.query<Row>(this.#sql.claim, this.#claimParams());
+    if (!this.#ordered) return claim();
+    const p = this.#claims.then(claim);
+    this.#claims = p.catch(() => {});
+    return p;
+  }
+
+  /** Wake the loops at `at` (process clock), when rows put off until then become claimable. */
+  #wakeAt(at: number): void {
+    if (this.#running) this.#alarms.at(at);
   }
 
   #claimParams(): unknown[] {
@@ -382,11 +375,15 @@ export class Relay {
         if (err instanceof RelayCrash) return;
         dbErrors++;
         this.#onError(errorOf(err));
-        await this.#idle(Math.min(30_000, 250 * 2 ** Math.min(dbErrors, 7)));
+        await this.#idle(Math.min(2_000, 250 * 2 ** Math.min(dbErrors, 7)));
         continue;
       }
       if (this.#unavailableStreak > 0) {
-        await this.#idle(Math.min(30_000, 250 * 2 ** Math.min(this.#unavailableStreak - 1, 7)), false);
+        await this.#idle(brokerWaitMs(this.#unavailableStreak), false);
+      } else if (claimed > 0 && this.#ordered && this.#concurrency > 1) {
+        // Publishing this batch made later events of its aggregates claimable: a sibling loop that
+        // found nothing meanwhile (or is finding nothing on an older snapshot) claims again.
+        this.#wake();
       } else if (claimed === 0) {
         // Idle only when there was nothing to claim. A short batch does not mean the backlog is gone:
         // with per-aggregate ordering, publishing it is what makes the next events claimable.
@@ -414,6 +411,7 @@ export class Relay {
     });
   }
 
+  /** Wake sleeping loops (`all`: even those waiting out an outage); if none sleeps, the next won't. */
   #wake(all = false): void {
     let woke = false;
     for (const s of [...this.#sleepers]) {

@@ -16,6 +16,10 @@
  *   POST /_sim/faults  {"rates": {...}, "next": ["timeout", ...]}   change the faults at run time
  *   POST /_sim/reset   forget every charge and key
  *
+ * Like a real provider, it forgets: an idempotency key and the charge it made are kept `retentionMs`
+ * (24 h by default, as Stripe keeps keys), then dropped, so a simulator that runs for months holds the
+ * last day's charges, not every charge it ever made. A key reused after that is a new request.
+ *
  * Faults, per request (`X-Fault: timeout|500|503|drop|decline`, `X-Latency-Ms: n`), scripted for the next
  * requests (`failNext`), or at random rates drawn from a seeded generator (same seed, same faults):
  *   timeout  the request is held without an answer until the client gives up; nothing is charged
@@ -68,6 +72,13 @@ export interface ProviderOptions {
    * is to search by `reference`. Default: true.
    */
   idempotency?: boolean;
+  /**
+   * How long an idempotency key and its charge are remembered (and listed) after the charge was made.
+   * A repeat of the key after that charges again, as with a real provider. Default: 86,400,000 (24 h).
+   */
+  retentionMs?: number;
+  /** The clock that ages keys and charges (for tests). Default: `Date.now`. */
+  clock?: () => number;
 }
 
 export interface Charge {
@@ -90,7 +101,7 @@ export interface Provider {
   /** Base URL, e.g. `http://127.0.0.1:43817`. */
   url: string;
   port: number;
-  /** Every charge made (succeeded and declined), in order. */
+  /** The charges made (succeeded and declined) within the retention, in order. */
   charges(): Charge[];
   /** Charge requests received (including repeats and faulted ones). */
   requests(): number;
@@ -109,6 +120,8 @@ interface Saved {
   params: string;
   status: number;
   body: string;
+  /** When the key was first used (the simulator's clock). */
+  at: number;
 }
 
 function sleep(ms: number): Promise<void> {
@@ -153,7 +166,15 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
   const hangMs = options.hangMs ?? 60_000;
   let rates: FaultRates = { ...options.faults };
   let scripted: ProviderFault[] = [];
+  const retentionMs = options.retentionMs ?? 86_400_000;
+  if (!(retentionMs > 0)) throw new RangeError(`retentionMs must be a positive number, got ${retentionMs}`);
+  const clock = options.clock ?? Date.now;
+  // Charges in order of creation from `head` on (those before it have expired), with their times;
+  // keys in a Map, whose order is also that of creation: both expire from the front.
   let charges: Charge[] = [];
+  let madeAt: number[] = [];
+  let head = 0;
+  let seq = 0;
   let byKey = new Map<string, Saved>();
   let received = 0;
   let searchAvailable = true;
@@ -166,6 +187,22 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     if (typeof l === "number") return l;
     return l[0] + rng.int(l[1] - l[0] + 1);
   };
+
+  /** Forget the keys and charges past retention. */
+  const expire = (): void => {
+    const cutoff = clock() - retentionMs;
+    while (head < charges.length && madeAt[head]! <= cutoff) head++;
+    if (head > 1_024 && head * 2 > charges.length) {
+      charges = charges.slice(head);
+      madeAt = madeAt.slice(head);
+      head = 0;
+    }
+    for (const [key, saved] of byKey) {
+      if (saved.at > cutoff) break;
+      byKey.delete(key);
+    }
+  };
+  const live = (): Charge[] => (head === 0 ? charges : charges.slice(head));
 
   const faultFor = (req: IncomingMessage): ProviderFault | undefined => {
     const h = String(req.headers["x-fault"] ?? "").trim();
@@ -227,6 +264,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     // The check and the creation run with no await in between, so concurrent repeats of a key
     // (Node runs one callback at a time) always find the first one's result.
     const params = JSON.stringify([amount, currency, card]);
+    expire();
     const saved = dedupKey ? byKey.get(dedupKey) : undefined;
     if (saved) {
       if (saved.params !== params) {
@@ -249,17 +287,18 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       reference,
       status: declined ? "failed" : "succeeded",
       failure_code: declined ? "card_declined" : null,
-      seq: charges.length + 1,
-      created: new Date().toISOString(),
+      seq: ++seq,
+      created: new Date(clock()).toISOString(),
     };
     charges.push(charge);
+    madeAt.push(clock());
     const status = declined ? 402 : 200;
     const body = JSON.stringify(
       declined
         ? errorBody("card_error", "card_declined", "Your card was declined.", { charge: charge.id })
         : charge,
     );
-    if (dedupKey) byKey.set(dedupKey, { params, status, body });
+    if (dedupKey) byKey.set(dedupKey, { params, status, body, at: clock() });
     if (fault === "drop") {
       res.destroy(); // charged, but the reply is lost
       return;
@@ -291,7 +330,8 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       if (reference !== null && !searchAvailable) {
         return send(res, 503, errorBody("api_error", "search_unavailable", "Search is down; retry."));
       }
-      const data = charges.filter(
+      expire();
+      const data = live().filter(
         (c) =>
           (!status || c.status === status) &&
           (!scope || c.idempotency_key?.startsWith(`${scope}:`)) &&
@@ -301,7 +341,8 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     }
     const one = /^\/v1\/charges\/([^/]+)$/.exec(path);
     if (req.method === "GET" && one) {
-      const c = charges.find((x) => x.id === one[1]);
+      expire();
+      const c = live().find((x) => x.id === one[1]);
       return c
         ? send(res, 200, c)
         : send(res, 404, errorBody("invalid_request_error", "not_found", "No such charge."));
@@ -324,6 +365,9 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
 
   function reset(): void {
     charges = [];
+    madeAt = [];
+    head = 0;
+    seq = 0;
     byKey = new Map();
     scripted = [];
     received = 0;
@@ -346,7 +390,10 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
   return {
     url: `http://${host}:${address.port}`,
     port: address.port,
-    charges: () => charges.map((c) => ({ ...c })),
+    charges: () => {
+      expire();
+      return live().map((c) => ({ ...c }));
+    },
     requests: () => received,
     setSearch(available) {
       searchAvailable = available;

@@ -49,6 +49,30 @@ describe.each(backends)("inbox on $name", (backend) => {
     expect(await effects(db, wallet)).toBe(3);
   });
 
+  it("applies a batch in one transaction; a poison message in it is retried and parked alone, the others applied once", async () => {
+    const wallet = await newWallet(db);
+    const inbox = new Inbox(db, { consumer: wallet, maxAttempts: 2 });
+    const batch = ["b-1", "b-2", "poison", "b-3"].map((id) => delivery(id, 100, wallet));
+    const effect = async (tx: Tx, m: Delivery) => {
+      if (m.id === "poison") throw new Error("cannot apply this one");
+      await credit(tx, m);
+    };
+    // The whole batch rolls back with the poison message, then each is processed on its own.
+    expect(await inbox.processBatch(batch, effect)).toEqual(["applied", "applied", "retry", "applied"]);
+    expect(await balance(db, wallet)).toBe(300);
+    // Redelivered with the poison message: the committed ones are duplicates, the poison one parks.
+    const again = batch.map((d) => ({ ...d, redelivered: true }));
+    expect(await inbox.processBatch(again, effect)).toEqual([
+      "duplicate",
+      "duplicate",
+      "parked",
+      "duplicate",
+    ]);
+    expect(await balance(db, wallet)).toBe(300);
+    expect(await effects(db, wallet)).toBe(3);
+    expect((await inbox.parked()).map((p) => p.messageId)).toEqual(["poison"]);
+  });
+
   it("applies the same message once per consumer: two consumers each apply it once", async () => {
     const wallet = await newWallet(db);
     const a = new Inbox(db, { consumer: `${wallet}-a` });

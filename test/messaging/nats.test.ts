@@ -197,7 +197,7 @@ describe.skipIf(!backend)("NATS JetStream", () => {
       expect(await effectsOf(stream)).toEqual({ distinct: n, total: n });
       expect((await jsm.streams.info(stream)).state.messages).toBe(n); // msgID dedup kept one copy each
       console.log(
-        `NATS cut x${proxy.cuts}: ${relay.stats.failed} publishes failed and retried, ${relay.stats.duplicates} reported duplicate by JetStream`,
+        `NATS cut x${proxy.cuts}: ${relay.stats.unavailable} batches lost messages in flight and sent them again, ${relay.stats.duplicates} reported duplicate by JetStream`,
       );
     });
   });

@@ -1,6 +1,6 @@
 /**
  * The outbox relay batch by batch (`runOnce`): what a claim takes and hands over, how publishes are
- * marked, backed off, parked and put back, per-aggregate waves, leases after a crash, and the loop's
+ * marked, backed off, parked and put back, per-aggregate chains, leases after a crash, and the loop's
  * waking and cleanup. Small batches, so that `npm run mutate` can run it once per mutant.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -20,7 +20,7 @@ import { prepare, unique, until } from "./helpers.ts";
 
 type Verdict = PublishOutcome | "unavailable";
 
-/** A publisher that records every call (one call per wave); `verdict` decides per message. */
+/** A publisher that records every call (one per event of an aggregate when ordered); `verdict` decides per message. */
 function recorder(verdict: (m: OutboxMessage) => Verdict = () => ({ ok: true })) {
   const calls: OutboxMessage[][] = [];
   const publisher: Publisher = {
@@ -389,24 +389,56 @@ describe.each(backends)("relay batches on $name", (backend) => {
     const ordered = (topic: string, publisher: Publisher, o: Partial<RelayOptions> = {}) =>
       relay(topic, publisher, { orderByAggregate: true, ...o });
 
-    it("publishes a batch in waves: the first event of every aggregate, then the second...", async () => {
+    /** A publisher whose every call waits until the test confirms its messages (or fails them). */
+    function gated() {
+      const calls: string[][] = [];
+      const waiting = new Map<string, (o: PublishOutcome) => void>();
+      const publisher: Publisher = {
+        name: "gated",
+        publish: (batch) => {
+          calls.push(batch.map((m) => m.id));
+          return Promise.all(batch.map((m) => new Promise<PublishOutcome>((r) => waiting.set(m.id, r))));
+        },
+        close: async () => {},
+      };
+      const answer = async (id: string | undefined, o: PublishOutcome = { ok: true }) => {
+        await until(() => waiting.has(id!), 3_000, `a publish of ${id}`);
+        waiting.get(id!)!(o);
+        waiting.delete(id!);
+      };
+      return { publisher, calls, answer, sent: (id: string | undefined) => calls.flat().includes(id!) };
+    }
+
+    it("sends each aggregate's next event once its previous one is confirmed; aggregates never wait for each other", async () => {
       const topic = unique("t");
+      const [A, B] = [unique("A"), unique("B")];
       const [a1, b1, a2, x1, c1, a3] = await write(db, topic, [
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "B"] },
-        { aggregate: ["order", "A"] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", B] },
+        { aggregate: ["order", A] },
         {},
-        { aggregate: ["invoice", "A"] }, // same id, another type: another aggregate
-        { aggregate: ["order", "A"] },
+        { aggregate: ["invoice", A] }, // same id, another type: another aggregate
+        { aggregate: ["order", A] },
       ]);
-      const r = recorder();
-      expect(await ordered(topic, r.publisher).runOnce()).toBe(6);
-      expect(r.calls.map((w) => w.map((m) => m.id))).toEqual([[a1, b1, x1, c1], [a2], [a3]]);
+      const g = gated();
+      const running = ordered(topic, g.publisher).runOnce();
+      // At once: the events without an aggregate together, and the first event of each aggregate.
+      await until(() => g.calls.length === 4, 3_000, "the first calls");
+      expect(g.calls).toEqual([[x1], [a1], [b1], [c1]]);
+      await g.answer(a1);
+      await until(() => g.sent(a2), 3_000, "a2 once a1 is confirmed");
+      await g.answer(a2);
+      await until(() => g.sent(a3), 3_000, "a3 once a2 is confirmed");
+      // b1 and c1 are still unconfirmed: order A went on without them.
+      await g.answer(a3);
+      for (const id of [x1, b1, c1]) await g.answer(id);
+      expect(await running).toBe(6);
+      expect(g.calls).toEqual([[x1], [a1], [b1], [c1], [a2], [a3]]);
       expect((await rowsOf(db, topic)).every((x) => x.published)).toBe(true);
 
       // Without ordering, one call.
       const topic2 = unique("t");
-      await write(db, topic2, [{ aggregate: ["order", "A"] }, { aggregate: ["order", "A"] }]);
+      await write(db, topic2, [{ aggregate: ["order", A] }, { aggregate: ["order", A] }]);
       const r2 = recorder();
       await relay(topic2, r2.publisher).runOnce();
       expect(r2.calls).toHaveLength(1);
@@ -414,18 +446,19 @@ describe.each(backends)("relay batches on $name", (backend) => {
 
     it("a failed event holds back the later events of its aggregate until it is published", async () => {
       const topic = unique("t");
+      const [A, B] = [unique("A"), unique("B")];
       const [a1, b1, a2, b2, a3] = await write(db, topic, [
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "B"] },
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "B"] },
-        { aggregate: ["order", "A"] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", B] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", B] },
+        { aggregate: ["order", A] },
       ]);
       let broken = true;
       const r = recorder((m) => (broken && m.id === a1 ? fail("nope") : { ok: true }));
       const relay1 = ordered(topic, r.publisher, { backoff: { baseMs: 100_000, capMs: 100_000 } });
       expect(await relay1.runOnce()).toBe(5);
-      expect(r.calls.map((w) => w.map((m) => m.id))).toEqual([[a1, b1], [b2]]);
+      expect(r.calls.map((w) => w.map((m) => m.id))).toEqual([[a1], [b1], [b2]]);
       let rows = await rowsOf(db, topic);
       const state = (id: string | undefined) => rows.find((x) => x.id === id)!;
       expect(state(a1)).toMatchObject({ published: false, attempts: 1, locked: true });
@@ -439,17 +472,18 @@ describe.each(backends)("relay batches on $name", (backend) => {
       broken = false;
       await expireLocks(db, topic);
       expect(await relay1.runOnce()).toBe(3);
-      expect(r.calls.slice(2).map((w) => w.map((m) => m.id))).toEqual([[a1], [a2], [a3]]);
+      expect(r.calls.slice(3).map((w) => w.map((m) => m.id))).toEqual([[a1], [a2], [a3]]);
       rows = await rowsOf(db, topic);
       expect(rows.every((x) => x.published)).toBe(true);
     });
 
-    it("a broker outage mid-batch puts back the wave in hand and every later one", async () => {
+    it("a broker outage mid-batch puts back the event in hand and every later one", async () => {
       const topic = unique("t");
+      const A = unique("A");
       const [a1, a2, a3] = await write(db, topic, [
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "A"] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", A] },
       ]);
       let calls = 0;
       const flaky: Publisher = {
@@ -468,34 +502,22 @@ describe.each(backends)("relay batches on $name", (backend) => {
         [a2, false, false, 0, "gone"],
         [a3, false, false, 0, "gone"],
       ]);
+      expect(relay1.stats.unavailable).toBe(1);
       expect(await relay1.runOnce()).toBe(2);
       expect((await rowsOf(db, topic)).every((x) => x.published)).toBe(true);
     });
 
     it("a broker outage puts back the events held behind a failure too", async () => {
       const topic = unique("t");
+      const [A, B] = [unique("A"), unique("B")];
       const [a1, b1, a2, b2] = await write(db, topic, [
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "B"] },
-        { aggregate: ["order", "A"] },
-        { aggregate: ["order", "B"] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", B] },
+        { aggregate: ["order", A] },
+        { aggregate: ["order", B] },
       ]);
-      let calls = 0;
-      const r = recorder((m) => {
-        if (m.id === a1) return fail("nope");
-        return calls >= 1 ? "unavailable" : { ok: true };
-      });
-      const wrapped: Publisher = {
-        ...r.publisher,
-        publish: async (batch) => {
-          try {
-            return await r.publisher.publish(batch);
-          } finally {
-            calls++;
-          }
-        },
-      };
-      const relay1 = ordered(topic, wrapped, { backoff: { baseMs: 100_000, capMs: 100_000 } });
+      const r = recorder((m) => (m.id === a1 ? fail("nope") : m.id === b2 ? "unavailable" : { ok: true }));
+      const relay1 = ordered(topic, r.publisher, { backoff: { baseMs: 100_000, capMs: 100_000 } });
       expect(await relay1.runOnce()).toBe(4);
       const rows = await rowsOf(db, topic);
       const state = (id: string | undefined) => rows.find((x) => x.id === id)!;
@@ -533,18 +555,19 @@ describe.each(backends)("relay batches on $name", (backend) => {
       expect(state(b2)).toMatchObject({ published: false, locked: false, last_error: "broker down" });
     });
 
-    it("events without an aggregate all go in the first wave; a failed one holds back no aggregate", async () => {
+    it("events without an aggregate go out together at once; a failed one holds back no aggregate", async () => {
       const topic = unique("t");
       // An aggregate id "null" without a type is an aggregate like any other, not "no aggregate".
+      const N = unique("null");
       const [x1, n1, x2, n2] = await write(db, topic, [
         {},
-        { aggregate: [undefined, "null"] },
+        { aggregate: [undefined, N] },
         {},
-        { aggregate: [undefined, "null"] },
+        { aggregate: [undefined, N] },
       ]);
       const r = recorder((m) => (m.id === x1 ? fail("nope") : { ok: true }));
       expect(await ordered(topic, r.publisher).runOnce()).toBe(4);
-      expect(r.calls.map((w) => w.map((m) => m.id))).toEqual([[x1, n1, x2], [n2]]);
+      expect(r.calls.map((w) => w.map((m) => m.id))).toEqual([[x1, x2], [n1], [n2]]);
       const rows = await rowsOf(db, topic);
       expect(rows.map((x) => [x.id, x.published])).toEqual([
         [x1, false],
@@ -552,6 +575,105 @@ describe.each(backends)("relay batches on $name", (backend) => {
         [x2, true],
         [n2, true],
       ]);
+    });
+
+    it("a message the broker lost counts no attempt, holds its aggregate back, and goes out again within a second", async () => {
+      const topic = unique("t");
+      const [A, B] = [unique("A"), unique("B")];
+      const [a1, b1, a2] = await write(db, topic, [
+        { aggregate: ["order", A] },
+        { aggregate: ["order", B] },
+        { aggregate: ["order", A] },
+      ]);
+      let lose = true;
+      const errors: Error[] = [];
+      const r = recorder((m) =>
+        lose && m.id === a1
+          ? { ok: false, error: new BrokerUnavailableError("connection lost") }
+          : { ok: true },
+      );
+      const relay1 = ordered(topic, r.publisher, { maxAttempts: 1, onError: (e) => errors.push(e) });
+      expect(await relay1.runOnce()).toBe(3);
+      let rows = await rowsOf(db, topic);
+      const state = (id: string | undefined) => rows.find((x) => x.id === id)!;
+      expect(state(a1)).toMatchObject({ published: false, parked: false, attempts: 0, locked: true });
+      expect(state(a1).last_error).toBe("connection lost");
+      expect(state(a1).wait_ms).toBeLessThanOrEqual(250);
+      expect(state(a2)).toMatchObject({ published: false, attempts: 0, locked: false });
+      expect(state(b1).published).toBe(true);
+      expect(relay1.stats).toMatchObject({ unavailable: 1, failed: 0, parked: 0, published: 1 });
+      expect(errors[0]).toBeInstanceOf(BrokerUnavailableError);
+      expect(await relay1.runOnce()).toBe(0); // a2 waits behind a1
+
+      lose = false;
+      await expireLocks(db, topic);
+      expect(await relay1.runOnce()).toBe(2);
+      rows = await rowsOf(db, topic);
+      expect(rows.every((x) => x.published)).toBe(true);
+    });
+  });
+
+  describe("waking when a wait ends", () => {
+    it("a failed event is retried when its backoff ends, not at the next poll, and its aggregate goes on", async () => {
+      const topic = unique("t");
+      const A = unique("A");
+      const [a1, a2] = await write(db, topic, [{ aggregate: ["order", A] }, { aggregate: ["order", A] }]);
+      let failures = 1;
+      const r = recorder((m) => (m.id === a1 && failures-- > 0 ? fail("nope") : { ok: true }));
+      const relay1 = relay(topic, r.publisher, {
+        orderByAggregate: true,
+        pollMs: 600_000,
+        backoff: { baseMs: 300, capMs: 300 },
+      });
+      const t0 = Date.now();
+      await relay1.start();
+      try {
+        await until(() => r.ids().includes(a2!), 30_000, "a2, after a1's retry");
+      } finally {
+        await relay1.stop();
+      }
+      // The backoff is 150-300 ms; the poll, ten minutes.
+      expect(Date.now() - t0).toBeLessThan(30_000);
+      expect(r.ids()).toEqual([a1, a1, a2]);
+    });
+
+    it("a message the broker lost goes out again within a second, without a poll or a wake-up", async () => {
+      const topic = unique("t");
+      const [id] = await write(db, topic, n(1));
+      let lose = 1;
+      const r = recorder(() =>
+        lose-- > 0 ? { ok: false, error: new BrokerUnavailableError("no ack in time") } : { ok: true },
+      );
+      const relay1 = relay(topic, r.publisher, { pollMs: 600_000 });
+      await relay1.start();
+      try {
+        await until(async () => (await rowsOf(db, topic))[0]!.published, 30_000, "the second try");
+      } finally {
+        await relay1.stop();
+      }
+      expect(r.ids()).toEqual([id, id]);
+      expect((await rowsOf(db, topic))[0]).toMatchObject({ attempts: 0, published: true });
+    });
+
+    it("with several loops, a loop that found nothing takes an aggregate's next events once another published its first", async () => {
+      const topic = unique("t");
+      const A = unique("A");
+      const ids = await write(db, topic, [{ aggregate: ["order", A] }, { aggregate: ["order", A] }]);
+      const r = recorder();
+      // batchSize 1: each claim takes one event; the second is claimable only once the first is published.
+      const relay1 = relay(topic, r.publisher, {
+        orderByAggregate: true,
+        batchSize: 1,
+        concurrency: 2,
+        pollMs: 600_000,
+      });
+      await relay1.start();
+      try {
+        await until(async () => (await rowsOf(db, topic)).every((x) => x.published), 30_000, "both events");
+      } finally {
+        await relay1.stop();
+      }
+      expect(r.ids()).toEqual(ids);
     });
   });
 

@@ -103,4 +103,46 @@ describe("provider simulator", () => {
     expect(a).toEqual(b);
     expect(new Set(a.kinds)).toEqual(new Set(["charged", "transient", "declined"]));
   });
+
+  it("forgets a key and its charge after the retention, like a real provider: a later repeat charges again", async () => {
+    let now = Date.parse("2026-12-01T00:00:00Z");
+    const sim = await startProvider({ seed: 5, retentionMs: 3_600_000, clock: () => now });
+    try {
+      const first = await charge(sim, "k-old");
+      now += 59 * 60_000; // 59 minutes later: still the same charge
+      const again = await charge(sim, "k-old");
+      expect(again).toMatchObject({ kind: "charged", replayed: true });
+      now += 2 * 60_000; // 61 minutes after the first: forgotten
+      const later = await charge(sim, "k-old");
+      expect(later).toMatchObject({ kind: "charged" });
+      expect("replayed" in later && later.replayed).toBeFalsy();
+      if (first.kind === "charged" && later.kind === "charged")
+        expect(later.charge.id).not.toBe(first.charge.id);
+      // Only the charge within the retention is listed, found, and held.
+      expect(sim.charges().map((c) => c.seq)).toEqual([2]);
+      expect(await listCharges(sim.url)).toHaveLength(1);
+      if (first.kind === "charged")
+        expect((await fetch(`${sim.url}/v1/charges/${first.charge.id}`)).status).toBe(404);
+    } finally {
+      await sim.close();
+    }
+    await expect(startProvider({ retentionMs: 0 })).rejects.toThrow("retentionMs must be a positive number");
+  });
+
+  it("holds only the retention's charges however many it made", async () => {
+    let now = 0;
+    const sim = await startProvider({ seed: 6, retentionMs: 1_000, clock: () => now });
+    try {
+      for (let i = 0; i < 3_000; i++) {
+        now += 10; // 100 charges a second, each kept one second
+        await charge(sim, `k-${i}`);
+      }
+      const held = sim.charges();
+      expect(held.length).toBeGreaterThanOrEqual(99);
+      expect(held.length).toBeLessThanOrEqual(100);
+      expect(held.at(-1)!.seq).toBe(3_000);
+    } finally {
+      await sim.close();
+    }
+  });
 });
