@@ -1,4 +1,5 @@
 export * from "./body.ts";
+export * from "./claim-id.ts";
 export * from "./db.ts";
 export * from "./errors.ts";
 export * from "./fingerprint.ts";

@@ -6,6 +6,7 @@ import {
   type AtomicOutcome,
   type Claim,
   DEFAULT_REPLAYED_HEADERS,
+  downstreamKey,
   encodeOperationRef,
   filterHeaders,
   isDatabaseUnavailable,
@@ -32,7 +33,7 @@ import {
 } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
 import { type PhaseStore, tableFor } from "./key-table.ts";
-import { fence, heartbeat, type Lease, nowIso, release, retryAfter } from "./lease.ts";
+import { fence, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
 
@@ -124,8 +125,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           driving.catch((err) =>
             this.options.onBackgroundError?.(err, { scope: claim.scope, key: claim.key }),
           );
-          const now = table.clock();
-          reject(new KeyInFlightError(retryAfter(new Date(now + this.leaseMs), now)));
+          reject(new KeyInFlightError(retryAfter(this.leaseMs / 1000)));
         },
         Math.max(0, bound - (performance.now() - started)),
       );
@@ -199,7 +199,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     }
     if (careful) {
       // Durable (never asynchronous): a crash must not forget that a call may have begun.
-      const r = await lease.table.db.query(lease.sql.attempt, [...fence(lease), nowIso(lease.table)]);
+      const r = await lease.table.db.query(lease.sql.attempt, fence(lease));
       if (r.rowCount !== 1) throw new LeaseLostError();
       lease.attempted = true;
     }
@@ -245,10 +245,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       return (await phase.lookup(ctx)) ?? undefined;
     } catch (err) {
       const message = String((err as Error)?.message ?? err);
-      const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, [
-        ...fence(lease),
-        nowIso(lease.table),
-      ]);
+      const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, fence(lease));
       if (r.rows.length === 0) throw new LeaseLostError();
       if (Number(r.rows[0]!.lookup_failures) >= this.maxLookupFailures) {
         return this.toReview(lease, `${why}; ${this.maxLookupFailures} lookups could not tell (${message})`);
@@ -371,7 +368,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     return {
       scope,
       key,
-      idempotencyKey: `${scope}:${key}`,
+      claimId: lease.claimId,
+      idempotencyKey: downstreamKey(scope, key, lease.claimId),
       input: lease.input,
       signal,
       get data() {
@@ -399,14 +397,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   }
 
   private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
-    const now = lease.table.clock();
-    return [
-      ...fence(lease),
-      next,
-      JSON.stringify(data ?? {}),
-      new Date(now + this.leaseMs).toISOString(), // a fresh lease for the next phase
-      new Date(now).toISOString(),
-    ];
+    // A fresh lease for the next phase: the database's now plus leaseMs.
+    return [...fence(lease), next, JSON.stringify(data ?? {}), this.leaseMs];
   }
 
   private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
@@ -417,7 +409,6 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
       sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
       JSON.stringify(step.data ?? {}),
-      nowIso(lease.table),
     ];
   }
 
