@@ -3,6 +3,7 @@ export * from "./claim-id.ts";
 export * from "./db.ts";
 export * from "./errors.ts";
 export * from "./fingerprint.ts";
+export * from "./guarded-tx.ts";
 export * from "./key.ts";
 export * from "./lifecycle.ts";
 export * from "./operation-ref.ts";

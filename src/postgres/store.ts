@@ -26,6 +26,7 @@ import {
   sealContext,
   sqlStateOf,
   type WorkResult,
+  withGuardedTx,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
 import { DbTime, type TimeShift } from "./db-time.ts";
@@ -173,8 +174,9 @@ export class PostgresStore implements AtomicStore<Tx> {
     return Date.now() + this.skewMs + this.shift.offsetMs;
   }
 
+  /** A plain transaction for user code, fenced: it cannot be used once `work` returned (guarded-tx.ts). */
   transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T> {
-    return this.db.transaction(work);
+    return this.db.transaction((tx) => withGuardedTx(tx, work));
   }
 
   /** Read the partition width chosen at migration, and make sure the current partitions exist. */
@@ -509,7 +511,8 @@ export class PostgresStore implements AtomicStore<Tx> {
           if (gate?.waiting && running) gate.retryOn(tx);
           else {
             gate = spec.gate = new SpeculativeTx(tx);
-            running = spec.running = work(gate).then(
+            // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
+            running = spec.running = withGuardedTx(gate, work).then(
               (r) => r,
               (err) => {
                 throw new WorkError(err);
@@ -536,7 +539,8 @@ export class PostgresStore implements AtomicStore<Tx> {
           if (existing) return this.answerFromRow(claim, existing, tx, rebuild);
           expiresAt = fresh;
           try {
-            result = await work(tx);
+            // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
+            result = await withGuardedTx(tx, work);
           } catch (err) {
             throw new WorkError(err);
           }

@@ -21,6 +21,7 @@ import {
   sealBytes,
   sealContext,
   sqlStateOf,
+  withGuardedTx,
 } from "../../core/index.ts";
 import { RECOVERY_DONE } from "../store.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
@@ -321,13 +322,14 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           if (tx.pipelined) {
             // The phase's first statement leaves with BEGIN and the lock; it is answered only once the
             // fence held (FencedTx), and the fence's error wins over whatever the phase made of it.
-            const running = phase.local(ctx, new FencedTx(tx, held));
+            const running = withGuardedTx(new FencedTx(tx, held), (fenced) => phase.local(ctx, fenced));
             running.catch(() => {});
             await held;
             step = await running;
           } else {
             await held;
-            step = await phase.local(ctx, tx);
+            // Fenced: what the phase keeps past its return fails at once (guarded-tx.ts).
+            step = await withGuardedTx(tx, (guarded) => phase.local(ctx, guarded));
           }
           // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
           // (one round trip on a pipelining driver), still fenced by the token.
