@@ -12,7 +12,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
+import { encodeOperationRef, FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
 import { idempotentPhases } from "idem/hono";
 import {
   type Db,
@@ -131,10 +131,20 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
               };
             case "rejected": // the provider refused the request itself: not final for us, not saved
               return {
+                // After a call to the provider nobody here can say it did nothing: never a new key; and
+                // the same request would be refused again. A person looks (operation_ref).
                 response: problemResponse(
                   502,
                   "provider-rejected",
                   `The payment provider refused: ${r.message}`,
+                  {
+                    operation: {
+                      operation_state: "uncertain",
+                      retry_same_key: false,
+                      safe_new_key: false,
+                      operation_ref: encodeOperationRef(ctx.scope, ctx.key),
+                    },
+                  },
                 ),
               };
             default:

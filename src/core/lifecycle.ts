@@ -28,7 +28,14 @@ import {
   REPLAYED_HEADER,
   type Settled,
 } from "./outcome.ts";
-import { type ErrorContext, errorResponse, OPERATION_STATE_HEADER, problemResponse } from "./problem.ts";
+import {
+  type ErrorContext,
+  errorResponse,
+  OPERATION_STATE_HEADER,
+  type OperationFields,
+  OUTCOME_UNKNOWN_RETRY,
+  problemResponse,
+} from "./problem.ts";
 import {
   DEFAULT_REPLAYED_HEADERS,
   filterHeaders,
@@ -312,6 +319,27 @@ export class Lifecycle<Tx> {
       const claimed = this.phasesMode || !isConnectFailure(err);
       response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
     } else return undefined;
+    if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    return response;
+  }
+
+  /**
+   * The 500 for a handler (or a phase) that threw something idem does not own: in atomic mode its
+   * transaction rolled back, so nothing of it was kept, but what it did outside the transaction is
+   * unknown (no new key); in phases mode the key may be claimed and unfinished. Retry with the same key.
+   */
+  internalError(begun?: Begun): StoredResponse {
+    const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
+    const operation: OperationFields = this.phasesMode
+      ? { ...OUTCOME_UNKNOWN_RETRY }
+      : { operation_state: "none", retry_same_key: true, safe_new_key: false };
+    if (keyed) operation.operation_ref = encodeOperationRef(keyed.scope, keyed.key);
+    const response = problemResponse(
+      500,
+      "internal-error",
+      "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
+      { operation },
+    );
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
     return response;
   }

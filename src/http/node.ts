@@ -27,7 +27,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle, problemResponse } from "../core/index.ts";
+import { Lifecycle } from "../core/index.ts";
 import { NodeIdemRequest, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
 export {
@@ -106,12 +106,6 @@ function toStored(reply: NodeReply): StoredResponse {
   };
 }
 
-const INTERNAL_ERROR = problemResponse(
-  500,
-  "internal-error",
-  "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
-);
-
 /**
  * The listener around one request: read it, let `run` answer it, and turn what escapes into idem's
  * answer (413, 503 when the database is down) or a 500 after `onError`.
@@ -141,7 +135,7 @@ function listener(
       const owed = lifecycle.failure(err, state.begun); // 413, or the database down
       if (owed) return writeResponse(res, owed);
       onError(err, req); // the handler threw: the transaction rolled back, nothing was saved
-      if (!res.headersSent) writeResponse(res, INTERNAL_ERROR);
+      if (!res.headersSent) writeResponse(res, lifecycle.internalError(state.begun));
       else res.destroy();
     });
   };

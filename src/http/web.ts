@@ -28,7 +28,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { IdemError, Lifecycle, ProblemCode, problemResponse } from "../core/index.ts";
+import { IdemError, Lifecycle, ProblemCode } from "../core/index.ts";
 import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
 
 /** What the wrapped handler gets besides the request. */
@@ -83,12 +83,6 @@ export interface WebPhasesOptions<I, C = unknown>
   /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
   answerWithinMs?: number;
 }
-
-const INTERNAL_ERROR = problemResponse(
-  500,
-  "internal-error",
-  "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
-);
 
 /** The lifecycle's view of a Fetch API request. */
 class WebIdemRequest implements IdemRequest {
@@ -182,7 +176,7 @@ function route<C>(lifecycle: Lifecycle<Tx>, options: WebRouteOptions<C>, run: Ru
       const owed = lifecycle.failure(err, begun); // 413, or the database down
       if (owed) return toResponse(owed);
       onError(err, request); // the handler threw: the transaction rolled back, nothing was saved
-      return toResponse(INTERNAL_ERROR);
+      return toResponse(lifecycle.internalError(begun));
     }
   };
 }
