@@ -27,7 +27,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle } from "../core/index.ts";
+import { checkRouteOptions, IdemOptionsError, Lifecycle } from "../core/index.ts";
 import { NodeIdemRequest, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
 export {
@@ -150,6 +150,10 @@ export function idempotent(
   handler: NodeIdempotentHandler,
   options: NodeIdempotencyOptions,
 ): (req: IncomingMessage, res: ServerResponse) => void {
+  if (typeof handler !== "function") {
+    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+  }
+  checkRouteOptions("idempotent()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return listener(lifecycle, options, async (req, begun, rawBody, res) => {
     const body = begun.body.value;
@@ -185,6 +189,7 @@ export interface NodePhasesOptions<I> extends PhasesLifecycleOptions, NodeRouteO
 export function idempotentPhases<I>(
   options: NodePhasesOptions<I>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return listener(lifecycle, options, async (req, begun, _raw, res) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");

@@ -28,7 +28,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { IdemError, Lifecycle, ProblemCode } from "../core/index.ts";
+import { checkRouteOptions, IdemError, IdemOptionsError, Lifecycle, ProblemCode } from "../core/index.ts";
 import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
 
 /** What the wrapped handler gets besides the request. */
@@ -194,6 +194,10 @@ export function idempotent<C = unknown>(
   handler: WebIdempotentHandler<C>,
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C> {
+  if (typeof handler !== "function") {
+    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+  }
+  checkRouteOptions("idempotent()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return route(lifecycle, options, async (request, context, begun, rawBody) => {
     const body = begun.body.value;
@@ -216,6 +220,7 @@ export function idempotent<C = unknown>(
 
 /** A Fetch API handler for a route in phases mode; a key is always required. */
 export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return route(lifecycle, options, async (request, context, begun) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
