@@ -57,7 +57,7 @@ export interface PaymentPhasesOptions {
   store: PostgresStore;
   /** Base URL of the payment provider (`idem provider`, or `startProvider()` in tests). */
   providerUrl: string;
-  /** Lease length. Default: 30,000 ms. */
+  /** Lease length. Default: 10,000 ms (the runner's). */
   leaseMs?: number;
   /** The provider call's own timeout; well under the lease. Default: 10,000 ms. */
   providerTimeoutMs?: number;

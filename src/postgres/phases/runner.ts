@@ -38,6 +38,13 @@ import { fence, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
 
+/**
+ * The default lease: how long a crashed worker blocks its key. With the client's default deadline of
+ * 30 s and Retry-After of at most 2 s, a call whose server died mid-provider-call sees the key taken
+ * over about 10 s later and still gets its answer within its deadline (a 30 s lease never could).
+ */
+export const DEFAULT_LEASE_MS = 10_000;
+
 /** Carries an unsaved answer out of a local transaction, rolling it back. */
 class Unsaved {
   constructor(readonly response: StoredResponse) {}
@@ -84,7 +91,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         throw new Error(`definePhases: phase "${name}" goes on to "${p.next}", which is not a phase`);
       }
     }
-    this.leaseMs = options.leaseMs ?? 30_000;
+    this.leaseMs = options.leaseMs ?? DEFAULT_LEASE_MS;
     this.heartbeatMs = options.heartbeatMs ?? Math.floor(this.leaseMs / 3);
     this.answerWithinMs = options.answerWithinMs ?? 5_000;
     this.maxLookupFailures = Math.max(1, options.maxLookupFailures ?? 5);

@@ -102,7 +102,9 @@ export interface PhasesOptions<I, D> extends SavePolicy {
   first?: string;
   /**
    * How long a lease lasts without renewal, in ms: the longest a crashed worker blocks its key (retries
-   * meanwhile get 409 with `Retry-After`). Keep external calls' own timeouts well under it. Default: 30,000.
+   * meanwhile get 409 with `Retry-After`). The heartbeat renews it while an external call runs, so a
+   * call may take longer; keep it well under your clients' deadline (idem's client: 30 s), so that a
+   * retry after a crash is answered within it. Default: 10,000.
    */
   leaseMs?: number;
   /** How often an external phase renews its lease, in ms; 0 turns the heartbeat off. Default: `leaseMs / 3`. */
