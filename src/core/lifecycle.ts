@@ -20,6 +20,7 @@ import { IdemError, isIdemError, KeyMissingError, RetryableError } from "./error
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
 import { encodeOperationRef } from "./operation-ref.ts";
+import { SealedValueError } from "./sealing.ts";
 import {
   ANSWER_WITHIN_HEADER,
   EXPIRES_HEADER,
@@ -318,6 +319,15 @@ export class Lifecycle<Tx> {
       // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
       const claimed = this.phasesMode || !isConnectFailure(err);
       response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
+    } else if (err instanceof SealedValueError) {
+      // A stored value this instance cannot open: sealed with a key it does not have (yet: a rotation
+      // rolling out), or altered. Another instance, or this one once configured, may open it: 503 with
+      // Retry-After, the key untouched (a phases key is not leased before its input opens), never a 500.
+      const retry = new RetryableError(
+        "A saved value of this key cannot be opened here (an encryption key this instance lacks); retry with the same key.",
+        { cause: err, retryAfterSeconds: 1 },
+      );
+      response = errorResponse(retry, this.errorContext(keyed, true));
     } else return undefined;
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
     return response;
