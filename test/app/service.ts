@@ -37,12 +37,14 @@ export async function startService(
     playground?: boolean;
     /** `false`: the simulator and the service run without provider idempotency (lookup mode). */
     providerIdempotency?: boolean;
+    /** The store's retention (default 24 h). */
+    retentionMs?: number;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
   await prepareSchema(open.db);
   await ensureDemoAccounts(open.db);
-  const store = await PostgresStore.open(open.db);
+  const store = await PostgresStore.open(open.db, { retentionMs: options.retentionMs });
   const mode = options.paymentsMode ?? "atomic";
   const provider =
     mode === "phases"
