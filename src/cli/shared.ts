@@ -141,7 +141,13 @@ export async function openStore(options: {
   const { db, where } = await openDb(options.url);
   const { PostgresStore } = await import("../postgres/store.ts");
   try {
-    const store = await PostgresStore.open(db, { schema: options.schema, retentionMs: options.retentionMs });
+    // The service's encryption keys, when set, so that sealed headers and inputs can be shown.
+    const { sealerFromEnv } = await import("../core/sealing.ts");
+    const store = await PostgresStore.open(db, {
+      schema: options.schema,
+      retentionMs: options.retentionMs,
+      sealer: sealerFromEnv(),
+    });
     return { db, where, store };
   } catch (err) {
     await db.close().catch(() => {});

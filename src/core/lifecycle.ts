@@ -20,7 +20,6 @@ import { IdemError, isIdemError, KeyMissingError, RetryableError } from "./error
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
 import { encodeOperationRef } from "./operation-ref.ts";
-import { SealedValueError } from "./sealing.ts";
 import {
   ANSWER_WITHIN_HEADER,
   EXPIRES_HEADER,
@@ -44,6 +43,7 @@ import {
   type SavePolicy,
   type StoredResponse,
 } from "./response.ts";
+import { SealedValueError } from "./sealing.ts";
 import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
 

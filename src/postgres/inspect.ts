@@ -2,7 +2,13 @@
  * `store.inspect(scope, key)`: one key as an operator, a support case or a test sees it, read through
  * the store's API so that nobody needs the keys table's internal columns (`marker`, `bucket`).
  */
-import { encodeOperationRef, type KeyInspection, plainLength } from "../core/index.ts";
+import {
+  encodeOperationRef,
+  type KeyInspection,
+  openHeaders,
+  plainLength,
+  SealedValueError,
+} from "../core/index.ts";
 import type { KeyTable } from "./phases/key-table.ts";
 
 interface InspectRow {
@@ -60,12 +66,27 @@ export async function inspectKey(
         ? null
         : {
             status: Number(r.status),
-            headers: r.headers ?? [],
+            headers: readableHeaders(table, r.headers, scope, key),
             bodyBytes: plainLength(r.body_head, Number(r.body_bytes ?? 0)),
           },
     runner: r.runner,
     phaseData: r.phase_data,
   };
+}
+
+/** The saved headers, opened when they are sealed; none shown when this store cannot open them. */
+function readableHeaders(
+  table: KeyTable,
+  stored: unknown,
+  scope: string,
+  key: string,
+): Array<[string, string]> {
+  try {
+    return openHeaders(table.sealer, stored, scope, key);
+  } catch (err) {
+    if (err instanceof SealedValueError) return [];
+    throw err;
+  }
 }
 
 /** The unfinished keys (claimed, not done, not in review) of one keys table, oldest activity first. */

@@ -18,12 +18,14 @@ import {
   type KeyInspection,
   KeyMismatchError,
   openBytes,
+  openHeaders,
   RetryableError,
   type Sealer,
   SqlState,
   type StoredResponse,
   sealBytes,
   sealContext,
+  sealHeaders,
   sqlStateOf,
   type WorkResult,
   withGuardedTx,
@@ -284,7 +286,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       expiresAt: this.expiresAt(row),
       response: {
         status: row.status,
-        headers: row.headers ?? [],
+        headers: openHeaders(this.sealer, row.headers, claim.scope, claim.key),
         body: openBytes(
           this.sealer,
           row.body ?? new Uint8Array(),
@@ -556,7 +558,7 @@ export class PostgresStore implements AtomicStore<Tx> {
           claim.key,
           claim.fingerprint,
           saved.status,
-          compact ? null : JSON.stringify(saved.headers),
+          compact ? null : sealHeaders(this.sealer, saved.headers, claim.scope, claim.key),
           compact ? null : sealBytes(this.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
           compact ? result.compactId : null,
         ]);

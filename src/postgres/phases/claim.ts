@@ -19,6 +19,7 @@ import {
   KeyMismatchError,
   OperationUncertainError,
   openBytes,
+  openHeaders,
   openJson,
   RetryableError,
   sealContext,
@@ -65,7 +66,7 @@ export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOu
     expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
     response: {
       status: row.status,
-      headers: row.headers ?? [],
+      headers: openHeaders(table.sealer, row.headers, claim.scope, claim.key),
       body: openBytes(
         table.sealer,
         row.body ?? new Uint8Array(),

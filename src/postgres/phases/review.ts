@@ -14,6 +14,7 @@ import {
   type StoredResponse,
   sealBytes,
   sealContext,
+  sealHeaders,
 } from "../../core/index.ts";
 import type { KeyTable, ShardedKeyTables } from "./key-table.ts";
 import { tableFor, tablesOf } from "./key-table.ts";
@@ -199,7 +200,7 @@ export async function settleKey(
         [
           ...row,
           answer.status,
-          JSON.stringify(answer.headers),
+          sealHeaders(t.sealer, answer.headers, scope, key),
           sealBytes(t.sealer, answer.body, sealContext(scope, key, "body")),
         ],
       );

@@ -20,6 +20,7 @@ import {
   type StoredResponse,
   sealBytes,
   sealContext,
+  sealHeaders,
   sqlStateOf,
   withGuardedTx,
 } from "../../core/index.ts";
@@ -415,7 +416,12 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     return [
       ...fence(lease),
       saved.status,
-      JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
+      sealHeaders(
+        lease.table.sealer,
+        filterHeaders(saved.headers, this.replayHeaders),
+        lease.claim.scope,
+        lease.claim.key,
+      ),
       sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
       JSON.stringify(step.data ?? {}),
     ];
