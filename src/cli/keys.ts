@@ -171,6 +171,7 @@ function describe(k: KeyInspection): string {
     ["scope", k.scope],
     ["key", k.key],
     ["ref", k.ref],
+    ["claim id", k.claimId ?? "-"],
     ["state", k.state],
     ["recovery point", k.recoveryPoint],
     ["runner", k.runner ?? "-"],

@@ -137,9 +137,9 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       expect(define({ a: { ...local, next: "b" }, b: local }, { first: "b" }).first).toBe("b");
     });
 
-    it("defaults: a 30 s lease renewed every 10 s, a 5 s answer bound, the first phase listed", () => {
+    it("defaults: a 10 s lease renewed every 3.3 s, a 5 s answer bound, the first phase listed", () => {
       const r = definePhases({ store, name: "defaults", phases: { one: { local: async () => undefined } } });
-      expect([r.leaseMs, r.heartbeatMs, r.answerWithinMs, r.first]).toEqual([30_000, 10_000, 5_000, "one"]);
+      expect([r.leaseMs, r.heartbeatMs, r.answerWithinMs, r.first]).toEqual([10_000, 3_333, 5_000, "one"]);
       const s = definePhases({
         store,
         name: "x",
