@@ -24,6 +24,11 @@ export interface AppDeps {
   paymentsMode?: "phases" | "atomic";
   /** The payment provider (simulator) base URL. Required in phases mode. */
   providerUrl?: string;
+  /**
+   * Whether the provider dedups by Idempotency-Key. `false`: lookup mode (the charge carries our
+   * reference, searched for after an unknown outcome). Default: true (PROVIDER_IDEMPOTENCY).
+   */
+  providerIdempotency?: boolean;
   /** Atomic mode only: let POSTs without a key through (the benchmark's unkeyed baseline). */
   requireKey?: boolean;
   /** Default: a pino logger on stdout at LOG_LEVEL (info). */

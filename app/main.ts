@@ -8,6 +8,9 @@
  *   PROVIDER_URL          the payment provider (default: the simulator, started in this process)
  *   PROVIDER_PORT         port of that in-process simulator (default 4100; 0 picks a free one)
  *   PROVIDER_RETENTION_MS how long that simulator remembers a key and its charge (default 86400000, 24 h)
+ *   PROVIDER_IDEMPOTENCY  false: the provider does not dedup by Idempotency-Key (lookup mode: charges carry
+ *                         our reference and an unknown outcome is searched for before charging again);
+ *                         the in-process simulator then runs without idempotency too (default true)
  *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
  *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
@@ -30,7 +33,7 @@ import { createApp } from "./app.ts";
 import { openDatabase, prepareSchema } from "./database.ts";
 import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, registerIdemGauges } from "./observability.ts";
-import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
+import { DECLINED_TEST_CARD, paymentPhasesRunner, providerIdempotencyFrom } from "./payments-phases.ts";
 import { receiptsConfigFromEnv, startReceipts } from "./receipts.ts";
 import { regionsFromEnv } from "./regions.ts";
 import { drain, httpLimitsFromEnv, listen as listenHttp, portFrom, portInUse } from "./server.ts";
@@ -51,6 +54,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   if (mode !== "phases" && mode !== "atomic") {
     throw new Error(`IDEM_PAYMENTS_MODE must be phases or atomic, got ${mode}`);
   }
+  const providerIdempotency = providerIdempotencyFrom(env);
   const sealer = sealerFromEnv(env); // undefined when IDEM_ENCRYPTION_KEYS is unset: stored in clear
   const logger = createLogger({ level: env.LOG_LEVEL });
   const { db, listen, embedded, where } = await openDatabase({
@@ -81,6 +85,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
       host: "127.0.0.1",
       declineCards: [DECLINED_TEST_CARD],
       retentionMs: env.PROVIDER_RETENTION_MS ? Number(env.PROVIDER_RETENTION_MS) : undefined,
+      idempotency: providerIdempotency,
     }).catch((err: unknown) => {
       throw portInUse(err, providerPort, "PROVIDER_PORT");
     });
@@ -95,6 +100,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     apiKeys: new ApiKeys(db),
     paymentsMode: mode,
     providerUrl,
+    providerIdempotency,
     // IDEM_OPTIONAL_KEY=1 lets POSTs without a key through (the benchmark's baseline); never in production.
     requireKey: env.IDEM_OPTIONAL_KEY !== "1",
     logger,
@@ -141,7 +147,14 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   );
   const runners =
     mode === "phases" && providerUrl
-      ? [paymentPhasesRunner({ store, providerUrl, onLeaseTakeover: () => metrics.leaseTakeovers.inc() })]
+      ? [
+          paymentPhasesRunner({
+            store,
+            providerUrl,
+            providerIdempotency,
+            onLeaseTakeover: () => metrics.leaseTakeovers.inc(),
+          }),
+        ]
       : [];
   const completer = setInterval(() => {
     if (!runners.length) return;

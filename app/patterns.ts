@@ -11,7 +11,7 @@
 import { randomBytes } from "node:crypto";
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import type { AtomicStore } from "idem";
+import { type AtomicStore, FAILED_NOT_APPLIED } from "idem";
 import { idempotency } from "idem/hono";
 import type { Db, Tx } from "idem/postgres";
 import type { ApiKeys } from "./accounts.ts";
@@ -111,6 +111,8 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
           409,
           "topup-id-taken",
           "This top-up id was already used for another top-up; choose a new id.",
+          [],
+          FAILED_NOT_APPLIED,
         );
       }
     }
@@ -156,7 +158,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
     );
     if (!rows[0]) return problem(404, "not-found", "No order with this id in your account.");
     if (rows[0].status !== "shipped")
-      return problem(409, "order-not-shippable", `The order is ${rows[0].status}.`);
+      return problem(409, "order-not-shippable", `The order is ${rows[0].status}.`, [], FAILED_NOT_APPLIED);
     return c.json({ id, status: "shipped", changed: shipped.rowCount === 1 });
   });
 
@@ -222,6 +224,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
         "precondition-failed",
         "The product changed since you read it: GET it again and retry.",
         [["etag", etagOf(Number(cur.rows[0].version))]],
+        FAILED_NOT_APPLIED,
       );
     }
     const v = Number(rows[0].version);
@@ -268,7 +271,13 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
     );
     const left = Number(rows[0].amount_cents) - Number(refunded.rows[0]!.total);
     if (amount > left) {
-      return problem(422, "refund-too-large", `Only ${left} cents of this payment are left to refund.`);
+      return problem(
+        422,
+        "refund-too-large",
+        `Only ${left} cents of this payment are left to refund.`,
+        [],
+        FAILED_NOT_APPLIED,
+      );
     }
     const id = `re_${randomBytes(10).toString("hex")}`;
     await tx.query("INSERT INTO refunds (id, account_id, payment_id, amount_cents) VALUES ($1, $2, $3, $4)", [

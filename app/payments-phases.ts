@@ -12,7 +12,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
+import { encodeOperationRef, FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
 import { idempotentPhases } from "idem/hono";
 import {
   type Db,
@@ -57,7 +57,7 @@ export interface PaymentPhasesOptions {
   store: PostgresStore;
   /** Base URL of the payment provider (`idem provider`, or `startProvider()` in tests). */
   providerUrl: string;
-  /** Lease length. Default: 30,000 ms. */
+  /** Lease length. Default: 10,000 ms (the runner's). */
   leaseMs?: number;
   /** The provider call's own timeout; well under the lease. Default: 10,000 ms. */
   providerTimeoutMs?: number;
@@ -69,8 +69,8 @@ export interface PaymentPhasesOptions {
    * Whether the provider dedups by `Idempotency-Key`. `false` (a provider without idempotency keys,
    * e.g. `idem provider` with `idempotency: false`): the charge carries our reference instead, and after
    * an unknown outcome the runner searches for it before charging again; what it cannot settle goes to
-   * review (`idem keys list --state needs_review`). Default: true (PROVIDER_IDEMPOTENCY=false for
-   * `idemRunners`).
+   * review (`idem keys list --state needs_review`). Default: true (the service and `idemRunners` read
+   * PROVIDER_IDEMPOTENCY: `providerIdempotencyFrom`).
    */
   providerIdempotency?: boolean;
   /** Called when a payment's outcome is unknown and it goes to review (metrics, alerts). */
@@ -131,10 +131,20 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
               };
             case "rejected": // the provider refused the request itself: not final for us, not saved
               return {
+                // After a call to the provider nobody here can say it did nothing: never a new key; and
+                // the same request would be refused again. A person looks (operation_ref).
                 response: problemResponse(
                   502,
                   "provider-rejected",
                   `The payment provider refused: ${r.message}`,
+                  {
+                    operation: {
+                      operation_state: "uncertain",
+                      retry_same_key: false,
+                      safe_new_key: false,
+                      operation_ref: encodeOperationRef(ctx.scope, ctx.key),
+                    },
+                  },
                 ),
               };
             default:
@@ -237,6 +247,18 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
  */
 export function idemRunners(deps: { store: PostgresStore }): PhasesRunner<any, any>[] {
   const providerUrl = process.env.PROVIDER_URL || "http://127.0.0.1:4100";
-  const providerIdempotency = process.env.PROVIDER_IDEMPOTENCY !== "false";
+  const providerIdempotency = providerIdempotencyFrom(process.env);
   return [paymentPhasesRunner({ store: deps.store, providerUrl, providerIdempotency })];
+}
+
+/**
+ * PROVIDER_IDEMPOTENCY: whether the payment provider dedups by Idempotency-Key (default true; `false`
+ * for lookup mode). Read by the service (its routes and its completer) and by `idemRunners`, so that
+ * every path that charges agrees.
+ */
+export function providerIdempotencyFrom(env: Record<string, string | undefined>): boolean {
+  const v = env.PROVIDER_IDEMPOTENCY?.trim().toLowerCase();
+  if (v === undefined || v === "" || v === "true" || v === "1") return true;
+  if (v === "false" || v === "0") return false;
+  throw new Error(`PROVIDER_IDEMPOTENCY must be true or false, got ${env.PROVIDER_IDEMPOTENCY}`);
 }

@@ -20,7 +20,7 @@
 import { readFile } from "node:fs/promises";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { formatIdempotencyKey } from "idem";
+import { downstreamKey, formatIdempotencyKey } from "idem";
 import type { Db, PhaseFaults, PostgresStore } from "idem/postgres";
 import { crashAt, listCharges, pauseAt } from "idem/testing";
 import type { Logger } from "pino";
@@ -206,8 +206,11 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
 
     // The key as the store shows it (the newest row, if the key was reused after it expired).
     let chargeId: string | null = null;
+    // What the provider knows this claim of the key by (a reused key's new claim has a new one).
+    let downstream: string | null = null;
     if (key) {
       const k = await o.store.inspect(ACCOUNT.id, key);
+      downstream = k ? downstreamKey(ACCOUNT.id, key, k.claimId) : null;
       chargeId = typeof k?.phaseData?.chargeId === "string" ? k.phaseData.chargeId : null;
       state.row = k
         ? {
@@ -229,7 +232,9 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
     // The provider's charges: this key's, and the demo account's latest.
     try {
       const all = await listCharges(o.providerUrl, { scope: ACCOUNT.id });
-      const mine = key ? all.filter((ch) => ch.idempotency_key === `${ACCOUNT.id}:${key}`) : [];
+      const mine = downstream
+        ? all.filter((ch) => ch.idempotency_key === downstream || ch.reference === downstream)
+        : [];
       state.charges = { total: all.length, forKey: mine, recent: all.slice(-8).reverse() };
       chargeId ??= mine.find((ch) => ch.status === "succeeded")?.id ?? null;
     } catch (err) {

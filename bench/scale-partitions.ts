@@ -137,7 +137,12 @@ export async function widths(url: string, counts: number[]): Promise<WidthRow[]>
       if (attached.length !== k) throw new Error(`${schema}: ${attached.length} partitions, expected ${k}`);
       await db.exec(`ANALYZE ${schema}.keys`);
       const oldest = b + 2 - k;
-      const { text } = store.lookupQuery("x", "y", now);
+      // The store's lookup, with the window as parameters instead of the database's now - retention
+      // (no store opens with k hourly partitions of retention: PartitionWidthError), so that it reads
+      // exactly the k live partitions.
+      const text = `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id
+         FROM ${schema}.keys WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3
+          AND created_at > $4::timestamptz ORDER BY bucket DESC LIMIT 1`;
       const params = () => ["acct_nobody", randomUUID(), oldest, new Date(oldest * 3_600_000).toISOString()];
       setups.push({ k, text, params, rates: [] as Slice[] });
     }

@@ -154,9 +154,9 @@ async function keyCounts(url: string): Promise<SizeRow[]> {
     for (const st of setups) {
       const walFirst = await walPerInsert(db, true, st.keyInsert);
       const walSecond = await walPerInsert(db, false, st.keyInsert);
-      const miss = st.store.lookupQuery("acct_nobody", randomUUID(), Date.now());
+      const miss = st.store.lookupQuery("acct_nobody", randomUUID());
       const hitClaim = st.replayOf(0);
-      const hit = st.store.lookupQuery(hitClaim.scope, hitClaim.key, Date.now());
+      const hit = st.store.lookupQuery(hitClaim.scope, hitClaim.key);
       const sizes = await keysTotal(db, st.schema);
       const row: SizeRow = {
         keys: st.size,

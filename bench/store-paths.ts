@@ -61,7 +61,7 @@ export async function storePathsBench(): Promise<PathRow[]> {
         "replay read without lock or transaction (a waiting duplicate's first read)",
         async () => {
           const c = any();
-          const row = await store.lookup(db, c.scope, c.key, Date.now());
+          const row = await store.lookup(db, c.scope, c.key);
           if (!row || !store.replayOf(c, row)) throw new Error("no replay");
         },
       ],

@@ -26,7 +26,7 @@ const payments = definePhases<Payment, { chargeId: string }>({
         const r = await chargeProvider(provider.url, {
           amount: ctx.input.amount_cents,
           currency: ctx.input.currency,
-          idempotencyKey: ctx.idempotencyKey, // `<scope>:<key>`, the same on every retry
+          idempotencyKey: ctx.idempotencyKey, // `<scope>:<claim id>`, the same on every retry
           timeoutMs: 3_000, // well under the lease
           signal: ctx.signal, // aborted if this worker loses its lease
         });

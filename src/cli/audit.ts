@@ -1,6 +1,6 @@
 import { readFile, writeFile } from "node:fs/promises";
 import { type AuditCheck, audit, auditMetrics, builtinChecks, parseChecks } from "../postgres/audit.ts";
-import { CliError, EXIT, openDb, parse, retentionMs } from "./shared.ts";
+import { CliError, EXIT, openDb, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem audit [--sql FILE]... [--no-builtin] [--lease-seconds S] [--max-leases N]
                   [--review-max-hours H] [--retention-hours H] [--limit N] [--metrics FILE] [--json]
@@ -91,13 +91,13 @@ export async function auditCommand(argv: string[]): Promise<number> {
     }
     if (values.metrics) await writeFile(values.metrics, auditMetrics(results));
     const failed = results.filter((r) => r.violations > 0);
-    if (values.json) console.log(JSON.stringify({ database: where, results }, null, 2));
+    if (values.json) printJson({ database: where, results });
     else {
       for (const r of results) {
         console.log(
           `${r.violations === 0 ? "ok       " : "VIOLATED "} ${r.name}: ${r.description}${r.violations ? ` (${r.violations} row(s))` : ""}`,
         );
-        for (const row of r.rows) console.log(`    ${JSON.stringify(row)}`);
+        for (const row of r.rows) console.log(printable(`    ${JSON.stringify(row)}`));
       }
       console.log(
         `${checks.length} check(s) on ${where}: ${failed.length === 0 ? "all hold" : `${failed.length} violated`}`,

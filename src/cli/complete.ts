@@ -4,7 +4,7 @@ import { type CompleteReport, complete } from "../postgres/complete.ts";
 import type { Db } from "../postgres/db.ts";
 import type { PhasesRunner } from "../postgres/phases/index.ts";
 import type { PostgresStore } from "../postgres/store.ts";
-import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
+import { CliError, EXIT, openStore, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem complete --module PATH [--database-url URL] [--schema NAME] [--older-than S]
                      [--limit N] [--retention-hours H] [--dry-run] [--json]
@@ -92,14 +92,16 @@ export async function completeCommand(argv: string[]): Promise<number> {
 
 function print(report: CompleteReport, where: string, json: boolean): void {
   if (json) {
-    console.log(JSON.stringify(report, null, 2));
+    printJson(report);
     return;
   }
   for (const r of report.results) {
     const status = r.status !== undefined ? ` -> ${r.status}` : "";
     const error = r.error ? ` (${r.error})` : "";
     console.log(
-      `${r.result.padEnd(10)} ${r.scope} ${r.key} [${r.runner ?? "?"} at ${r.point}]${status}${error}`,
+      printable(
+        `${r.result.padEnd(10)} ${r.scope} ${r.key} [${r.runner ?? "?"} at ${r.point}]${status}${error}`,
+      ),
     );
   }
   const counts = Object.entries(report.counts)

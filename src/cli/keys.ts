@@ -7,7 +7,7 @@ import {
   type Settlement,
   settleKey,
 } from "../postgres/phases/index.ts";
-import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
+import { CliError, EXIT, openStore, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem keys inspect <scope> <key> | --ref <operation_ref>   [--json]
        idem keys list --state needs_review|unfinished [--limit N]    [--json]
@@ -77,7 +77,8 @@ export async function keysCommand(argv: string[]): Promise<number> {
           `no live key ${JSON.stringify(target!.key)} of ${JSON.stringify(target!.scope)} on ${where}`,
         );
       }
-      console.log(values.json ? JSON.stringify(k, null, 2) : describe(k));
+      if (values.json) printJson(k);
+      else console.log(describe(k));
       return EXIT.ok;
     }
     if (sub === "list") {
@@ -86,9 +87,9 @@ export async function keysCommand(argv: string[]): Promise<number> {
         state === "needs_review"
           ? await openReviews(store, { limit })
           : await unfinishedKeys(store, { limit });
-      if (values.json) console.log(JSON.stringify(list, null, 2));
+      if (values.json) printJson(list);
       else {
-        for (const item of list) console.log(line(item));
+        for (const item of list) console.log(printable(line(item)));
         console.log(
           `${list.length} key(s) ${state === "needs_review" ? "waiting for a person" : "unfinished"} on ${where}`,
         );
@@ -98,11 +99,11 @@ export async function keysCommand(argv: string[]): Promise<number> {
     const by = values.by ?? process.env.USER ?? "unknown";
     try {
       const review = await settleKey(store, target!.scope, target!.key, request as Settlement, by);
-      console.log(
-        values.json
-          ? JSON.stringify(review, null, 2)
-          : `settled ${review.scope} ${review.key} by ${by}: ${JSON.stringify(review.settlement)}`,
-      );
+      if (values.json) printJson(review);
+      else
+        console.log(
+          printable(`settled ${review.scope} ${review.key} by ${by}: ${JSON.stringify(review.settlement)}`),
+        );
       return EXIT.ok;
     } catch (err) {
       if (err instanceof NoOpenReviewError)
@@ -174,6 +175,7 @@ function describe(k: KeyInspection): string {
     ["scope", k.scope],
     ["key", k.key],
     ["ref", k.ref],
+    ["claim id", k.claimId ?? "-"],
     ["state", k.state],
     ["recovery point", k.recoveryPoint],
     ["runner", k.runner ?? "-"],
@@ -190,7 +192,7 @@ function describe(k: KeyInspection): string {
     ],
     ["phase data", k.phaseData ? JSON.stringify(k.phaseData) : "-"],
   ];
-  return rows.map(([name, value]) => `${name.padEnd(15)} ${value}`).join("\n");
+  return rows.map(([name, value]) => `${name.padEnd(15)} ${printable(value)}`).join("\n");
 }
 
 function line(item: KeyInspection | Review): string {

@@ -2,7 +2,7 @@
  * `idem`: the command line. Each command lives in its own file and is loaded only when called.
  */
 import { readFileSync } from "node:fs";
-import { CliError, EXIT } from "./shared.ts";
+import { CliError, EXIT, printable } from "./shared.ts";
 
 /** The installed package's version (package.json is two folders up, from src/cli and from dist/cli). */
 function version(): string {
@@ -79,10 +79,10 @@ export async function main(argv: string[]): Promise<number> {
     return await (await command.run())(rest);
   } catch (err) {
     if (err instanceof CliError) {
-      console.error(`idem: ${err.message}`);
+      console.error(`idem: ${printable(err.message, { lines: true })}`);
       return err.exitCode;
     }
-    console.error(`idem: ${(err as Error)?.message ?? err}`);
+    console.error(`idem: ${printable(String((err as Error)?.message ?? err), { lines: true })}`);
     return EXIT.failure;
   }
 }

@@ -15,6 +15,27 @@ export class CliError extends Error {
   }
 }
 
+/**
+ * Text from the database (or a user) made safe to print: control characters (C0, DEL, C1), line and
+ * paragraph separators and bidirectional overrides are written as `\uXXXX`, so a stored key or scope
+ * can never move the cursor, recolour, retitle or reorder the operator's terminal. The same escapes are
+ * valid inside JSON strings, so JSON output stays JSON. `lines`: keep the line breaks of a multi-line
+ * text we laid out ourselves (the values in it must have been escaped already, or be JSON).
+ */
+export function printable(text: string, options: { lines?: boolean } = {}): string {
+  return text.replace(UNPRINTABLE, (c) =>
+    options.lines && c === "\n" ? c : `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
+  );
+}
+
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
+const UNPRINTABLE = /[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+
+/** Print a value as indented JSON, with whatever JSON leaves raw (C1, bidi overrides) escaped too. */
+export function printJson(value: unknown): void {
+  console.log(printable(JSON.stringify(value, null, 2), { lines: true }));
+}
+
 type WithHelp<T> = T & { help: { type: "boolean"; short: "h" } };
 
 export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
@@ -136,7 +157,13 @@ export async function openStore(options: {
   const { db, where } = await openDb(options.url);
   const { PostgresStore } = await import("../postgres/store.ts");
   try {
-    const store = await PostgresStore.open(db, { schema: options.schema, retentionMs: options.retentionMs });
+    // The service's encryption keys, when set, so that sealed headers and inputs can be shown.
+    const { sealerFromEnv } = await import("../core/sealing.ts");
+    const store = await PostgresStore.open(db, {
+      schema: options.schema,
+      retentionMs: options.retentionMs,
+      sealer: sealerFromEnv(),
+    });
     return { db, where, store };
   } catch (err) {
     await db.close().catch(() => {});

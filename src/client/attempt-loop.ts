@@ -88,6 +88,12 @@ export class AttemptLoop {
     // crashed worker frees only when its lease runs out, which can take longer than five waits. The
     // deadline still bounds them.
     let inFlightAnswers = 0;
+    // With the default limit, attempts that never reached a server (connection refused: nothing was
+    // sent, so nothing happened) do not count either: a service restarting for two seconds must not use
+    // up the attempts of a call that has most of its deadline left. The deadline, the budget and the
+    // breaker still bound them. A limit set explicitly counts every attempt.
+    const freeUnreached = opts.maxAttempts === undefined && s.retry.maxAttempts === undefined;
+    let unreached = 0;
     let perTryMs = opts.perTryTimeoutMs ?? s.perTryMs;
     const deadlineMs = opts.deadlineMs ?? s.deadlineMs;
     const on = s.on;
@@ -196,13 +202,15 @@ export class AttemptLoop {
         free = true;
       } else {
         permit.failure(); // unreachable, or the per-try timeout
+        if (freeUnreached && timer.cut() === undefined && classifyNetworkError(error) === "unreachable")
+          unreached++;
       }
       if (on.attempt)
         emit(on.attempt, { ...this.#event(call, attempt, attemptStart, response, error), retryable: true });
       call.lastResponse = response;
       call.lastError = response ? undefined : error;
 
-      if (attempt - inFlightAnswers >= maxAttempts) {
+      if (attempt - inFlightAnswers - unreached >= maxAttempts) {
         return this.#giveUp(call, new AttemptsExhaustedError(call.details()));
       }
       const hint = response ? retryAfterFrom(response) : undefined;

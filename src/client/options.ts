@@ -30,7 +30,11 @@ export const DEFAULT_KEY_HEADER = "Idempotency-Key";
 
 /** Which outcomes are retried, how often, and how long to wait between them. */
 export interface RetryOptions extends BackoffOptions {
-  /** Most attempts per call, the first included. Default 5. */
+  /**
+   * Most attempts per call, the first included. Default 5, counting the attempts that reached a server
+   * (one refused before anything was sent, e.g. while the service restarts, is bounded by the deadline,
+   * the budget and the breaker instead); a limit set here counts every attempt.
+   */
   maxAttempts?: number;
   /**
    * Statuses retried when the server does not say (no `retry_same_key` in a problem body). Default

@@ -28,7 +28,14 @@ import {
   REPLAYED_HEADER,
   type Settled,
 } from "./outcome.ts";
-import { type ErrorContext, errorResponse, OPERATION_STATE_HEADER, problemResponse } from "./problem.ts";
+import {
+  type ErrorContext,
+  errorResponse,
+  OPERATION_STATE_HEADER,
+  type OperationFields,
+  OUTCOME_UNKNOWN_RETRY,
+  problemResponse,
+} from "./problem.ts";
 import {
   DEFAULT_REPLAYED_HEADERS,
   filterHeaders,
@@ -36,6 +43,7 @@ import {
   type SavePolicy,
   type StoredResponse,
 } from "./response.ts";
+import { SealedValueError } from "./sealing.ts";
 import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
 
@@ -311,7 +319,37 @@ export class Lifecycle<Tx> {
       // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
       const claimed = this.phasesMode || !isConnectFailure(err);
       response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
+    } else if (err instanceof SealedValueError) {
+      // A stored value this instance cannot open: sealed with a key it does not have (yet: a rotation
+      // rolling out), or altered. Another instance, or this one once configured, may open it: 503 with
+      // Retry-After, the key untouched (a phases key is not leased before its input opens), never a 500.
+      const retry = new RetryableError(
+        "A saved value of this key cannot be opened here (an encryption key this instance lacks); retry with the same key.",
+        { cause: err, retryAfterSeconds: 1 },
+      );
+      response = errorResponse(retry, this.errorContext(keyed, true));
     } else return undefined;
+    if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    return response;
+  }
+
+  /**
+   * The 500 for a handler (or a phase) that threw something idem does not own: in atomic mode its
+   * transaction rolled back, so nothing of it was kept, but what it did outside the transaction is
+   * unknown (no new key); in phases mode the key may be claimed and unfinished. Retry with the same key.
+   */
+  internalError(begun?: Begun): StoredResponse {
+    const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
+    const operation: OperationFields = this.phasesMode
+      ? { ...OUTCOME_UNKNOWN_RETRY }
+      : { operation_state: "none", retry_same_key: true, safe_new_key: false };
+    if (keyed) operation.operation_ref = encodeOperationRef(keyed.scope, keyed.key);
+    const response = problemResponse(
+      500,
+      "internal-error",
+      "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
+      { operation },
+    );
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
     return response;
   }

@@ -100,6 +100,30 @@ export const FAILED_NOT_APPLIED: OperationFields = {
   safe_new_key: true,
 };
 
+/** A request refused before anything was claimed or run (a bad body, a bad key, no credentials). */
+export const NOTHING_DONE: OperationFields = {
+  operation_state: "none",
+  retry_same_key: false,
+  safe_new_key: true,
+};
+
+/** Not processed at all, for a reason that may pass (a region not reachable before the request left). */
+export const NOT_PROCESSED_RETRY: OperationFields = {
+  operation_state: "none",
+  retry_same_key: true,
+  safe_new_key: true,
+};
+
+/**
+ * The request may have done something, and what is unknown here (a server failure, a timeout after the
+ * request was sent): retrying with the same key settles it; a new key could do it twice.
+ */
+export const OUTCOME_UNKNOWN_RETRY: OperationFields = {
+  operation_state: "in_progress",
+  retry_same_key: true,
+  safe_new_key: false,
+};
+
 /** Where the key stands when an idem error is answered. */
 export interface ErrorContext {
   /** The key row's reference (`encodeOperationRef`), when the request carried a key. */

@@ -240,6 +240,27 @@ export function sealJson(sealer: Sealer | undefined, value: unknown, context: st
   return SEALED_JSON_PREFIX + Buffer.from(sealer.seal(plain, context)).toString("base64");
 }
 
+/** Saved reply headers as stored: sealed with a sealer (`sealJson`), as they are otherwise. */
+export function sealHeaders(
+  sealer: Sealer | undefined,
+  headers: Array<[string, string]>,
+  scope: string,
+  key: string,
+): string {
+  return JSON.stringify(sealJson(sealer, headers, sealContext(scope, key, "headers")));
+}
+
+/** Saved reply headers as read back (`sealHeaders`' inverse); none stored: none. */
+export function openHeaders(
+  sealer: Sealer | undefined,
+  stored: unknown,
+  scope: string,
+  key: string,
+): Array<[string, string]> {
+  const h = openJson(sealer, stored, sealContext(scope, key, "headers"));
+  return Array.isArray(h) ? (h as Array<[string, string]>) : [];
+}
+
 /** The JSON input a stored JSON value holds (`sealJson`'s inverse; a value stored in clear as it is). */
 export function openJson(sealer: Sealer | undefined, stored: unknown, context: string): unknown {
   if (typeof stored !== "string" || !stored.startsWith(SEALED_JSON_PREFIX)) return stored;
@@ -248,7 +269,10 @@ export function openJson(sealer: Sealer | undefined, stored: unknown, context: s
   return JSON.parse(new TextDecoder().decode(openBytes(sealer, bytes, context)));
 }
 
-/** The context a stored value is bound to: its key and which column it is. */
-export function sealContext(scope: string, key: string, column: "body" | "request"): string {
+/**
+ * The context a stored value is bound to: its key and which column it is. A reply's headers are sealed
+ * with its body (they carry ids, e.g. `Location`), kept in their JSON column as `sealed:v1:<base64>`.
+ */
+export function sealContext(scope: string, key: string, column: "body" | "headers" | "request"): string {
   return `${column}\0${scope.length}:${scope}\0${key}`;
 }

@@ -99,6 +99,11 @@ export interface KeyInspection {
   key: string;
   /** The opaque reference clients receive as `operation_ref` (see `encodeOperationRef`). */
   ref: string;
+  /**
+   * This claim of the key (`claim-id.ts`): new each time the key is claimed after it expired; what a
+   * phases runner names downstream (`downstreamKey`). Null for a row claimed before claim ids existed.
+   */
+  claimId: string | null;
   /** `in_progress` (claimed, not finished), `done`, or `needs_review` (outcome unknown, for a person). */
   state: "in_progress" | "done" | "needs_review";
   /** The recovery point (phases mode), `done` when finished. */

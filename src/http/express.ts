@@ -42,7 +42,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle, parsedBody } from "../core/index.ts";
+import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
 import { clearHeaders, Held } from "./express-hold.ts";
 import { headerOf, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
@@ -161,6 +161,7 @@ function answer(res: Response, held: Held | undefined, r: StoredResponse): void 
 }
 
 export function idempotency(options: ExpressIdempotencyOptions): RequestHandler {
+  checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return async function idempotencyMiddleware(req: Request, res: Response, next: NextFunction) {
     const begun = await begin(lifecycle, options, req, res);
@@ -219,6 +220,7 @@ export interface ExpressPhasesOptions<I> extends PhasesLifecycleOptions, Express
  *     idempotentPhases({ runner, scope: (req) => req.accountId, input: (req) => res.locals.payment }))
  */
 export function idempotentPhases<I>(options: ExpressPhasesOptions<I>): RequestHandler {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return async function idempotentPhasesHandler(req: Request, res: Response) {
     const begun = await begin(lifecycle, options, req, res);

@@ -41,7 +41,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle, parsedBody } from "../core/index.ts";
+import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
 import { groupHeaders, headerPairs, SocketHangUp } from "./shared.ts";
 
 export interface FastifyIdempotency {
@@ -197,6 +197,7 @@ function authorizer(options: FastifyRouteOptions, request: FastifyRequest): RunO
 }
 
 export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHooks {
+  checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   const rawBodies = new WeakMap<FastifyRequest, Buffer[]>();
   const pending = new WeakMap<FastifyRequest, Pending>();
@@ -330,6 +331,7 @@ export function idempotentPhases<I>(options: FastifyPhasesOptions<I>): {
   preParsing: preParsingAsyncHookHandler;
   handler: RouteHandlerMethod;
 } {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   const rawBodies = new WeakMap<FastifyRequest, Buffer[]>();
   return {

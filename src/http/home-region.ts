@@ -22,7 +22,12 @@
  * account moves) is not forwarded again: it is answered 503 `home-region-loop`, retryable once the
  * maps agree.
  */
-import { problemResponse } from "../core/problem.ts";
+import {
+  NOT_PROCESSED_RETRY,
+  type OperationFields,
+  OUTCOME_UNKNOWN_RETRY,
+  problemResponse,
+} from "../core/problem.ts";
 import type { StoredResponse } from "../core/response.ts";
 
 export interface HomeRegionOptions {
@@ -175,7 +180,11 @@ export class HomeRegionRouter {
           PROBLEM_HOME_LOOP,
           `This request was forwarded here, but its account's home region is "${decision.region}": the ` +
             "regions disagree on the account's home. Nothing was processed; retry with the same key.",
-          { headers: this.retryAfter(), fields: { home_region: decision.region, region: this.region } },
+          {
+            headers: this.retryAfter(),
+            fields: { home_region: decision.region, region: this.region },
+            operation: NOT_PROCESSED_RETRY, // refused before anything ran anywhere
+          },
         ),
       );
     }
@@ -191,7 +200,7 @@ export class HomeRegionRouter {
       });
     if (decision.target === undefined) {
       done(503, "no-target");
-      return this.unreachable(decision.region, "no-target");
+      return this.unreachable(decision.region, "no-target", true);
     }
     try {
       const res = await this.forward(decision.target, request);
@@ -201,7 +210,7 @@ export class HomeRegionRouter {
       if (request.signal?.aborted) throw err; // the client left: nobody to answer
       const reason: UnreachableReason = (err as Error)?.name === "TimeoutError" ? "timeout" : "network";
       done(503, reason);
-      return this.unreachable(decision.region, reason);
+      return this.unreachable(decision.region, reason, neverSent(err));
     }
   }
 
@@ -258,7 +267,13 @@ export class HomeRegionRouter {
     return [["retry-after", String(this.options.retryAfterSeconds ?? 1)]];
   }
 
-  private unreachable(region: string, reason: UnreachableReason): Response {
+  /**
+   * The 503 for a home region that did not answer. `neverSent`: the request cannot have reached it (no
+   * address, connection refused); otherwise (a timeout, a connection cut after sending) the home may
+   * have run it, so only the same key is safe: its retry replays there.
+   */
+  private unreachable(region: string, reason: UnreachableReason, neverSent: boolean): Response {
+    const operation: OperationFields = neverSent ? NOT_PROCESSED_RETRY : OUTCOME_UNKNOWN_RETRY;
     const what =
       reason === "no-target"
         ? "no address is configured for it"
@@ -271,10 +286,20 @@ export class HomeRegionRouter {
         PROBLEM_HOME_UNREACHABLE,
         `This account's writes are processed in its home region "${region}", and ${what}. Nothing was ` +
           "processed in this region; retry with the same Idempotency-Key.",
-        { headers: this.retryAfter(), fields: { home_region: region, region: this.region, reason } },
+        {
+          headers: this.retryAfter(),
+          fields: { home_region: region, region: this.region, reason },
+          operation,
+        },
       ),
     );
   }
+}
+
+/** Whether a failed fetch cannot have sent the request (the connection was refused or not resolved). */
+function neverSent(err: unknown): boolean {
+  const code = (err as { cause?: { code?: unknown } } | null)?.cause?.code;
+  return code === "ECONNREFUSED" || code === "ENOTFOUND" || code === "EAI_AGAIN";
 }
 
 function upper(s: string): string {

@@ -23,7 +23,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle, Outcome } from "../core/index.ts";
+import { checkRouteOptions, Lifecycle, Outcome } from "../core/index.ts";
 import { NULL_BODY, SocketHangUp } from "./shared.ts";
 
 /**
@@ -160,6 +160,7 @@ export function idempotency<E extends Env = any, Body = unknown>(
   options: HonoIdempotencyOptions<E>,
 ): MiddlewareHandler<IdempotencyEnv<Body, false>>;
 export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions<E>): MiddlewareHandler<any> {
+  checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return createMiddleware<IdempotencyEnv<unknown, false>>(async function idempotencyMiddleware(c, next) {
     const scope = await options.scope(c as unknown as Context<E>);
@@ -237,6 +238,7 @@ export interface HonoPhasesOptions<I, E extends Env = any> extends PhasesLifecyc
 export function idempotentPhases<I, E extends Env = any>(
   options: HonoPhasesOptions<I, E>,
 ): MiddlewareHandler<IdempotencyEnv> {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return createMiddleware<IdempotencyEnv>(async function idempotentPhasesHandler(c) {
     const scope = await options.scope(c as unknown as Context<E>);

@@ -27,7 +27,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle, problemResponse } from "../core/index.ts";
+import { checkRouteOptions, IdemOptionsError, Lifecycle } from "../core/index.ts";
 import { NodeIdemRequest, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
 export {
@@ -114,12 +114,6 @@ function toStored(reply: NodeReply): StoredResponse {
   };
 }
 
-const INTERNAL_ERROR = problemResponse(
-  500,
-  "internal-error",
-  "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
-);
-
 /**
  * The listener around one request: read it, let `run` answer it, and turn what escapes into idem's
  * answer (413, 503 when the database is down) or a 500 after `onError`.
@@ -149,7 +143,7 @@ function listener(
       const owed = lifecycle.failure(err, state.begun); // 413, or the database down
       if (owed) return writeResponse(res, owed);
       onError(err, req); // the handler threw: the transaction rolled back, nothing was saved
-      if (!res.headersSent) writeResponse(res, INTERNAL_ERROR);
+      if (!res.headersSent) writeResponse(res, lifecycle.internalError(state.begun));
       else res.destroy();
     });
   };
@@ -172,6 +166,10 @@ export function idempotent(
   handler: NodeIdempotentHandler<any, any>, // one of the two above; its key is checked by `required`
   options: NodeIdempotencyOptions,
 ): (req: IncomingMessage, res: ServerResponse) => void {
+  if (typeof handler !== "function") {
+    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+  }
+  checkRouteOptions("idempotent()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return listener(lifecycle, options, async (req, begun, rawBody, res) => {
     const body = begun.body.value;
@@ -207,6 +205,7 @@ export interface NodePhasesOptions<I> extends PhasesLifecycleOptions, NodeRouteO
 export function idempotentPhases<I>(
   options: NodePhasesOptions<I>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return listener(lifecycle, options, async (req, begun, _raw, res) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");

@@ -28,7 +28,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { IdemError, Lifecycle, ProblemCode, problemResponse } from "../core/index.ts";
+import { checkRouteOptions, IdemError, IdemOptionsError, Lifecycle, ProblemCode } from "../core/index.ts";
 import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
 
 /** What the wrapped handler gets besides the request. */
@@ -88,12 +88,6 @@ export interface WebPhasesOptions<I, C = unknown>
   /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
   answerWithinMs?: number;
 }
-
-const INTERNAL_ERROR = problemResponse(
-  500,
-  "internal-error",
-  "The request failed and nothing was saved; a retry with the same Idempotency-Key runs it again.",
-);
 
 /** The lifecycle's view of a Fetch API request. */
 class WebIdemRequest implements IdemRequest {
@@ -187,7 +181,7 @@ function route<C>(lifecycle: Lifecycle<Tx>, options: WebRouteOptions<C>, run: Ru
       const owed = lifecycle.failure(err, begun); // 413, or the database down
       if (owed) return toResponse(owed);
       onError(err, request); // the handler threw: the transaction rolled back, nothing was saved
-      return toResponse(INTERNAL_ERROR);
+      return toResponse(lifecycle.internalError(begun));
     }
   };
 }
@@ -213,6 +207,10 @@ export function idempotent<C = unknown>(
   handler: WebIdempotentHandler<C, any, any>, // one of the two above; its key is checked by `required`
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C> {
+  if (typeof handler !== "function") {
+    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+  }
+  checkRouteOptions("idempotent()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return route(lifecycle, options, async (request, context, begun, rawBody) => {
     const body = begun.body.value;
@@ -235,6 +233,7 @@ export function idempotent<C = unknown>(
 
 /** A Fetch API handler for a route in phases mode; a key is always required. */
 export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {
+  checkRouteOptions("idempotentPhases()", options, "phases");
   const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
   return route(lifecycle, options, async (request, context, begun) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");

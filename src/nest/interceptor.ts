@@ -22,7 +22,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { Lifecycle, parsedBody } from "../core/index.ts";
+import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
 import { headerPairs, NodeIdemRequest, SocketHangUp } from "../http/shared.ts";
 import { toResponse, toStored } from "../http/web.ts";
 
@@ -169,7 +169,10 @@ function bodyOf(req: NestRequest): Uint8Array | RequestBody {
 
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly lifecycles = new WeakMap<object, Lifecycle<Tx>>();
-  constructor(private readonly options: HeldOptions) {}
+  constructor(private readonly options: HeldOptions) {
+    // At bootstrap (the module's factory runs then), never per request.
+    checkRouteOptions("IdempotencyModule.forRoot()", options, "atomic");
+  }
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     const route = context.getType() === "http" ? routes.get(context.getHandler()) : undefined;

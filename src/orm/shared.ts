@@ -9,6 +9,7 @@
  * how to open a transaction; nothing here imports an ORM.
  */
 import type { Db, QueryResult, Tx } from "../core/db.ts";
+import { unguarded } from "../core/guarded-tx.ts";
 
 /** How one ORM runs a statement with `$1..$n` parameters on a handle (its database or a transaction). */
 export interface OrmDriver<H, T extends H> {
@@ -85,9 +86,12 @@ export function ormDb<H, T extends H>(driver: OrmDriver<H, T>): OrmDb<T> {
     },
     close: () => driver.close(),
     tx(tx: Tx): T {
+      // The request's transaction is fenced (guarded-tx.ts): its `raw` is the ORM's transaction behind a
+      // fence that throws once the handler returned; that fenced object is what the handler gets.
       const raw = tx.raw as T;
-      const isObject = (typeof raw === "object" && raw !== null) || typeof raw === "function";
-      if (!isObject || !ours.has(raw as object)) {
+      const real = unguarded(raw);
+      const isObject = (typeof real === "object" && real !== null) || typeof real === "function";
+      if (!isObject || !ours.has(real as object)) {
         throw new TypeError(
           `This transaction was not opened by ${driver.name}: open the store on the same Db ` +
             `(PostgresStore.open(db)) whose tx() you call.`,

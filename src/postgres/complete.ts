@@ -151,26 +151,20 @@ export async function complete(options: CompleteOptions): Promise<CompleteReport
 
 /** The unfinished keys of one table whose lease is free or expired, idle for `olderThanMs`. */
 async function scan(table: KeyTable, olderThanMs: number, limit: number): Promise<Abandoned[]> {
-  const now = table.clock();
-  const oldest = now - table.retentionMs;
+  const t = table.dbTime;
   // Served by the partial index keys_unfinished: only rows still in progress are ever scanned. Keys in
-  // review wait for a person, never for the completer.
+  // review wait for a person, never for the completer. Idle and expired by the database's clock (the
+  // lease is checked again, in SQL, when the key is resumed).
   const { rows } = await table.db.query<Omit<Abandoned, "sealer">>(
     `SELECT scope, key, fingerprint, runner, request, recovery_point, updated_at
        FROM ${table.schema}.keys
       WHERE recovery_point <> 'done' AND NOT marker AND needs_review_at IS NULL
-        AND updated_at <= $1::timestamptz
-        AND (lease_until IS NULL OR lease_until <= $2::timestamptz)
-        AND bucket >= $3 AND created_at > $4::timestamptz
+        AND updated_at <= ${t.now} - $1::float8 * interval '1 millisecond'
+        AND (lease_until IS NULL OR lease_until <= ${t.now})
+        AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
       ORDER BY updated_at
-      LIMIT $5`,
-    [
-      new Date(now - olderThanMs).toISOString(),
-      new Date(now).toISOString(),
-      table.partitions.bucketOf(oldest),
-      new Date(oldest).toISOString(),
-      limit,
-    ],
+      LIMIT $2`,
+    [olderThanMs, limit],
   );
   return rows.map((r) => ({ ...r, updated_at: new Date(r.updated_at), sealer: table.sealer }));
 }

@@ -2,9 +2,14 @@
  * `store.inspect(scope, key)`: one key as an operator, a support case or a test sees it, read through
  * the store's API so that nobody needs the keys table's internal columns (`marker`, `bucket`).
  */
-import { encodeOperationRef, type KeyInspection, plainLength } from "../core/index.ts";
+import {
+  encodeOperationRef,
+  type KeyInspection,
+  openHeaders,
+  plainLength,
+  SealedValueError,
+} from "../core/index.ts";
 import type { KeyTable } from "./phases/key-table.ts";
-import { liveSince } from "./phases/key-table.ts";
 
 interface InspectRow {
   created_at: Date;
@@ -21,6 +26,7 @@ interface InspectRow {
   runner: string | null;
   phase_data: Record<string, unknown> | null;
   needs_review_at: Date | null;
+  claim_id: string | null;
 }
 
 /** The live key row of (scope, key) in one keys table, or undefined when none (never claimed, or expired). */
@@ -29,15 +35,16 @@ export async function inspectKey(
   scope: string,
   key: string,
 ): Promise<KeyInspection | undefined> {
-  const since = liveSince(table, table.clock());
+  const t = table.dbTime;
   const { rows } = await table.db.query<InspectRow>(
     `SELECT created_at, updated_at, recovery_point, status, headers, octet_length(body) AS body_bytes,
             substring(body FROM 1 FOR 6) AS body_head,
-            fingerprint, lease_token::text AS lease_token, lease_until, runner, phase_data, needs_review_at
+            fingerprint, lease_token::text AS lease_token, lease_until, runner, phase_data, needs_review_at,
+            claim_id::text AS claim_id
        FROM ${table.schema}.keys
-      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
+      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
       ORDER BY bucket DESC LIMIT 1`,
-    [scope, key, since.bucket, since.iso],
+    [scope, key],
   );
   const r = rows[0];
   if (!r) return undefined;
@@ -46,6 +53,7 @@ export async function inspectKey(
     scope,
     key,
     ref: encodeOperationRef(scope, key),
+    claimId: r.claim_id ?? null,
     state: r.needs_review_at ? "needs_review" : r.recovery_point === "done" ? "done" : "in_progress",
     recoveryPoint: r.recovery_point,
     createdAt,
@@ -58,7 +66,7 @@ export async function inspectKey(
         ? null
         : {
             status: Number(r.status),
-            headers: r.headers ?? [],
+            headers: readableHeaders(table, r.headers, scope, key),
             bodyBytes: plainLength(r.body_head, Number(r.body_bytes ?? 0)),
           },
     runner: r.runner,
@@ -66,19 +74,34 @@ export async function inspectKey(
   };
 }
 
+/** The saved headers, opened when they are sealed; none shown when this store cannot open them. */
+function readableHeaders(
+  table: KeyTable,
+  stored: unknown,
+  scope: string,
+  key: string,
+): Array<[string, string]> {
+  try {
+    return openHeaders(table.sealer, stored, scope, key);
+  } catch (err) {
+    if (err instanceof SealedValueError) return [];
+    throw err;
+  }
+}
+
 /** The unfinished keys (claimed, not done, not in review) of one keys table, oldest activity first. */
 export async function unfinishedKeys(
   table: KeyTable,
   options: { limit?: number } = {},
 ): Promise<KeyInspection[]> {
-  const since = liveSince(table, table.clock());
+  const t = table.dbTime;
   // Served by the partial index keys_unfinished.
   const { rows } = await table.db.query<{ scope: string; key: string }>(
     `SELECT scope, key FROM ${table.schema}.keys
       WHERE recovery_point <> 'done' AND NOT marker AND needs_review_at IS NULL
-        AND bucket >= $1 AND created_at > $2::timestamptz
-      ORDER BY updated_at LIMIT $3`,
-    [since.bucket, since.iso, Math.max(1, Math.floor(options.limit ?? 100))],
+        AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+      ORDER BY updated_at LIMIT $1`,
+    [Math.max(1, Math.floor(options.limit ?? 100))],
   );
   const out: KeyInspection[] = [];
   for (const r of rows) {

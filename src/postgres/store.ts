@@ -18,16 +18,20 @@ import {
   type KeyInspection,
   KeyMismatchError,
   openBytes,
+  openHeaders,
   RetryableError,
   type Sealer,
   SqlState,
   type StoredResponse,
   sealBytes,
   sealContext,
+  sealHeaders,
   sqlStateOf,
   type WorkResult,
+  withGuardedTx,
 } from "../core/index.ts";
 import type { Db, Tx } from "./db.ts";
+import { DbTime, type TimeShift } from "./db-time.ts";
 import { inspectKey } from "./inspect.ts";
 import { schemaOf } from "./migrate.ts";
 import {
@@ -59,8 +63,13 @@ export interface PostgresStoreOptions {
    * Default: 600,000 ms (10 minutes). (Atomic mode serialises on a per-key lock instead.)
    */
   boundaryOverlapMs?: number;
-  /** The clock, in epoch milliseconds (tests inject one). Default: `Date.now`. */
-  clock?: () => number;
+  /**
+   * Moves the time the store's statements read: every expiry, lease and partition decision compares
+   * against the database's `now()` plus `offsetMs` (never the process's clock). For tests, to expire
+   * leases and keys without waiting: keep the object and change `offsetMs`; stores given the same
+   * object move together. Default: none (the database's own clock).
+   */
+  timeShift?: TimeShift;
   /**
    * Encrypts saved reply bodies and phases-mode stored inputs at rest (e.g. `sealerFromEnv()`: AES-256-GCM
    * under `IDEM_ENCRYPTION_KEYS`). Values stored in clear before it was set are still read. Default: none
@@ -78,6 +87,8 @@ export interface KeyRow {
   status: number | null;
   headers: Array<[string, string]> | null;
   body: Uint8Array | null;
+  /** The key row's claim identity (sql/0008; null for rows claimed before it). */
+  claim_id?: string | null;
   /** Compact storage (atomic-mode lookups only): the created resource's id; `headers` and `body` are NULL. */
   resource_id?: string | null;
 }
@@ -101,10 +112,16 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly retentionMs: number;
   readonly lockTimeoutMs: number;
   readonly boundaryOverlapMs: number;
-  readonly clock: () => number;
   readonly sealer: Sealer | undefined;
   readonly partitions: Partitions;
-  private readonly sql: ReturnType<typeof statements>;
+  private readonly shift: TimeShift;
+  private time: DbTime;
+  private statements: ReturnType<typeof statements>;
+  /**
+   * The database's clock minus this process's, as last measured (`ensurePartitions`): for hints only
+   * (when to make partitions ahead, when a finished key may have expired). Every decision is a statement.
+   */
+  private skewMs = 0;
   /** This process's atomic calls in progress, by (scope, key): a duplicate waits on it, in memory. */
   private readonly inFlight = new Map<string, Promise<void>>();
   /**
@@ -122,14 +139,46 @@ export class PostgresStore implements AtomicStore<Tx> {
     this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
-    this.clock = options.clock ?? Date.now;
+    this.shift = options.timeShift ?? { offsetMs: 0 };
     this.sealer = options.sealer;
     this.partitions = new Partitions(db, this.schema, partitionMs);
-    this.sql = statements(this.schema);
+    this.time = new DbTime(this.shift.offsetMs, partitionMs, this.retentionMs);
+    this.statements = statements(this.schema, this.time);
   }
 
+  /** The time the store's statements read: the database's `now()`, moved by the time shift (db-time.ts). */
+  get dbTime(): DbTime {
+    if (this.time.offsetMs !== this.shift.offsetMs) {
+      this.time = new DbTime(this.shift.offsetMs, this.partitions.widthMs, this.retentionMs);
+      this.statements = statements(this.schema, this.time);
+    }
+    return this.time;
+  }
+
+  private get sql(): ReturnType<typeof statements> {
+    void this.dbTime; // rebuilds the statements when the shift moved
+    return this.statements;
+  }
+
+  /** The database's time (moved by the time shift) in epoch ms, read now, and the skew hint with it. */
+  private async dbNowMs(): Promise<number> {
+    const before = Date.now();
+    const { rows } = await this.db.query<{ ms: number }>(
+      "SELECT (extract(epoch FROM now()) * 1000)::float8 AS ms",
+    );
+    const ms = Number(rows[0]!.ms);
+    this.skewMs = ms - (before + Date.now()) / 2;
+    return ms + this.shift.offsetMs;
+  }
+
+  /** This process's estimate of the database's time (moved by the shift): a hint, never a decision. */
+  private estimatedNowMs(): number {
+    return Date.now() + this.skewMs + this.shift.offsetMs;
+  }
+
+  /** A plain transaction for user code, fenced: it cannot be used once `work` returned (guarded-tx.ts). */
   transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T> {
-    return this.db.transaction(work);
+    return this.db.transaction((tx) => withGuardedTx(tx, work));
   }
 
   /** Read the partition width chosen at migration, and make sure the current partitions exist. */
@@ -168,7 +217,8 @@ export class PostgresStore implements AtomicStore<Tx> {
    * a periodic job too: `sweep()` does). Few empty ones ahead, since every lookup probes them too.
    */
   async ensurePartitions(): Promise<void> {
-    const b = this.partitions.bucketOf(this.clock());
+    // Around the database's now: every instance places its keys by that clock (db-time.ts).
+    const b = this.partitions.bucketOf(await this.dbNowMs());
     const buckets = [b - 1];
     for (let i = 0; i <= PARTITIONS_AHEAD; i++) buckets.push(b + i);
     await this.partitions.ensure(buckets);
@@ -186,31 +236,36 @@ export class PostgresStore implements AtomicStore<Tx> {
    */
   async sweep(): Promise<{ dropped: number[] }> {
     await this.ensurePartitions();
-    return { dropped: await this.partitions.dropExpired(this.clock(), this.retentionMs) };
-  }
-
-  /** The live (unexpired) row of a key, or undefined (what a replay needs). */
-  async lookup(
-    q: { query: Db["query"] },
-    scope: string,
-    key: string,
-    nowMs: number,
-  ): Promise<KeyRow | undefined> {
-    const { text, params } = this.lookupQuery(scope, key, nowMs);
-    const { rows } = await q.query<KeyRow>(text, params);
-    return rows[0];
+    // Past retention by the database's clock, read before the drops: never later than the real now.
+    return { dropped: await this.partitions.dropExpired(await this.dbNowMs(), this.retentionMs) };
   }
 
   /**
-   * The statement `lookup` runs: it reads only the partitions from the one holding `now - retention`
-   * on (pruned by `bucket >=`), at most `MAX_LIVE_PARTITIONS` of them while `sweep()` keeps up.
+   * The live (unexpired, by the database's clock) row of a key, or undefined (what a replay needs).
+   * It reads only the partitions from the one holding `now - retention` on (pruned by `bucket >=` when
+   * the statement starts), at most `MAX_LIVE_PARTITIONS` of them while `sweep()` keeps up.
    */
-  lookupQuery(scope: string, key: string, nowMs: number): { text: string; params: unknown[] } {
-    const oldest = nowMs - this.retentionMs;
-    return {
-      text: this.sql.lookup,
-      params: [scope, key, this.partitions.bucketOf(oldest), new Date(oldest).toISOString()],
-    };
+  async lookup(q: { query: Db["query"] }, scope: string, key: string): Promise<KeyRow | undefined> {
+    return (await this.lookupAt(q, scope, key)).row;
+  }
+
+  /** The statement `lookup` runs, with its parameters (for benchmarks and EXPLAIN). */
+  lookupQuery(scope: string, key: string): { text: string; params: unknown[] } {
+    return { text: this.sql.lookup, params: [scope, key] };
+  }
+
+  /**
+   * The live row of a key, and when a key saved in the statement's transaction expires: the database's
+   * now (the transaction's start, which the saved row's created_at will be) plus the retention.
+   */
+  private async lookupAt(
+    q: { query: Db["query"] },
+    scope: string,
+    key: string,
+  ): Promise<{ row: KeyRow | undefined; expiresAt: Date }> {
+    const { rows } = await q.query<KeyRow & { new_expires_at: Date }>(this.sql.lookup, [scope, key]);
+    const r = rows[0]!;
+    return { row: r.bucket === null ? undefined : r, expiresAt: new Date(r.new_expires_at) };
   }
 
   expiresAt(row: { created_at: Date }): Date {
@@ -231,7 +286,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       expiresAt: this.expiresAt(row),
       response: {
         status: row.status,
-        headers: row.headers ?? [],
+        headers: openHeaders(this.sealer, row.headers, claim.scope, claim.key),
         body: openBytes(
           this.sealer,
           row.body ?? new Uint8Array(),
@@ -288,7 +343,7 @@ export class PostgresStore implements AtomicStore<Tx> {
    * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
    */
   private async finishedAnswer(claim: Claim): Promise<AtomicOutcome | undefined> {
-    const row = await this.lookup(this.db, claim.scope, claim.key, this.clock());
+    const row = await this.lookup(this.db, claim.scope, claim.key);
     if (!row || row.resource_id != null) return undefined;
     return this.replayOf(claim, row);
   }
@@ -346,7 +401,10 @@ export class PostgresStore implements AtomicStore<Tx> {
     try {
       // Past the partitions made so far (no sweep ran lately): make them before the work runs, so the
       // key row has somewhere to go (else the request would be answered 503 after its work had run).
-      if (this.partitions.bucketOf(this.clock()) > this.ensuredThrough) await this.ensurePartitions();
+      // (A hint from this process's estimate of the database's clock; a partition still missing at the
+      // insert is made then, and the request retried.)
+      if (this.partitions.bucketOf(this.estimatedNowMs()) > this.ensuredThrough)
+        await this.ensurePartitions();
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
         if (waited || this.seenFinished(id)) {
           const answer = await this.finishedAnswer(claim);
@@ -383,7 +441,7 @@ export class PostgresStore implements AtomicStore<Tx> {
   private seenFinished(id: string): boolean {
     const until = this.finished.get(id);
     if (until === undefined) return false;
-    if (until > this.clock()) return true;
+    if (until > this.estimatedNowMs()) return true; // a hint: the lookup decides whether it expired
     this.finished.delete(id);
     return false;
   }
@@ -410,7 +468,7 @@ export class PostgresStore implements AtomicStore<Tx> {
           kind: "executed",
           response: err.response,
           saved: false,
-          expiresAt: new Date(this.clock()),
+          expiresAt: new Date(this.estimatedNowMs()),
         };
       }
       if (sqlStateOf(err) === SqlState.LockNotAvailable && !(err instanceof WorkError)) throw new LockBusy();
@@ -419,8 +477,7 @@ export class PostgresStore implements AtomicStore<Tx> {
         // The key row's partition went away under this store (a sweep elsewhere with a shorter
         // retention): everything rolled back. The work has run, and an adapter's handler cannot run
         // twice, so the partition is made again and the caller retries: the key is still free.
-        const b = this.partitions.bucketOf(this.clock());
-        await this.partitions.ensure([b, b + 1]);
+        await this.ensurePartitions();
         throw new RetryableError(
           "the key's partition was missing; it has been made again, retry the request",
           {
@@ -440,8 +497,8 @@ export class PostgresStore implements AtomicStore<Tx> {
   ): Promise<AtomicOutcome> {
     return this.db.transaction(
       async (tx) => {
-        const now = this.clock();
         let result: WorkResult;
+        let expiresAt: Date;
         if (speculate && tx.pipelined && !rebuild) {
           // The work starts now, and its first statement leaves with BEGIN, the lock and the lookup, in
           // one write. The lookup answers first (statements answer in order), and the work sees its own
@@ -450,13 +507,14 @@ export class PostgresStore implements AtomicStore<Tx> {
           // When the key's lock was busy (55P03, the key in flight elsewhere), this transaction was
           // aborted before anything of the work ran; the work is not told, and its waiting statements
           // are sent again in the next attempt's transaction (an adapter cannot run its handler twice).
-          const lookup = this.lookup(tx, claim.scope, claim.key, now);
+          const lookup = this.lookupAt(tx, claim.scope, claim.key);
           let gate = spec.gate;
           let running = spec.running;
           if (gate?.waiting && running) gate.retryOn(tx);
           else {
             gate = spec.gate = new SpeculativeTx(tx);
-            running = spec.running = work(gate).then(
+            // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
+            running = spec.running = withGuardedTx(gate, work).then(
               (r) => r,
               (err) => {
                 throw new WorkError(err);
@@ -466,7 +524,7 @@ export class PostgresStore implements AtomicStore<Tx> {
           }
           let existing: KeyRow | undefined;
           try {
-            existing = await lookup; // a lock timeout (55P03) rejects here: LockBusy, retried
+            ({ row: existing, expiresAt } = await lookup); // a lock timeout (55P03) rejects here: LockBusy, retried
           } catch (err) {
             if (sqlStateOf(err) !== SqlState.LockNotAvailable) gate.abandon();
             throw err;
@@ -479,10 +537,12 @@ export class PostgresStore implements AtomicStore<Tx> {
           gate.free();
           result = await running;
         } else {
-          const existing = await this.lookup(tx, claim.scope, claim.key, now);
+          const { row: existing, expiresAt: fresh } = await this.lookupAt(tx, claim.scope, claim.key);
           if (existing) return this.answerFromRow(claim, existing, tx, rebuild);
+          expiresAt = fresh;
           try {
-            result = await work(tx);
+            // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
+            result = await withGuardedTx(tx, work);
           } catch (err) {
             throw new WorkError(err);
           }
@@ -491,23 +551,22 @@ export class PostgresStore implements AtomicStore<Tx> {
         if (signal?.aborted) throw new Rollback(result.response); // the client hung up: save nothing
         const saved = result.save;
         const compact = result.compactId !== undefined;
+        // Its bucket and created_at are the database's now (this transaction's start, the instant the
+        // lookup read), whatever this process's clock says.
         tx.final(this.sql.insertDone, [
-          this.partitions.bucketOf(now),
           claim.scope,
           claim.key,
           claim.fingerprint,
-          new Date(now).toISOString(),
           saved.status,
-          compact ? null : JSON.stringify(saved.headers),
+          compact ? null : sealHeaders(this.sealer, saved.headers, claim.scope, claim.key),
           compact ? null : sealBytes(this.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
           compact ? result.compactId : null,
-          new Date(now - this.retentionMs).toISOString(),
         ]);
         return {
           kind: "executed",
           response: result.response,
           saved: true,
-          expiresAt: new Date(now + this.retentionMs),
+          expiresAt: expiresAt!,
         };
       },
       { begin: this.lockSql(claim.scope, claim.key), batch: speculate === true },
@@ -663,12 +722,18 @@ export function keyLockId(scope: string, key: string): string {
   return hash("sha256", `${scope}\0${key}`, "buffer").readBigInt64BE(0).toString();
 }
 
-function statements(s: string) {
+/** The atomic runner's statements, with the store's time (db-time.ts): every expiry is the database's. */
+function statements(s: string, t: DbTime) {
   const lookupWhere = `FROM ${s}.keys
-              WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= $3 AND created_at > $4::timestamptz
+              WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
               ORDER BY bucket DESC LIMIT 1`;
   return {
-    lookup: `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id ${lookupWhere}`,
+    // Always one row: the key's live row (or NULLs), and when a key saved in this transaction expires.
+    lookup: `SELECT k.*, ${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at
+               FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
+                 SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
+                        claim_id::text AS claim_id ${lookupWhere}
+               ) k ON true`,
     // The key row with its reply. A row of the same (scope, key) in this bucket that has expired (the
     // retention is shorter than a partition, so it is still there) is replaced in place, every column
     // reset; a live one is never touched: the second INSERT then runs and fails on the primary key
@@ -676,17 +741,18 @@ function statements(s: string) {
     insertDone: `WITH put AS (
               INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
                                      body, resource_id)
-              VALUES ($1, $2, $3, $4, $5::timestamptz, 'done', $6, $7::text::jsonb, $8, $9)
+              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7)
               ON CONFLICT (scope, key, bucket) DO UPDATE
                  SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
                      recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,
                      body = EXCLUDED.body, resource_id = EXCLUDED.resource_id, lease_token = NULL,
                      lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
-                     attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL
-               WHERE ${s}.keys.created_at <= $10::timestamptz
+                     attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL,
+                     claim_id = EXCLUDED.claim_id
+               WHERE ${s}.keys.created_at <= ${t.oldest}
               RETURNING 1
             )
             INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
-            SELECT $1, $2, $3, $4, $5::timestamptz WHERE NOT EXISTS (SELECT 1 FROM put)`,
+            SELECT ${t.bucket}, $1, $2, $3, ${t.now} WHERE NOT EXISTS (SELECT 1 FROM put)`,
   };
 }

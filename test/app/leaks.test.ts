@@ -46,7 +46,8 @@ describe(`what the service keeps and shows, on ${backend.name}`, () => {
     expect(rows[0]!.request).not.toContain(CARD.slice(0, 12));
     expect(JSON.parse(rows[0]!.request).card).toMatch(/^tok_[0-9a-f]{24}$/);
     const charges = (await (await fetch(`${svc.providerUrl}/v1/charges`)).json()).data as any[];
-    const mine = charges.filter((c) => c.idempotency_key?.endsWith(`:${key}`));
+    const claimId = (await svc.store.inspect("acct_demo_1", key))!.claimId;
+    const mine = charges.filter((c) => c.idempotency_key === `acct_demo_1:${claimId}`);
     expect(mine).toHaveLength(1);
     expect(mine[0].card).toBe(JSON.parse(rows[0]!.request).card);
     // The declined test card is public: it still reaches the provider as it is, and is declined.
@@ -68,9 +69,10 @@ describe(`what the service keeps and shows, on ${backend.name}`, () => {
       );
     const one = await list("acct_demo_1");
     const two = await list("acct_demo_2");
-    expect(one).toContain(`acct_demo_1:${k1}`);
+    const claim = async (scope: string, key: string) => (await svc.store.inspect(scope, key))!.claimId;
+    expect(one).toContain(`acct_demo_1:${await claim("acct_demo_1", k1)}`);
     expect(one.every((k) => k.startsWith("acct_demo_1:"))).toBe(true);
-    expect(two).toEqual(expect.arrayContaining([`acct_demo_2:${k2}`]));
+    expect(two).toEqual(expect.arrayContaining([`acct_demo_2:${await claim("acct_demo_2", k2)}`]));
     expect(two.every((k) => k.startsWith("acct_demo_2:"))).toBe(true);
   });
 
@@ -99,7 +101,8 @@ describe(`what the service keeps and shows, on ${backend.name}`, () => {
     expect(state.row.operation_ref).toMatch(/^op_/);
     expect(state.row).not.toHaveProperty("marker");
     expect(state.charges.forKey).toHaveLength(1);
-    expect(state.charges.forKey[0].idempotency_key).toBe(`acct_demo_1:${key}`);
+    const claimId = (await svc.store.inspect("acct_demo_1", key))!.claimId;
+    expect(state.charges.forKey[0].idempotency_key).toBe(`acct_demo_1:${claimId}`);
     for (const ch of state.charges.recent) expect(ch.idempotency_key).toMatch(/^acct_demo_1:/);
     expect(state.payments).toHaveLength(1);
   });

@@ -8,7 +8,7 @@ import { prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
 import { DECLINED_TEST_CARD } from "../../app/payments-phases.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { startProvider } from "../../src/testing/provider.ts";
+import { type Provider, startProvider } from "../../src/testing/provider.ts";
 import type { OpenDb, TestBackend } from "../helpers/db.ts";
 
 export const KEY_1 = "sk_test_demo_1";
@@ -20,6 +20,8 @@ export interface RunningService {
   store: PostgresStore;
   /** The provider simulator's URL (phases mode). */
   providerUrl?: string;
+  /** The provider simulator itself (phases mode). */
+  provider?: Provider;
   stop(): Promise<void>;
   count(sql: string, params?: unknown[]): Promise<number>;
 }
@@ -33,20 +35,30 @@ export async function startService(
     paymentsMode?: "atomic" | "phases";
     /** Serve the playground (phases mode). */
     playground?: boolean;
+    /** `false`: the simulator and the service run without provider idempotency (lookup mode). */
+    providerIdempotency?: boolean;
+    /** The store's retention (default 24 h). */
+    retentionMs?: number;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
   await prepareSchema(open.db);
   await ensureDemoAccounts(open.db);
-  const store = await PostgresStore.open(open.db);
+  const store = await PostgresStore.open(open.db, { retentionMs: options.retentionMs });
   const mode = options.paymentsMode ?? "atomic";
   const provider =
     mode === "phases"
-      ? await startProvider({ port: 0, host: "127.0.0.1", declineCards: [DECLINED_TEST_CARD] })
+      ? await startProvider({
+          port: 0,
+          host: "127.0.0.1",
+          declineCards: [DECLINED_TEST_CARD],
+          idempotency: options.providerIdempotency,
+        })
       : undefined;
   const app = createApp({
     paymentsMode: mode,
     providerUrl: provider?.url,
+    providerIdempotency: options.providerIdempotency,
     db: open.db,
     store,
     apiKeys: new ApiKeys(open.db),
@@ -62,6 +74,7 @@ export async function startService(
     open,
     store,
     providerUrl: provider?.url,
+    provider,
     async stop() {
       await new Promise<void>((r) => server.close(() => r()));
       await provider?.close();

@@ -44,6 +44,7 @@ import {
   type IdemClient,
   MemoryIntentStore,
 } from "../../src/client/index.ts";
+import { downstreamKey } from "../../src/core/index.ts";
 import { complete } from "../../src/postgres/complete.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -431,8 +432,9 @@ describe.skipIf(unavailable !== undefined)("chaos: the reference service under e
           recovery_point: string;
           status: number | null;
           charge: string | null;
+          claim_id: string | null;
         }>(
-          `SELECT key, recovery_point, status, phase_data->>'chargeId' AS charge
+          `SELECT key, recovery_point, status, phase_data->>'chargeId' AS charge, claim_id::text AS claim_id
              FROM idem.keys WHERE NOT marker AND scope = $1`,
           [ACCOUNT],
         )
@@ -502,7 +504,8 @@ describe.skipIf(unavailable !== undefined)("chaos: the reference service under e
       let maxResumes = 0;
       for (const r of results) {
         const row = keyRow.get(r.key);
-        const mine = chargesByKey.get(`${ACCOUNT}:${r.key}`) ?? [];
+        // The provider knows the payment by its claim (`downstreamKey`), not by the client's key.
+        const mine = chargesByKey.get(downstreamKey(ACCOUNT, r.key, row?.claim_id)) ?? [];
         const answers = [r.first, r.duplicate, r.resumed].map(finalOf).filter((a) => a !== undefined);
         const finals = answers.filter((a) => a.status === 201 || a.status === 402);
         const first = finalOf(r.first);
@@ -596,7 +599,9 @@ describe.skipIf(unavailable !== undefined)("chaos: the reference service under e
         }
       }
       // The other way round: nothing the provider charged, and no payment or receipt, without an intent.
-      const intentKeys = new Set(results.map((r) => `${ACCOUNT}:${r.key}`));
+      const intentKeys = new Set(
+        results.map((r) => downstreamKey(ACCOUNT, r.key, keyRow.get(r.key)?.claim_id)),
+      );
       const succeededCharges = charges.filter((c) => c.status === "succeeded");
       for (const c of succeededCharges) {
         if (!intentKeys.has(c.idempotency_key ?? ""))

@@ -210,9 +210,12 @@ export function lifecycleContract(app: AppUnderTest): void {
     expect(revoked.status).toBe(401);
     expect(await revoked.text()).not.toContain(body);
     expect(await app.rows(acct)).toBe(1);
+    // The "provider" knows the call by this claim of the key (`ctx.idempotencyKey`: scope:claim id).
     const calls = await app.db.query<{ n: number }>(
-      "SELECT count(*)::int AS n FROM external_calls WHERE key = $1",
-      [`${acct}:${key}`],
+      `SELECT count(*)::int AS n FROM external_calls e
+         JOIN idem.keys k ON e.key = k.scope || ':' || k.claim_id::text
+        WHERE k.scope = $1 AND k.key = $2 AND NOT k.marker`,
+      [acct, key],
     );
     expect(calls.rows[0]!.n).toBe(1);
   });

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError } from "../../src/core/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
+import { TestTime } from "../helpers/time.ts";
 import { claimOf, deferred, openWorld, paymentsRunner, type World } from "./helpers.ts";
 
 sayWhySkippedWithoutServer();
@@ -23,7 +24,7 @@ describe.each(serverBackends)("first claims on $name", (backend) => {
   });
 
   async function storm(at: number, key: string) {
-    const store = await PostgresStore.open(w.db, { clock: () => at });
+    const store = await PostgresStore.open(w.db, { timeShift: new TestTime(at) });
     const hold = deferred();
     const runner = paymentsRunner(store, w.provider.url, { beforeCharge: () => hold.promise });
     const c = claimOf("acct", key, PAY);

@@ -10,6 +10,7 @@ import { crashAt } from "../../src/testing/faults.ts";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";
 import { chargeProvider } from "../../src/testing/provider-client.ts";
 import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { TestTime } from "../helpers/time.ts";
 import { claimOf, paymentsRunner } from "./helpers.ts";
 
 const FIXTURE = new URL("./fixtures/runners.ts", import.meta.url).pathname;
@@ -78,14 +79,14 @@ describe.each(serverBackends.slice(0, 1))("idem complete on $name", (backend) =>
   });
 
   it("finishes an abandoned payment with the runners of --module", async () => {
-    let now = Date.now() - 5 * 60_000; // the crash happened five minutes ago
-    const store = await PostgresStore.open(open.db, { clock: () => now });
+    const now = new TestTime(Date.now() - 5 * 60_000); // the crash happened five minutes ago
+    const store = await PostgresStore.open(open.db, { timeShift: now });
     const input = { amount_cents: 2500, currency: "eur" };
     const crashing = paymentsRunner(store, provider.url, { faults: crashAt("after-external") });
     await expect(crashing.run(claimOf("acct", "cli-abandoned", input), input)).rejects.toBeInstanceOf(
       SimulatedCrashError,
     );
-    now = Date.now();
+    now.offsetMs = 0;
     process.env.PROVIDER_URL = provider.url;
     const log = vi.spyOn(console, "log").mockImplementation(() => {});
     let code: number;

@@ -39,7 +39,7 @@ describe.each(serverOrEmbedded)("stored input and short retention on $name", (ba
     );
     w.now.ms += LEASE_MS + 1; // the dead worker's lease has run out
     // The lease (30 s) outlives this file's 10 s retention: take over through a long-retention store.
-    const store = await PostgresStore.open(w.db, { clock: () => w.now.ms, retentionMs: DAY });
+    const store = await PostgresStore.open(w.db, { timeShift: w.now, retentionMs: DAY });
     const out = await paymentsRunner(store, w.provider.url).run(claim, {
       amount_cents: 5000,
       currency: "eur",
@@ -51,7 +51,8 @@ describe.each(serverOrEmbedded)("stored input and short retention on $name", (ba
       [key],
     );
     expect(rows).toEqual([{ amount_cents: 100 }]);
-    const charges = w.provider.charges().filter((c) => c.idempotency_key === `acct:${key}`);
+    const claimId = (await store.inspect("acct", key))!.claimId;
+    const charges = w.provider.charges().filter((c) => c.idempotency_key === `acct:${claimId}`);
     expect(charges.map((c) => c.amount)).toEqual([100]);
   });
 

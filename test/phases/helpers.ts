@@ -3,7 +3,7 @@
  *   started  (external) charge the provider with `<scope>:<key>`; a decline is a final 402
  *   charged  (local)    insert the payment row and one receipt-email outbox row, answer 201
  */
-import { type Claim, RetryableError, type StoredResponse } from "../../src/core/index.ts";
+import { type Claim, downstreamKey, RetryableError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
@@ -20,6 +20,7 @@ import { type Provider, type ProviderOptions, startProvider } from "../../src/te
 import { chargeProvider, findCharges } from "../../src/testing/provider-client.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
+import { TestTime } from "../helpers/time.ts";
 
 export const LEASE_MS = 30_000;
 
@@ -44,8 +45,8 @@ export interface World {
   db: Db;
   store: PostgresStore;
   provider: Provider;
-  /** The test clock (epoch ms); advance it to expire leases. */
-  now: { ms: number };
+  /** The time the store's statements read (epoch ms); advance it to expire leases. */
+  now: TestTime;
   runner(options?: RunnerOptions): ReturnType<typeof paymentsRunner>;
   counts(key?: string): Promise<{ charges: number; declined: number; receipts: number; payments: number }>;
   point(scope: string, key: string): Promise<string | undefined>;
@@ -146,8 +147,8 @@ export async function openWorld(
   await db.exec(`CREATE TABLE payments (
     id serial PRIMARY KEY, charge_id text NOT NULL, scope text NOT NULL, key text NOT NULL,
     amount_cents int NOT NULL)`);
-  const now = { ms: Date.UTC(2030, 4, 6, 12) };
-  const store = await PostgresStore.open(db, { clock: () => now.ms, ...storeOptions });
+  const now = new TestTime(Date.UTC(2030, 4, 6, 12));
+  const store = await PostgresStore.open(db, { timeShift: now, ...storeOptions });
   const provider = await startProvider({ seed: 7, ...providerOptions });
   const count = async (sql: string, params: unknown[] = []) =>
     (await db.query<{ n: number }>(sql, params)).rows[0]!.n;
@@ -159,9 +160,11 @@ export async function openWorld(
     now,
     runner: (o) => paymentsRunner(store, provider.url, o),
     async counts(key) {
+      // The downstream keys of every claim of `key` still in the table (they name the claim, not the key).
+      const mine = new Set(key ? await downstreamKeys(db, key) : []);
       const charges = provider
         .charges()
-        .filter((c) => !key || c.idempotency_key?.endsWith(`:${key}`) || c.reference?.endsWith(`:${key}`));
+        .filter((c) => !key || mine.has(c.idempotency_key ?? "") || mine.has(c.reference ?? ""));
       return {
         charges: charges.filter((c) => c.status === "succeeded").length,
         declined: charges.filter((c) => c.status === "failed").length,
@@ -192,6 +195,15 @@ export async function openWorld(
       await open.close();
     },
   };
+}
+
+/** The downstream keys (`ctx.idempotencyKey`) of every claim of `key` still in the keys table. */
+export async function downstreamKeys(db: Db, key: string): Promise<string[]> {
+  const { rows } = await db.query<{ scope: string; claim_id: string | null }>(
+    "SELECT scope, claim_id::text AS claim_id FROM idem.keys WHERE key = $1 AND NOT marker",
+    [key],
+  );
+  return rows.map((r) => downstreamKey(r.scope, key, r.claim_id));
 }
 
 export const text = (r: StoredResponse) => new TextDecoder().decode(r.body);

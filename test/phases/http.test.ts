@@ -11,6 +11,7 @@ import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt, pauseAt } from "../../src/testing/faults.ts";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
+import { TestTime } from "../helpers/time.ts";
 
 const API_KEY = DEMO_ACCOUNTS[0].apiKey;
 const ACCOUNT = DEMO_ACCOUNTS[0].id;
@@ -20,7 +21,7 @@ describe.each(backends)("payments in phases mode over HTTP on $name", (backend) 
   let provider: Provider;
   let store: PostgresStore;
   let apiKeys: ApiKeys;
-  const now = { ms: Date.UTC(2030, 6, 1, 12) };
+  const now = new TestTime(Date.UTC(2030, 6, 1, 12));
 
   const appWith = (faults?: Parameters<typeof paymentPhasesRoutes>[0]["faults"]) => {
     const app = new Hono();
@@ -49,7 +50,7 @@ describe.each(backends)("payments in phases mode over HTTP on $name", (backend) 
     open = await backend.open();
     await prepareSchema(open.db);
     await ensureDemoAccounts(open.db);
-    store = await PostgresStore.open(open.db, { clock: () => now.ms });
+    store = await PostgresStore.open(open.db, { timeShift: now });
     apiKeys = new ApiKeys(open.db);
     provider = await startProvider({ seed: 5, declineCards: ["4000000000000002"] });
   });
@@ -69,7 +70,8 @@ describe.each(backends)("payments in phases mode over HTTP on $name", (backend) 
     expect(again.status).toBe(201);
     expect(again.headers.get("idempotent-replayed")).toBe("true");
     expect(await again.text()).toBe(body);
-    const charged = provider.charges().filter((c) => c.idempotency_key === `${ACCOUNT}:http-1`);
+    const claimId = (await store.inspect(ACCOUNT, "http-1"))!.claimId;
+    const charged = provider.charges().filter((c) => c.idempotency_key === `${ACCOUNT}:${claimId}`);
     expect(charged).toHaveLength(1);
     const id = JSON.parse(body).id;
     const got = await app.request(`/v1/payments/${id}`, { headers: { authorization: `Bearer ${API_KEY}` } });
@@ -123,7 +125,8 @@ describe.each(backends)("payments in phases mode over HTTP on $name", (backend) 
     const retry = await post(appWith(), "http-crash", { amount_cents: 800, currency: "eur" });
     expect(retry.status).toBe(201);
     expect(await receipts()).toBe(before + 1);
-    expect(provider.charges().filter((c) => c.idempotency_key === `${ACCOUNT}:http-crash`)).toHaveLength(1);
+    const claimId = (await store.inspect(ACCOUNT, "http-crash"))!.claimId;
+    expect(provider.charges().filter((c) => c.idempotency_key === `${ACCOUNT}:${claimId}`)).toHaveLength(1);
   });
 
   it("validates before claiming: a bad body is 400 and the key stays unused", async () => {
@@ -152,7 +155,8 @@ describe.each(backends)("payments in phases mode over HTTP on $name", (backend) 
       expect(first.status).toBe(201);
       const again = await post(app, "http-no-dedup", { amount_cents: 777, currency: "eur" });
       expect(again.headers.get("idempotent-replayed")).toBe("true");
-      expect(plain.charges().filter((c) => c.reference === `${ACCOUNT}:http-no-dedup`)).toHaveLength(1);
+      const claimId = (await store.inspect(ACCOUNT, "http-no-dedup"))!.claimId;
+      expect(plain.charges().filter((c) => c.reference === `${ACCOUNT}:${claimId}`)).toHaveLength(1);
     } finally {
       await plain.close();
     }

@@ -172,4 +172,29 @@ SELECT p.id FROM payments p
     const out = await w.runner({ noIdempotency: "none" }).run(claimOf("acct", "unknown", PAY), PAY);
     expect(out).toMatchObject({ kind: "replayed", response: { status: 402 } });
   });
+  // Last: its hostile row stays in the table the tests above list and audit.
+  it("prints stored terminal escape sequences escaped, never raw (list, inspect, JSON)", async () => {
+    // A hostile stored row: a scope and key holding ESC sequences (clear screen, retitle), a C1 CSI and
+    // a right-to-left override.
+    const scope = "acct\u001b]0;owned\u0007";
+    const key = "k\u001b[2J\u009b31m\u202eevil";
+    await expect(
+      w.runner({ faults: crashAt("after-claim") }).run(claimOf(scope, key, PAY), PAY),
+    ).rejects.toBeInstanceOf(SimulatedCrashError);
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: looking for raw control characters
+    const raw = /[\u001b\u0007\u009b\u202e]/;
+    const list = await idem("keys", "list", "--state", "unfinished", "--database-url", url);
+    expect(list.code).toBe(0);
+    expect(list.out).toContain("k\\u001b[2J\\u009b31m\\u202eevil");
+    expect(list.out).not.toMatch(raw);
+    const inspect = await idem("keys", "inspect", scope, key, "--database-url", url);
+    expect(inspect.out).toContain("\\u001b]0;owned\\u0007");
+    expect(inspect.out).not.toMatch(raw);
+    const json = await idem("keys", "inspect", scope, key, "--json", "--database-url", url);
+    expect(json.out).not.toMatch(raw);
+    expect(JSON.parse(json.out)).toMatchObject({ scope, key }); // still the same values, as JSON
+    const missing = await idem("keys", "inspect", scope, `${key}\u001b[0m`, "--database-url", url);
+    expect(missing.code).toBe(1);
+    expect(missing.err).not.toMatch(raw);
+  });
 });

@@ -41,8 +41,10 @@ describe.each(backends)("recovery points on $name", (backend) => {
     expect(new Set(tries.map((t) => text(t.response))).size).toBe(1);
     expect(await w.counts("no-crash")).toMatchObject({ charges: 1, receipts: 1, payments: 1 });
     expect(await w.point(ACCT, "no-crash")).toBe("done");
-    // The provider got OUR key, derived as <scope>:<key>.
-    expect((await listCharges(w.provider.url)).map((ch) => ch.idempotency_key)).toContain("42:no-crash");
+    // The provider got OUR key, naming this claim of the key: <scope>:<claim id>.
+    const claimId = (await w.store.inspect(ACCT, "no-crash"))!.claimId;
+    expect(claimId).toMatch(/^[0-9a-f-]{36}$/);
+    expect((await listCharges(w.provider.url)).map((ch) => ch.idempotency_key)).toContain(`42:${claimId}`);
   });
 
   it("replays a done key without taking a lease", async () => {

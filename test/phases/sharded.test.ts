@@ -12,13 +12,14 @@ import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";
 import type { OpenDb } from "../helpers/db.ts";
+import { TestTime } from "../helpers/time.ts";
 import { claimOf, LEASE_MS, paymentsRunner, serverOrEmbedded, text } from "./helpers.ts";
 
 describe.each(serverOrEmbedded)("phases on a ShardedStore on $name", (backend) => {
   const dbs: OpenDb[] = [];
   let provider: Provider;
   let store: ShardedStore;
-  const now = { ms: Date.UTC(2031, 2, 3, 12) };
+  const now = new TestTime(Date.UTC(2031, 2, 3, 12));
 
   beforeAll(async () => {
     const shards: Record<string, PostgresStore> = {};
@@ -29,7 +30,7 @@ describe.each(serverOrEmbedded)("phases on a ShardedStore on $name", (backend) =
       await open.db.exec(`CREATE TABLE payments (
         id serial PRIMARY KEY, charge_id text NOT NULL, scope text NOT NULL, key text NOT NULL,
         amount_cents int NOT NULL)`);
-      shards[name] = await PostgresStore.open(open.db, { clock: () => now.ms });
+      shards[name] = await PostgresStore.open(open.db, { timeShift: now });
     }
     store = new ShardedStore({ shards, route: (scope) => (scope.endsWith("-1") ? "eu1" : "eu2") });
     provider = await startProvider({ seed: 11 });
@@ -75,6 +76,7 @@ describe.each(serverOrEmbedded)("phases on a ShardedStore on $name", (backend) =
       { scope: "acct-2", key: "crashed", result: "completed", status: 201 },
     ]);
     expect([await rowsOf(0, "crashed"), await rowsOf(1, "crashed")]).toEqual([0, 1]);
-    expect(provider.charges().filter((c) => c.idempotency_key === "acct-2:crashed")).toHaveLength(1);
+    const claimId = (await store.inspect("acct-2", "crashed"))!.claimId;
+    expect(provider.charges().filter((c) => c.idempotency_key === `acct-2:${claimId}`)).toHaveLength(1);
   });
 });

@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { type BrowserContext, chromium, type Locator, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DEMO_ACCOUNTS } from "../../app/accounts.ts";
+import { downstreamKey } from "../../src/core/index.ts";
 import { type RunningService, startService } from "../app/service.ts";
 import { backends } from "../helpers/db.ts";
 
@@ -115,16 +116,19 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
       recovery_point: string;
       status: number | null;
       lease: boolean;
+      claim_id: string | null;
     }>(
-      `SELECT recovery_point, status, lease_token IS NOT NULL AS lease FROM idem.keys
-        WHERE scope = $1 AND key = $2 AND NOT marker`,
+      `SELECT recovery_point, status, lease_token IS NOT NULL AS lease, claim_id::text AS claim_id
+         FROM idem.keys WHERE scope = $1 AND key = $2 AND NOT marker`,
       [ACCOUNT, key],
     );
     expect(rows.length).toBeLessThanOrEqual(1);
     const res = await fetch(`${svc.providerUrl}/v1/charges`);
+    // The provider knows the payment by its claim (`downstreamKey`), not by the client's key.
+    const downstream = rows[0] ? downstreamKey(ACCOUNT, key, rows[0].claim_id) : undefined;
     const charges = (
       (await res.json()) as { data: Array<{ id: string; idempotency_key: string }> }
-    ).data.filter((c) => c.idempotency_key === `${ACCOUNT}:${key}`);
+    ).data.filter((c) => c.idempotency_key === downstream);
     const ids = charges.map((c) => `pay_${c.id.replace(/^ch_/, "")}`);
     const payments = await svc.count(
       "SELECT count(*)::int AS n FROM payments WHERE account_id = $1 AND id = ANY($2::text[])",

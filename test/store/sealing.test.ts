@@ -67,6 +67,30 @@ describe.each(backends)("the atomic store with a sealer on $name", (backend) => 
     await open?.close();
   });
 
+  it("seals the saved headers with the body: the Location's id is not in clear, and replays whole", async () => {
+    const store = await storeWith(k1);
+    const r = {
+      ...reply("located"),
+      headers: [
+        ["content-type", "application/json"],
+        ["location", "/v1/payments/pay_s3cr3t"],
+      ] as Array<[string, string]>,
+    };
+    await store.atomic(claimOf("located"), work(r));
+    const { rows } = await open.db.query<{ headers: string }>(
+      "SELECT headers::text AS headers FROM idem.keys WHERE key = 'located' AND NOT marker",
+    );
+    expect(rows[0]!.headers).not.toContain("pay_s3cr3t");
+    expect(rows[0]!.headers).toMatch(/^"sealed:v1:/);
+    const replay = await store.atomic(claimOf("located"), mustNotRun);
+    expect(replay.response.headers).toEqual(r.headers);
+    expect((await store.inspect("acct_1", "located"))?.saved?.headers).toEqual(r.headers);
+    // A store without the key still answers the inspection, without the headers it cannot open.
+    await expect((await storeWith(k2)).inspect("acct_1", "located")).resolves.toMatchObject({
+      saved: { headers: [] },
+    });
+  });
+
   it("stores a sealed body and replays the reply byte for byte", async () => {
     const store = await storeWith(k1);
     const r = reply("sealed");

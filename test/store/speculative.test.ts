@@ -19,6 +19,7 @@ import { PostgresStore } from "../../src/postgres/store.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";
+import { TestTime } from "../helpers/time.ts";
 
 const enc = new TextEncoder();
 const speculate = { speculate: true };
@@ -181,10 +182,13 @@ describe.each(backends)("work sent with the claim, on $name", (backend) => {
   it("a save that meets a missing partition rolls the handler's writes back and asks for a retry", async () => {
     await migrate(open.db, { schema: "spec_dropped" });
     const now = Date.UTC(2032, 3, 1, 12);
-    const a = await PostgresStore.open(open.db, { schema: "spec_dropped", clock: () => now });
-    // A sweep by an instance whose clock is days ahead drops the partitions a made at open: the key
+    const a = await PostgresStore.open(open.db, { schema: "spec_dropped", timeShift: new TestTime(now) });
+    // A sweep three days later drops the partitions a made at open (a's time is held back): the key
     // row's INSERT then fails (23514), after the handler's statements ran.
-    const sweeper = await PostgresStore.open(open.db, { schema: "spec_dropped", clock: () => now + 3 * DAY });
+    const sweeper = await PostgresStore.open(open.db, {
+      schema: "spec_dropped",
+      timeShift: new TestTime(now + 3 * DAY),
+    });
     expect((await sweeper.sweep()).dropped).toContain(a.partitions.bucketOf(now));
     const c = claimOf("k-far");
     const refused = await a.atomic(c, (tx) => charge(tx, "far"), speculate).catch((e: unknown) => e);

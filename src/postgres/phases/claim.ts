@@ -4,8 +4,9 @@
  *
  *   another fingerprint: 422 (KeyMismatchError), before any lease, so a wrong request never blocks the
  *     real retry; done: replay; in review: 409 operation-uncertain; a live lease: 409 + Retry-After
- *   new key: one committed statement claims it with our lease (random token, expiry from the store's
- *     clock); in the first minutes of a partition, with a boundary marker in the previous partition
+ *   new key: one committed statement claims it with our lease (random token, expiry from the database's
+ *     clock, like every time this file compares); in the first minutes of a partition, with a boundary
+ *     marker in the previous partition
  *   unfinished with a free or expired lease: take the lease over and resume at its recovery point,
  *     with the input stored by the key's first request
  */
@@ -18,13 +19,14 @@ import {
   KeyMismatchError,
   OperationUncertainError,
   openBytes,
+  openHeaders,
   openJson,
   RetryableError,
   sealContext,
   sealJson,
 } from "../../core/index.ts";
 import { RECOVERY_DONE } from "../store.ts";
-import { type KeyTable, liveSince, placement, withPartitions } from "./key-table.ts";
+import { type KeyTable, withPartitions } from "./key-table.ts";
 import { type Lease, retryAfter } from "./lease.ts";
 import { type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
 
@@ -47,13 +49,7 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
 
 /** The live row of a key, read without taking anything. */
 export async function lookupKey(table: KeyTable, scope: string, key: string): Promise<PhaseRow | undefined> {
-  const since = liveSince(table, table.clock());
-  const { rows } = await table.db.query<PhaseRow>(phaseSql(table.schema).lookup, [
-    scope,
-    key,
-    since.iso,
-    since.bucket,
-  ]);
+  const { rows } = await table.db.query<PhaseRow>(phaseSql(table).lookup, [scope, key]);
   return rows[0];
 }
 
@@ -70,7 +66,7 @@ export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOu
     expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
     response: {
       status: row.status,
-      headers: row.headers ?? [],
+      headers: openHeaders(table.sealer, row.headers, claim.scope, claim.key),
       body: openBytes(
         table.sealer,
         row.body ?? new Uint8Array(),
@@ -80,6 +76,13 @@ export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOu
   };
 }
 
+/** What a claim statement returns about the row it inserted. */
+interface Claimed {
+  bucket: number;
+  created_at: Date;
+  claim_id: string;
+}
+
 export async function acquire<I, D>(
   s: ClaimSettings,
   table: KeyTable,
@@ -87,24 +90,34 @@ export async function acquire<I, D>(
   input: I,
   signal: AbortSignal | undefined,
 ): Promise<AtomicOutcome | Lease<I, D>> {
-  const sql = phaseSql(table.schema);
+  const sql = phaseSql(table);
   let row: PhaseRow | undefined;
-  const now = table.clock();
-  const { bucket, marker } = placement(table, now, true);
-  if (!marker && !signal?.aborted) {
-    // The common case in one round trip: look the key up and, if it is new, claim it with our lease.
+  if (!signal?.aborted) {
+    // The common case in one round trip: look the key up and, if it is new (and no boundary marker is
+    // due: the database's now decides), claim it with our lease.
     const token = randomUUID();
-    const since = liveSince(table, now);
-    const params = [...claimParams(s, table, claim, bucket, token, now, input), since.bucket];
     const { rows } = await withPartitions(table, () =>
-      table.db.query<PhaseRow & { claimed: number; found: boolean }>(
+      table.db.query<
+        PhaseRow & {
+          found: boolean;
+          needs_marker: boolean;
+          claimed_bucket: number | null;
+          claimed_at: Date | null;
+          claimed_id: string | null;
+        }
+      >(
         s.asyncRecoveryPoints ? sql.lookupOrClaimAsync : sql.lookupOrClaim,
-        params,
+        claimParams(s, table, claim, token, input),
       ),
     );
     const got = rows[0]!;
-    if (Number(got.claimed) === 1) return newLease(table, sql, claim, bucket, token, now, input, s.first);
-    row = got.found ? got : await lookupKey(table, claim.scope, claim.key);
+    if (got.claimed_bucket !== null && got.claimed_bucket !== undefined) {
+      const claimed = { bucket: got.claimed_bucket, created_at: got.claimed_at!, claim_id: got.claimed_id! };
+      return newLease(table, claim, claimed, token, input, s.first);
+    }
+    // Not claimed: a live row is there, or a boundary marker is due (claimNew below), or a concurrent
+    // claim won the insert (read what it wrote).
+    row = got.found ? got : got.needs_marker ? undefined : await lookupKey(table, claim.scope, claim.key);
   } else {
     row = await lookupKey(table, claim.scope, claim.key);
   }
@@ -130,58 +143,49 @@ export async function acquire<I, D>(
   }
 }
 
-/** $1..$11 of the claim statements. */
-function claimParams<I>(
-  s: ClaimSettings,
-  table: KeyTable,
-  claim: Claim,
-  bucket: number,
-  token: string,
-  now: number,
-  input: I,
-): unknown[] {
+/** $1..$8 of the claim statements. */
+function claimParams<I>(s: ClaimSettings, table: KeyTable, claim: Claim, token: string, input: I): unknown[] {
   return [
-    bucket,
     claim.scope,
     claim.key,
     claim.fingerprint,
-    new Date(now).toISOString(),
     s.first,
     token,
-    new Date(now + s.leaseMs).toISOString(),
+    s.leaseMs,
     s.name,
     JSON.stringify(sealJson(table.sealer, input, sealContext(claim.scope, claim.key, "request"))),
-    liveSince(table, now).iso,
   ];
 }
 
 function newLease<I, D>(
   table: KeyTable,
-  sql: PhaseSql,
   claim: Claim,
-  bucket: number,
+  claimed: Claimed,
   token: string,
-  now: number,
   input: I,
   point: string,
 ): Lease<I, D> {
   return {
     table,
-    sql,
+    get sql() {
+      return phaseSql(table);
+    },
     claim,
-    bucket,
+    bucket: Number(claimed.bucket),
+    claimId: claimed.claim_id,
     token,
     point,
     data: {},
-    createdAt: new Date(now),
+    createdAt: new Date(claimed.created_at),
     input,
     attempted: false,
   };
 }
 
 /**
- * Insert the key row with our lease, committed at once; with a boundary marker, both rows go in
- * together or not at all. Undefined when someone else's live row is there.
+ * Insert the key row with our lease, committed at once; with a boundary marker (when the database's
+ * now is in the first minutes of a partition), both rows go in together or not at all. Undefined when
+ * someone else's live row is there.
  */
 async function claimNew<I, D>(
   s: ClaimSettings,
@@ -191,27 +195,25 @@ async function claimNew<I, D>(
   input: I,
   withMarker: boolean,
 ): Promise<Lease<I, D> | undefined> {
-  const now = table.clock();
-  const { bucket, marker } = placement(table, now, withMarker);
   const token = randomUUID();
-  const params = claimParams(s, table, claim, bucket, token, now, input);
-  const claimed = await withPartitions(table, async () => {
-    if (!marker) return (await table.db.query(sql.claim, params)).rows.length === 1;
-    return table.db
+  const params = [...claimParams(s, table, claim, token, input), withMarker];
+  const claimed = await withPartitions(table, () =>
+    table.db
       .transaction(async (tx) => {
-        const r = await tx.query(sql.claimWithMarker, [...params, bucket - 1]);
-        if (r.rows.length !== 2) throw CONFLICT;
-        return true;
+        const r = await tx.query<Claimed & { inserted: number; wanted_marker: boolean }>(sql.claim, params);
+        const got = r.rows[0]!;
+        if (Number(got.inserted) !== (got.wanted_marker ? 2 : 1)) throw CONFLICT;
+        return got;
       })
       .catch((err) => {
-        if (err === CONFLICT) return false;
+        if (err === CONFLICT) return undefined;
         throw err;
-      });
-  });
-  return claimed ? newLease(table, sql, claim, bucket, token, now, input, s.first) : undefined;
+      }),
+  );
+  return claimed ? newLease(table, claim, claimed, token, input, s.first) : undefined;
 }
 
-/** Take over an unfinished key whose lease is free or expired. */
+/** Take over an unfinished key whose lease is free or expired (by the database's clock). */
 async function takeLease<I, D>(
   s: ClaimSettings,
   table: KeyTable,
@@ -220,25 +222,19 @@ async function takeLease<I, D>(
   row: PhaseRow,
   input: I,
 ): Promise<AtomicOutcome | Lease<I, D>> {
-  const now = table.clock();
-  if (row.lease_token && row.lease_until && new Date(row.lease_until).getTime() > now) {
-    throw new KeyInFlightError(retryAfter(row.lease_until, now));
+  if (row.lease_token && Number(row.lease_left_s) > 0) {
+    throw new KeyInFlightError(retryAfter(row.lease_left_s));
   }
   // Open the stored input BEFORE taking the lease: one that cannot be opened (a dropped key, an altered
   // value) fails this request without leaving a lease nobody holds.
   const context = sealContext(claim.scope, claim.key, "request");
   const stored = openJson(table.sealer, row.request, context);
   const token = randomUUID();
+  // The statement takes the lease only if it is free or expired by the database's clock: the check
+  // above is a shortcut, this is the decision.
   const { rows } = await table.db.query<
     Pick<PhaseRow, "recovery_point" | "phase_data" | "request" | "attempted_at">
-  >(sql.takeLease, [
-    claim.scope,
-    claim.key,
-    row.bucket,
-    token,
-    new Date(now + s.leaseMs).toISOString(),
-    new Date(now).toISOString(),
-  ]);
+  >(sql.takeLease, [claim.scope, claim.key, row.bucket, token, s.leaseMs]);
   const taken = rows[0];
   if (taken) {
     if (row.lease_token) {
@@ -246,9 +242,12 @@ async function takeLease<I, D>(
     }
     return {
       table,
-      sql,
+      get sql() {
+        return phaseSql(table);
+      },
       claim,
       bucket: row.bucket,
+      claimId: row.claim_id ?? null,
       token,
       point: taken.recovery_point,
       data: { ...(taken.phase_data ?? {}) } as Partial<D>,
@@ -266,7 +265,7 @@ async function takeLease<I, D>(
   if (again) {
     const replay = answerOf(table, claim, again);
     if (replay) return replay;
-    throw new KeyInFlightError(retryAfter(again.lease_until, table.clock()));
+    throw new KeyInFlightError(retryAfter(again.lease_left_s));
   }
   throw new KeyInFlightError(1);
 }

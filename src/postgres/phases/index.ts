@@ -3,7 +3,7 @@
  *
  * A request is a small state machine of named phases, e.g. `started -> charged -> done`. Each phase is
  * either ONE local transaction or ONE external call made idempotent by a key derived from ours
- * (`ctx.idempotencyKey`, `<scope>:<key>`). Never two external calls in one phase: a crash between them
+ * (`ctx.idempotencyKey`, `<scope>:<claim id>`: this claim of the key). Never two external calls in one phase: a crash between them
  * would leave no way to tell which one happened.
  *
  *   const payments = definePhases<{ amount: number }, { chargeId: string }>({

@@ -5,7 +5,7 @@
  */
 import { type AtomicStore, isMissingPartition, type Sealer } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
-import type { Partitions } from "../partitions.ts";
+import type { DbTime } from "../db-time.ts";
 
 /** One database's keys table, as phases mode uses it (a `PostgresStore` is one). */
 export interface KeyTable {
@@ -17,11 +17,12 @@ export interface KeyTable {
   readonly lockTimeoutMs: number;
   /** Claims made this soon after a partition starts also mark the previous partition. */
   readonly boundaryOverlapMs: number;
-  /** The clock leases are measured by, in epoch ms. */
-  readonly clock: () => number;
+  /** The time its statements read: the database's clock (`now()`), moved by the store's time shift. */
+  readonly dbTime: DbTime;
   /** Seals saved bodies and stored inputs at rest (`PostgresStoreOptions.sealer`); none: in clear. */
   readonly sealer?: Sealer;
-  readonly partitions: Pick<Partitions, "bucketOf" | "startOf" | "ensure">;
+  /** Make sure the partitions around the database's now exist. */
+  ensurePartitions(): Promise<void>;
 }
 
 /** Several keys tables, one per shard, with the scope's route (a `ShardedStore` is one). */
@@ -51,35 +52,15 @@ export function tablesOf(store: KeyTable | ShardedKeyTables): KeyTable[] {
   return isSharded(store) ? Object.values(store.shards) : [store];
 }
 
-/**
- * Where a claim made at `now` goes: its bucket, and whether it also marks the previous bucket (claims
- * in the first `boundaryOverlapMs` of a partition do, unless a retry turned markers off).
- */
-export function placement(
-  table: KeyTable,
-  now: number,
-  withMarker: boolean,
-): { bucket: number; marker: boolean } {
-  const bucket = table.partitions.bucketOf(now);
-  const first = now - table.partitions.startOf(bucket) < table.boundaryOverlapMs;
-  return { bucket, marker: withMarker && first };
-}
-
-/** The oldest live creation time at `now`, and its bucket: rows older than it are expired. */
-export function liveSince(table: KeyTable, now: number): { bucket: number; iso: string } {
-  const oldest = now - table.retentionMs;
-  return { bucket: table.partitions.bucketOf(oldest), iso: new Date(oldest).toISOString() };
-}
-
 /** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
 export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();
   } catch (err) {
-    // 23514 "no partition of relation ... found for row": a clock far from the partitions made at start.
+    // 23514 "no partition of relation ... found for row": the database's now moved past the partitions
+    // made so far (no sweep ran lately).
     if (!isMissingPartition(err)) throw err;
-    const b = table.partitions.bucketOf(table.clock());
-    await table.partitions.ensure([b - 1, b, b + 1]);
+    await table.ensurePartitions();
     return fn();
   }
 }

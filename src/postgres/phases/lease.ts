@@ -12,9 +12,15 @@ import type { PhaseSql } from "./sql.ts";
 export interface Lease<I, D> {
   /** The keys table of the claim's scope. */
   table: KeyTable;
-  sql: PhaseSql;
+  /** The table's statements, at its current time shift. */
+  readonly sql: PhaseSql;
   claim: Claim;
   bucket: number;
+  /**
+   * The key row's claim identity (`keys.claim_id`): new when the key is claimed, the same across
+   * retries and takeovers of that claim. Null for a row claimed before sql/0008.
+   */
+  claimId: string | null;
   token: string;
   point: string;
   data: Partial<D>;
@@ -39,10 +45,9 @@ export interface Lease<I, D> {
  */
 export const MAX_IN_FLIGHT_RETRY_AFTER_S = 2;
 
-export function retryAfter(until: Date | string | null | undefined, now: number): number {
-  if (!until) return 1;
-  const left = Math.ceil((new Date(until).getTime() - now) / 1000);
-  return Math.min(MAX_IN_FLIGHT_RETRY_AFTER_S, Math.max(1, left));
+/** The `Retry-After` for a lease with `leftSeconds` left (as the database's clock measured it). */
+export function retryAfter(leftSeconds: number | null | undefined): number {
+  return Math.min(MAX_IN_FLIGHT_RETRY_AFTER_S, Math.max(1, Math.ceil(Number(leftSeconds) || 0)));
 }
 
 /** $1..$4 of every fenced statement: the row, and our token. */
@@ -50,13 +55,9 @@ export function fence(lease: Lease<unknown, unknown>): [string, string, number, 
   return [lease.claim.scope, lease.claim.key, lease.bucket, lease.token];
 }
 
-export function nowIso(table: KeyTable): string {
-  return new Date(table.clock()).toISOString();
-}
-
 /** Free the lease at once (a retry need not wait for it to expire). */
 export async function release(lease: Lease<unknown, unknown>): Promise<void> {
-  await lease.table.db.query(lease.sql.release, [...fence(lease), nowIso(lease.table)]);
+  await lease.table.db.query(lease.sql.release, fence(lease));
 }
 
 /**
@@ -75,9 +76,9 @@ export function heartbeat(
   const timer = setInterval(() => {
     if (busy || lost.signal.aborted) return;
     busy = true;
-    const until = new Date(lease.table.clock() + leaseMs).toISOString();
+    // The new expiry is the database's now plus the lease (sql.ts), whatever this process's clock says.
     lease.table.db
-      .query(lease.sql.renew, [...fence(lease), until])
+      .query(lease.sql.renew, [...fence(lease), leaseMs])
       .then(
         (r) => {
           if (r.rowCount === 0) {

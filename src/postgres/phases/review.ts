@@ -14,30 +14,32 @@ import {
   type StoredResponse,
   sealBytes,
   sealContext,
+  sealHeaders,
 } from "../../core/index.ts";
 import type { KeyTable, ShardedKeyTables } from "./key-table.ts";
 import { tableFor, tablesOf } from "./key-table.ts";
-import { fence, type Lease, nowIso } from "./lease.ts";
+import { fence, type Lease } from "./lease.ts";
 
 /** Send the key under our lease to review. Returns false when the lease was no longer ours. */
 export async function markForReview(lease: Lease<unknown, unknown>, reason: string): Promise<boolean> {
   const s = lease.table.schema;
+  const now = lease.table.dbTime.now;
   const { rows } = await lease.table.db.query<{ marked: number }>(
     `WITH marked AS (
-       UPDATE ${s}.keys SET needs_review_at = $5::timestamptz, lease_token = NULL, lease_until = NULL,
-                            updated_at = $5::timestamptz
+       UPDATE ${s}.keys SET needs_review_at = ${now}, lease_token = NULL, lease_until = NULL,
+                            updated_at = ${now}
         WHERE scope = $1 AND key = $2 AND bucket = $3 AND NOT marker AND lease_token = $4::uuid
         RETURNING scope, key, created_at, runner, recovery_point, request, phase_data
      ), opened AS (
        INSERT INTO ${s}.reviews (scope, key, key_created_at, runner, recovery_point, request, phase_data,
                                 reason, opened_at)
-       SELECT scope, key, created_at, runner, recovery_point, request, phase_data, $6, $5::timestamptz
+       SELECT scope, key, created_at, runner, recovery_point, request, phase_data, $5, ${now}
          FROM marked
        ON CONFLICT (scope, key, key_created_at) WHERE settled_at IS NULL DO NOTHING
        RETURNING id
      )
      SELECT (SELECT count(*) FROM marked)::int AS marked, (SELECT count(*) FROM opened)::int AS opened`,
-    [...fence(lease), nowIso(lease.table), reason],
+    [...fence(lease), reason],
   );
   return Number(rows[0]?.marked) === 1;
 }
@@ -126,17 +128,17 @@ export async function reviewGauge(
   store: KeyTable | ShardedKeyTables,
 ): Promise<{ open: number; oldestSeconds: number }> {
   let open = 0;
-  let oldest = Number.POSITIVE_INFINITY;
-  let now = Date.now();
+  let oldestSeconds = 0;
   for (const t of tablesOf(store)) {
-    now = t.clock();
-    const { rows } = await t.db.query<{ n: number; oldest: Date | null }>(
-      `SELECT count(*)::int AS n, min(opened_at) AS oldest FROM ${t.schema}.reviews WHERE settled_at IS NULL`,
+    // The age by the database's clock, like the times it is measured from.
+    const { rows } = await t.db.query<{ n: number; age: number | null }>(
+      `SELECT count(*)::int AS n, extract(epoch FROM ${t.dbTime.now} - min(opened_at))::float8 AS age
+         FROM ${t.schema}.reviews WHERE settled_at IS NULL`,
     );
     open += Number(rows[0]?.n ?? 0);
-    if (rows[0]?.oldest) oldest = Math.min(oldest, new Date(rows[0].oldest).getTime());
+    if (rows[0]?.age != null) oldestSeconds = Math.max(oldestSeconds, Math.round(Number(rows[0].age)));
   }
-  return { open, oldestSeconds: open === 0 ? 0 : Math.max(0, Math.round((now - oldest) / 1000)) };
+  return { open, oldestSeconds: open === 0 ? 0 : Math.max(0, oldestSeconds) };
 }
 
 /** Thrown by `settleKey` when the key has no open review. */
@@ -163,7 +165,7 @@ export async function settleKey(
   if (!settlement.note?.trim()) throw new Error("a settlement needs a note (what was found, where)");
   const t = tableFor(store, scope);
   const s = t.schema;
-  const now = nowIso(t);
+  const now = t.dbTime.now;
   return t.db.transaction(async (tx) => {
     const { rows } = await tx.query<ReviewRow>(
       `SELECT * FROM ${s}.reviews WHERE scope = $1 AND key = $2 AND settled_at IS NULL
@@ -172,16 +174,18 @@ export async function settleKey(
     );
     const review = rows[0];
     if (!review) throw new NoOpenReviewError(scope, key);
-    const row = [scope, key, new Date(review.key_created_at).toISOString()];
-    const where = `scope = $1 AND key = $2 AND created_at = $3::timestamptz AND NOT marker
-                   AND needs_review_at IS NOT NULL`;
+    // The key row the review was opened for: its created_at as the review copied it, in SQL (the
+    // database's timestamps have microseconds, which a round trip through a JS Date would lose).
+    const row = [scope, key, review.id];
+    const where = `scope = $1 AND key = $2 AND NOT marker AND needs_review_at IS NOT NULL
+                   AND created_at = (SELECT key_created_at FROM ${s}.reviews WHERE id = $3)`;
     if ("resume" in settlement) {
       await tx.query(
         `UPDATE ${s}.keys SET needs_review_at = NULL, attempted_at = NULL, lookup_failures = 0,
                 recovery_point = $4, phase_data = coalesce(phase_data, '{}'::jsonb) || $5::text::jsonb,
-                updated_at = $6::timestamptz
+                updated_at = ${now}
           WHERE ${where}`,
-        [...row, settlement.resume, JSON.stringify(settlement.data ?? {}), now],
+        [...row, settlement.resume, JSON.stringify(settlement.data ?? {})],
       );
     } else {
       const answer: StoredResponse = {
@@ -191,21 +195,20 @@ export async function settleKey(
       };
       await tx.query(
         `UPDATE ${s}.keys SET needs_review_at = NULL, attempted_at = NULL, recovery_point = 'done',
-                status = $4, headers = $5::text::jsonb, body = $6, updated_at = $7::timestamptz
+                status = $4, headers = $5::text::jsonb, body = $6, updated_at = ${now}
           WHERE ${where}`,
         [
           ...row,
           answer.status,
-          JSON.stringify(answer.headers),
+          sealHeaders(t.sealer, answer.headers, scope, key),
           sealBytes(t.sealer, answer.body, sealContext(scope, key, "body")),
-          now,
         ],
       );
     }
     const { rows: settled } = await tx.query<ReviewRow>(
-      `UPDATE ${s}.reviews SET settled_at = $2::timestamptz, settled_by = $3, settlement = $4::text::jsonb
+      `UPDATE ${s}.reviews SET settled_at = ${now}, settled_by = $2, settlement = $3::text::jsonb
         WHERE id = $1 RETURNING *`,
-      [review.id, now, by, JSON.stringify(settlement)],
+      [review.id, by, JSON.stringify(settlement)],
     );
     return toReview(settled[0]!, t.sealer);
   });

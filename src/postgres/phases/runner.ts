@@ -6,6 +6,7 @@ import {
   type AtomicOutcome,
   type Claim,
   DEFAULT_REPLAYED_HEADERS,
+  downstreamKey,
   encodeOperationRef,
   filterHeaders,
   isDatabaseUnavailable,
@@ -19,7 +20,9 @@ import {
   type StoredResponse,
   sealBytes,
   sealContext,
+  sealHeaders,
   sqlStateOf,
+  withGuardedTx,
 } from "../../core/index.ts";
 import { RECOVERY_DONE } from "../store.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
@@ -32,9 +35,16 @@ import {
 } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
 import { type PhaseStore, tableFor } from "./key-table.ts";
-import { fence, heartbeat, type Lease, nowIso, release, retryAfter } from "./lease.ts";
+import { fence, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
+
+/**
+ * The default lease: how long a crashed worker blocks its key. With the client's default deadline of
+ * 30 s and Retry-After of at most 2 s, a call whose server died mid-provider-call sees the key taken
+ * over about 10 s later and still gets its answer within its deadline (a 30 s lease never could).
+ */
+export const DEFAULT_LEASE_MS = 10_000;
 
 /** Carries an unsaved answer out of a local transaction, rolling it back. */
 class Unsaved {
@@ -82,7 +92,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         throw new Error(`definePhases: phase "${name}" goes on to "${p.next}", which is not a phase`);
       }
     }
-    this.leaseMs = options.leaseMs ?? 30_000;
+    this.leaseMs = options.leaseMs ?? DEFAULT_LEASE_MS;
     this.heartbeatMs = options.heartbeatMs ?? Math.floor(this.leaseMs / 3);
     this.answerWithinMs = options.answerWithinMs ?? 5_000;
     this.maxLookupFailures = Math.max(1, options.maxLookupFailures ?? 5);
@@ -124,8 +134,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           driving.catch((err) =>
             this.options.onBackgroundError?.(err, { scope: claim.scope, key: claim.key }),
           );
-          const now = table.clock();
-          reject(new KeyInFlightError(retryAfter(new Date(now + this.leaseMs), now)));
+          reject(new KeyInFlightError(retryAfter(this.leaseMs / 1000)));
         },
         Math.max(0, bound - (performance.now() - started)),
       );
@@ -199,7 +208,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     }
     if (careful) {
       // Durable (never asynchronous): a crash must not forget that a call may have begun.
-      const r = await lease.table.db.query(lease.sql.attempt, [...fence(lease), nowIso(lease.table)]);
+      const r = await lease.table.db.query(lease.sql.attempt, fence(lease));
       if (r.rowCount !== 1) throw new LeaseLostError();
       lease.attempted = true;
     }
@@ -245,10 +254,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       return (await phase.lookup(ctx)) ?? undefined;
     } catch (err) {
       const message = String((err as Error)?.message ?? err);
-      const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, [
-        ...fence(lease),
-        nowIso(lease.table),
-      ]);
+      const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, fence(lease));
       if (r.rows.length === 0) throw new LeaseLostError();
       if (Number(r.rows[0]!.lookup_failures) >= this.maxLookupFailures) {
         return this.toReview(lease, `${why}; ${this.maxLookupFailures} lookups could not tell (${message})`);
@@ -324,13 +330,14 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           if (tx.pipelined) {
             // The phase's first statement leaves with BEGIN and the lock; it is answered only once the
             // fence held (FencedTx), and the fence's error wins over whatever the phase made of it.
-            const running = phase.local(ctx, new FencedTx(tx, held));
+            const running = withGuardedTx(new FencedTx(tx, held), (fenced) => phase.local(ctx, fenced));
             running.catch(() => {});
             await held;
             step = await running;
           } else {
             await held;
-            step = await phase.local(ctx, tx);
+            // Fenced: what the phase keeps past its return fails at once (guarded-tx.ts).
+            step = await withGuardedTx(tx, (guarded) => phase.local(ctx, guarded));
           }
           // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
           // (one round trip on a pipelining driver), still fenced by the token.
@@ -371,7 +378,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     return {
       scope,
       key,
-      idempotencyKey: `${scope}:${key}`,
+      claimId: lease.claimId,
+      idempotencyKey: downstreamKey(scope, key, lease.claimId),
       input: lease.input,
       signal,
       get data() {
@@ -399,14 +407,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   }
 
   private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
-    const now = lease.table.clock();
-    return [
-      ...fence(lease),
-      next,
-      JSON.stringify(data ?? {}),
-      new Date(now + this.leaseMs).toISOString(), // a fresh lease for the next phase
-      new Date(now).toISOString(),
-    ];
+    // A fresh lease for the next phase: the database's now plus leaseMs.
+    return [...fence(lease), next, JSON.stringify(data ?? {}), this.leaseMs];
   }
 
   private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
@@ -414,10 +416,14 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     return [
       ...fence(lease),
       saved.status,
-      JSON.stringify(filterHeaders(saved.headers, this.replayHeaders)),
+      sealHeaders(
+        lease.table.sealer,
+        filterHeaders(saved.headers, this.replayHeaders),
+        lease.claim.scope,
+        lease.claim.key,
+      ),
       sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
       JSON.stringify(step.data ?? {}),
-      nowIso(lease.table),
     ];
   }
 

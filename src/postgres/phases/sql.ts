@@ -1,18 +1,27 @@
 /**
- * Phases mode's SQL, per schema. Every statement is written out whole (no string surgery): the few
+ * Phases mode's SQL, per keys table. Every statement is written out whole (no string surgery): the few
  * variants (a boundary marker, an asynchronous commit) are composed from named parts.
  *
- * The claim statements take: $1 bucket, $2 scope, $3 key, $4 fingerprint, $5 created_at, $6 first
- * recovery point, $7 lease token, $8 lease expiry, $9 runner name, $10 input (JSON text), $11 the oldest
- * live created_at. The fenced statements take: $1 scope, $2 key, $3 bucket, $4 our lease token; every
- * write they make ends in `AND lease_token = $4`, so a worker whose lease was taken over changes nothing.
+ * Time is the database's (db-time.ts): every expiry, lease and placement below is computed from `NOW`
+ * inside the statement, so workers whose clocks disagree still agree on who holds a key. The store's
+ * constants (its time shift, partition width, retention, boundary overlap) are literals in the text;
+ * what varies per call is a parameter.
+ *
+ * The claim statements take: $1 scope, $2 key, $3 fingerprint, $4 first recovery point, $5 lease token,
+ * $6 lease length in ms, $7 runner name, $8 input (JSON text). The fenced statements take: $1 scope,
+ * $2 key, $3 bucket, $4 our lease token; every write they make ends in `AND lease_token = $4`, so a
+ * worker whose lease was taken over changes nothing.
  */
+import { DbTime } from "../db-time.ts";
 import type { KeyRow } from "../store.ts";
+import type { KeyTable } from "./key-table.ts";
 
 /** A key row as phases mode reads it. */
 export interface PhaseRow extends KeyRow {
   lease_token: string | null;
   lease_until: Date | null;
+  /** Whole seconds left on a live lease, by the database's clock (0: free or expired). */
+  lease_left_s: number;
   phase_data: Record<string, unknown> | null;
   /** The input stored by the key's first request (JSON). */
   request: unknown;
@@ -24,42 +33,22 @@ export interface PhaseRow extends KeyRow {
   needs_review_at: Date | null;
 }
 
-const ROW = `bucket, fingerprint, created_at, recovery_point, status, headers, body,
-             lease_token::text AS lease_token, lease_until, phase_data, request,
-             attempted_at, lookup_failures, needs_review_at`;
-/** The live (unexpired) row of (scope, key), given the oldest live created_at and its bucket. */
-const live = (scope: string, key: string, oldest: string, bucket: string) =>
-  `scope = ${scope} AND key = ${key} AND NOT marker AND bucket >= ${bucket} AND created_at > ${oldest}::timestamptz`;
-const COLUMNS = `(bucket, scope, key, fingerprint, created_at, recovery_point, lease_token, lease_until, runner,
-                  request, updated_at, marker)`;
-const CLAIMED =
-  "$2, $3, $4, $5::timestamptz, $6, $7::uuid, $8::timestamptz, $9, $10::text::jsonb, $5::timestamptz";
-/**
- * A row already under this (scope, key, bucket) blocks the claim, unless it has expired: with a
- * retention shorter than a partition, a key reused after its expiry lands on its old row's primary key,
- * and "after expiry the key is new" means that row is replaced, whole.
- */
-const REPLACE_EXPIRED = `ON CONFLICT (scope, key, bucket) DO UPDATE
-           SET marker = excluded.marker, fingerprint = excluded.fingerprint, created_at = excluded.created_at,
-               recovery_point = excluded.recovery_point, status = NULL, headers = NULL, body = NULL,
-               resource_id = NULL, lease_token = excluded.lease_token, lease_until = excluded.lease_until,
-               runner = excluded.runner, request = excluded.request, phase_data = NULL,
-               updated_at = excluded.updated_at, attempted_at = NULL, lookup_failures = 0,
-               needs_review_at = NULL
-         WHERE k.created_at <= $11::timestamptz
-        RETURNING marker`;
-
-/** Phases mode's statements for one schema. */
+/** Phases mode's statements for one keys table. */
 export interface PhaseSql {
-  /** The live row of a key ($1 scope, $2 key, $3 oldest live created_at, $4 its bucket). */
+  /** The live row of a key ($1 scope, $2 key). */
   lookup: string;
-  /** Look up and, when there is no live row, claim: one round trip ($1..$12). */
+  /**
+   * Look up and, when there is no live row and no boundary marker is due, claim: one round trip
+   * ($1..$8). Returns the live row (`found`), or what was claimed (`claimed_*`), or `needs_marker`.
+   */
   lookupOrClaim: string;
   /** The same, committed without waiting for the WAL flush. */
   lookupOrClaimAsync: string;
-  /** Insert the claim ($1..$11); with a boundary marker in bucket $12 too. */
+  /**
+   * Insert the claim ($1..$8), with a boundary marker in the previous bucket when one is due and $9 is
+   * true. Run in a transaction: `inserted` must be 2 with a marker, else 1.
+   */
   claim: string;
-  claimWithMarker: string;
   takeLease: string;
   advance: string;
   advanceAsync: string;
@@ -71,42 +60,89 @@ export interface PhaseSql {
   lookupFailed: string;
 }
 
-function build(s: string): PhaseSql {
+const COLUMNS = `(bucket, scope, key, fingerprint, created_at, recovery_point, lease_token, lease_until, runner,
+                  request, updated_at, marker)`;
+
+function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
+  const NOW = t.now;
+  const leaseUntil = (param: string) => DbTime.plusMs(NOW, param);
+  const ROW = `bucket, fingerprint, created_at, recovery_point, status, headers, body, claim_id::text AS claim_id,
+             lease_token::text AS lease_token, lease_until, phase_data, request, attempted_at, lookup_failures,
+             needs_review_at,
+             CASE WHEN lease_until > ${NOW} THEN ceil(extract(epoch FROM lease_until - ${NOW}))::int ELSE 0 END
+               AS lease_left_s`;
+  /** The live (unexpired) row of (scope, key): created after the oldest live instant, in a live bucket. */
+  const live = (scope: string, key: string) =>
+    `scope = ${scope} AND key = ${key} AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}`;
   const found = (where: string) => `SELECT ${ROW} FROM ${s}.keys WHERE ${where} ORDER BY bucket DESC LIMIT 1`;
-  // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row.
-  const lookupOrClaim = (asyncCommit: boolean) => `WITH found AS (${found(live("$2", "$3", "$11", "$12"))}),
+  /**
+   * Where a claim made now goes, and whether it also marks the previous bucket: claims in the first
+   * `overlapMs` of a partition do, so that two first claims racing across a partition boundary meet
+   * on one unique index.
+   */
+  const place = `SELECT ${t.bucket} AS bucket,
+         extract(epoch FROM ${NOW})::float8 * 1000 - ${t.bucket}::float8 * ${Math.trunc(t.widthMs)} < ${Math.trunc(overlapMs)}
+           AS marker`;
+  const claimed = `$1, $2, $3, ${NOW}, $4, $5::uuid, ${leaseUntil("$6")}, $7, $8::text::jsonb, ${NOW}`;
+  /**
+   * A row already under this (scope, key, bucket) blocks the claim, unless it has expired: with a
+   * retention shorter than a partition, a key reused after its expiry lands on its old row's primary
+   * key, and "after expiry the key is new" means that row is replaced, whole, with a new claim id.
+   */
+  const replaceExpired = `ON CONFLICT (scope, key, bucket) DO UPDATE
+           SET marker = excluded.marker, fingerprint = excluded.fingerprint, created_at = excluded.created_at,
+               recovery_point = excluded.recovery_point, status = NULL, headers = NULL, body = NULL,
+               resource_id = NULL, lease_token = excluded.lease_token, lease_until = excluded.lease_until,
+               runner = excluded.runner, request = excluded.request, phase_data = NULL,
+               updated_at = excluded.updated_at, attempted_at = NULL, lookup_failures = 0,
+               needs_review_at = NULL, claim_id = excluded.claim_id
+         WHERE k.created_at <= ${t.oldest}`;
+  const claimedCols = "bucket, created_at, claim_id::text AS claim_id, marker";
+  // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row and
+  // no boundary marker is due (that claim takes `claim`, in a transaction).
+  const lookupOrClaim = (asyncCommit: boolean) => `WITH found AS (${found(live("$1", "$2"))}),
+         place AS (${place}),
          claimed AS (
            INSERT INTO ${s}.keys AS k ${COLUMNS}
-           SELECT $1, ${CLAIMED}, false WHERE NOT EXISTS (SELECT 1 FROM found)
-           ${REPLACE_EXPIRED}
+           SELECT p.bucket, ${claimed}, false FROM place p
+            WHERE NOT p.marker AND NOT EXISTS (SELECT 1 FROM found)
+           ${replaceExpired}
+           RETURNING ${claimedCols}
          )
-    SELECT f.*, f.bucket IS NOT NULL AS found, (SELECT count(*) FROM claimed)::int AS claimed
+    SELECT f.*, f.bucket IS NOT NULL AS found, p.marker AS needs_marker, c.bucket AS claimed_bucket,
+           c.created_at AS claimed_at, c.claim_id AS claimed_id
            ${asyncCommit ? ", set_config('synchronous_commit', 'off', true) AS async_commit" : ""}
-      FROM (VALUES (1)) AS one (x) LEFT JOIN found f ON true`;
-  const claim = (marker: boolean) =>
-    `INSERT INTO ${s}.keys AS k ${COLUMNS}
-     VALUES ($1, ${CLAIMED}, false)${marker ? `, ($12, ${CLAIMED}, true)` : ""}
-     ${REPLACE_EXPIRED}`;
+      FROM place p LEFT JOIN found f ON true LEFT JOIN claimed c ON true`;
 
   const fence = "scope = $1 AND key = $2 AND bucket = $3 AND NOT marker AND lease_token = $4::uuid";
   const advance = `UPDATE ${s}.keys
         SET recovery_point = $5, phase_data = coalesce(phase_data, '{}'::jsonb) || $6::text::jsonb,
-            lease_until = $7::timestamptz, updated_at = $8::timestamptz, attempted_at = NULL, lookup_failures = 0
+            lease_until = ${leaseUntil("$7")}, updated_at = ${NOW}, attempted_at = NULL, lookup_failures = 0
       WHERE ${fence}`;
   return {
-    lookup: found(live("$1", "$2", "$3", "$4")),
+    lookup: found(live("$1", "$2")),
     lookupOrClaim: lookupOrClaim(false),
     // set_config(..., true) is local to this statement's own transaction and read at its commit: no
     // extra round trip, and the session's setting is left alone.
     lookupOrClaimAsync: lookupOrClaim(true),
-    claim: claim(false),
-    claimWithMarker: claim(true),
-    // Free, or the holder's lease ran out (by the store's clock). Never a finished row, never one
-    // waiting for a person. Returns what a resumed worker needs, the first request's input included.
-    takeLease: `UPDATE ${s}.keys SET lease_token = $4::uuid, lease_until = $5::timestamptz, updated_at = $6::timestamptz
+    claim: `WITH place AS (SELECT bucket, marker AND $9::boolean AS marker FROM (${place}) p0),
+         ins AS (
+           INSERT INTO ${s}.keys AS k ${COLUMNS}
+           SELECT p.bucket - m.back, ${claimed}, m.back = 1
+             FROM place p, (VALUES (0), (1)) AS m (back) WHERE m.back = 0 OR p.marker
+           ${replaceExpired}
+           RETURNING ${claimedCols}
+         )
+    SELECT (SELECT count(*) FROM ins)::int AS inserted, p.marker AS wanted_marker, i.bucket, i.created_at,
+           i.claim_id
+      FROM place p LEFT JOIN ins i ON NOT i.marker`,
+    // Free, or the holder's lease ran out, by the database's clock: two workers whose own clocks
+    // disagree by hours still agree here. Never a finished row, never one waiting for a person.
+    // Returns what a resumed worker needs, the first request's input included.
+    takeLease: `UPDATE ${s}.keys SET lease_token = $4::uuid, lease_until = ${leaseUntil("$5")}, updated_at = ${NOW}
                  WHERE scope = $1 AND key = $2 AND bucket = $3 AND NOT marker
                    AND recovery_point <> 'done' AND needs_review_at IS NULL
-                   AND (lease_until IS NULL OR lease_until <= $6::timestamptz)
+                   AND (lease_until IS NULL OR lease_until <= ${NOW})
              RETURNING recovery_point, phase_data, request, attempted_at, lookup_failures`,
     advance,
     // Only the row that passes the fence gets here, so only its commit is asynchronous.
@@ -114,26 +150,30 @@ function build(s: string): PhaseSql {
     finish: `UPDATE ${s}.keys
         SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
             phase_data = coalesce(phase_data, '{}'::jsonb) || $8::text::jsonb,
-            lease_token = NULL, lease_until = NULL, updated_at = $9::timestamptz, attempted_at = NULL
+            lease_token = NULL, lease_until = NULL, updated_at = ${NOW}, attempted_at = NULL
       WHERE ${fence}`,
     lock: `SELECT 1 AS held FROM ${s}.keys WHERE ${fence} FOR UPDATE`,
-    renew: `UPDATE ${s}.keys SET lease_until = $5::timestamptz WHERE ${fence}`,
-    release: `UPDATE ${s}.keys SET lease_token = NULL, lease_until = NULL, updated_at = $5::timestamptz WHERE ${fence}`,
+    renew: `UPDATE ${s}.keys SET lease_until = ${leaseUntil("$5")} WHERE ${fence}`,
+    release: `UPDATE ${s}.keys SET lease_token = NULL, lease_until = NULL, updated_at = ${NOW} WHERE ${fence}`,
     // Before the external call of a phase whose provider does not dedup: "a call may have begun".
-    attempt: `UPDATE ${s}.keys SET attempted_at = $5::timestamptz, updated_at = $5::timestamptz WHERE ${fence}`,
-    lookupFailed: `UPDATE ${s}.keys SET lookup_failures = lookup_failures + 1, updated_at = $5::timestamptz
+    attempt: `UPDATE ${s}.keys SET attempted_at = ${NOW}, updated_at = ${NOW} WHERE ${fence}`,
+    lookupFailed: `UPDATE ${s}.keys SET lookup_failures = lookup_failures + 1, updated_at = ${NOW}
                     WHERE ${fence} RETURNING lookup_failures`,
   };
 }
 
 const cache = new Map<string, PhaseSql>();
 
-/** The statements for a schema (built once per schema). */
-export function phaseSql(schema: string): PhaseSql {
-  let sql = cache.get(schema);
+/** The statements for a keys table at its current time shift (built once per configuration). */
+export function phaseSql(table: KeyTable): PhaseSql {
+  const time = table.dbTime;
+  const id = `${table.schema}/${time.key}/${table.boundaryOverlapMs}`;
+  let sql = cache.get(id);
   if (!sql) {
-    sql = build(schema);
-    cache.set(schema, sql);
+    // Tests move the time shift often; a service uses one configuration.
+    if (cache.size > 200) cache.clear();
+    sql = build(table.schema, time, table.boundaryOverlapMs);
+    cache.set(id, sql);
   }
   return sql;
 }

@@ -19,8 +19,15 @@ export interface PhaseContext<I, D> {
   readonly scope: string;
   readonly key: string;
   /**
-   * The key to hand to the external system: `<scope>:<key>`. The same on every retry and takeover. For
-   * a provider without idempotency keys, send it as your reference (metadata), so `lookup` can find it.
+   * This claim's identity (`keys.claim_id`): the same on every retry, takeover and completer run of the
+   * claim, new when the key expired and was claimed again. Null for a row claimed before sql/0008.
+   */
+  readonly claimId: string | null;
+  /**
+   * The key to hand to the external system: `<scope>:<claim id>` (`downstreamKey`), naming this claim
+   * of the key. The same on every retry and takeover; a key reused after its expiry gets a new one, so
+   * the provider never answers it with an old claim's effect. For a provider without idempotency keys,
+   * send it as your reference (metadata), so `lookup` can find it.
    */
   readonly idempotencyKey: string;
   /**
@@ -83,7 +90,7 @@ export type Phase<I, D> = ExternalPhase<I, D> | LocalPhase<I, D>;
 
 export interface PhasesOptions<I, D> extends SavePolicy {
   /**
-   * The store holding the keys (its clock drives lease expiry): a `PostgresStore`, or a `ShardedStore`
+   * The store holding the keys (its database's clock drives lease expiry): a `PostgresStore`, or a `ShardedStore`
    * (each key is then claimed and run on its scope's shard). Required.
    */
   store: PhaseStore;
@@ -95,7 +102,9 @@ export interface PhasesOptions<I, D> extends SavePolicy {
   first?: string;
   /**
    * How long a lease lasts without renewal, in ms: the longest a crashed worker blocks its key (retries
-   * meanwhile get 409 with `Retry-After`). Keep external calls' own timeouts well under it. Default: 30,000.
+   * meanwhile get 409 with `Retry-After`). The heartbeat renews it while an external call runs, so a
+   * call may take longer; keep it well under your clients' deadline (idem's client: 30 s), so that a
+   * retry after a crash is answered within it. Default: 10,000.
    */
   leaseMs?: number;
   /** How often an external phase renews its lease, in ms; 0 turns the heartbeat off. Default: `leaseMs / 3`. */

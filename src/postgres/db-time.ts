@@ -1,0 +1,59 @@
+/**
+ * Time as idem's statements read it: the database's clock, inside the statement, never a process's.
+ *
+ * Every decision between instances (is this lease still held? may I take it over? has this key
+ * expired? which partition does a claim go to? which partitions are past retention?) compares times
+ * in SQL against `now()`, so two instances whose clocks disagree by hours still agree on every answer:
+ * they read one clock. A process's own clock is used for hints only (when to create partitions ahead,
+ * which finished keys to read without a lock), each checked again by a statement that decides.
+ *
+ * `now()` is the start of the statement's transaction: in a transaction (atomic mode's lookup and
+ * saved reply, a local phase) every statement reads the same instant, so a key row's `created_at`, its
+ * bucket and the expiry checks of that transaction agree with each other.
+ *
+ * Tests move the time with a `TimeShift` (`PostgresStoreOptions.timeShift`): the statements then read
+ * `now() + offset`, still the database's clock, moved by the same amount for every instance that
+ * shares the shift.
+ */
+
+/** Moves the time the store's statements read by `offsetMs` (tests: expire leases and keys without waiting). */
+export interface TimeShift {
+  offsetMs: number;
+}
+
+/** The SQL expressions of one store's time: its shift, partition width and retention, as literals. */
+export class DbTime {
+  /** The time the statements read: `now()`, moved by the shift. */
+  readonly now: string;
+  /** The oldest live `created_at`: rows created at or before it have expired. */
+  readonly oldest: string;
+  /** The bucket of `oldest`: the first partition a lookup reads. */
+  readonly oldestBucket: string;
+  /** The bucket a row created now goes to. */
+  readonly bucket: string;
+  /** Says which store configuration the statements were built for (a cache key). */
+  readonly key: string;
+
+  constructor(
+    readonly offsetMs: number,
+    readonly widthMs: number,
+    readonly retentionMs: number,
+  ) {
+    const offset = Math.trunc(offsetMs);
+    this.now = offset === 0 ? "now()" : `(now() + interval '${offset} milliseconds')`;
+    this.oldest = `(${this.now} - interval '${Math.trunc(retentionMs)} milliseconds')`;
+    this.bucket = this.bucketOf(this.now);
+    this.oldestBucket = this.bucketOf(this.oldest);
+    this.key = `${offset}/${widthMs}/${retentionMs}`;
+  }
+
+  /** SQL: the bucket (partition number) of a timestamptz expression. */
+  bucketOf(at: string): string {
+    return `floor(extract(epoch FROM ${at}) * 1000 / ${Math.trunc(this.widthMs)})::int`;
+  }
+
+  /** SQL: `at` moved by a number of milliseconds given as a statement parameter (`$n`). */
+  static plusMs(at: string, param: string): string {
+    return `(${at} + ${param}::float8 * interval '1 millisecond')`;
+  }
+}
