@@ -71,7 +71,7 @@ function run<R>(
  * start-up (BackendKeyData) is the backend that runs its statements. A pooler (PgBouncer, in any mode)
  * announces a key of its own, so the two differ; a TCP proxy (HAProxy) passes the server's through.
  */
-export async function isDirectPgSession(client: PgQueryable): Promise<boolean> {
+export async function isDirectPgSession(client: { query(text: string): Promise<unknown> }): Promise<boolean> {
   const announced = (client as { processID?: unknown }).processID;
   if (typeof announced !== "number") return false;
   const r = (await client.query("SELECT pg_backend_pid() AS pid")) as { rows: { pid: number }[] };
@@ -334,6 +334,9 @@ function corkable(client: PgClientLike): { pipelined: boolean; cork(): void; unc
  * Gone: the server's connection-exception class (08) and shutdowns (57P01-57P03), a socket error (a
  * Node code such as ECONNRESET or EPIPE), node-postgres' own "Connection terminated ..." and
  * "... not queryable" errors (no code), and any error once the client says it is not queryable.
+ * Poisoned: 25006, a write on a read-only server. After a failover a connection made through a proxy
+ * that had not switched yet reaches the old primary (or a replica), and every write on it would fail:
+ * the pool's next connection reaches the new primary.
  */
 export function isConnectionError(err: unknown, client?: unknown): boolean {
   const c = client as { _queryable?: boolean; _ending?: boolean } | undefined;
@@ -341,7 +344,7 @@ export function isConnectionError(err: unknown, client?: unknown): boolean {
   if (typeof err !== "object" || err === null) return false;
   const code = (err as { code?: unknown }).code;
   if (typeof code === "string") {
-    if (/^(08|57P0[123])/.test(code)) return true;
+    if (/^(08|57P0[123]|25006)/.test(code)) return true;
     return /^E[A-Z]+$/.test(code); // a Node system error: ECONNRESET, EPIPE, ETIMEDOUT, ...
   }
   if (!(err instanceof Error)) return false;
