@@ -71,7 +71,10 @@ export function liveSince(table: KeyTable, now: number): { bucket: number; iso: 
   return { bucket: table.partitions.bucketOf(oldest), iso: new Date(oldest).toISOString() };
 }
 
-/** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
+/**
+ * Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once
+ * (`PartitionMissingError`, a 503, for a role that may not create them: `idem sweep` makes them ahead).
+ */
 export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();
@@ -79,7 +82,7 @@ export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): 
     // 23514 "no partition of relation ... found for row": a clock far from the partitions made at start.
     if (!isMissingPartition(err)) throw err;
     const b = table.partitions.bucketOf(table.clock());
-    await table.partitions.ensure([b - 1, b, b + 1]);
+    await table.partitions.ensure([b - 1, b, b + 1], [b - 1, b]);
     return fn();
   }
 }
