@@ -10,7 +10,7 @@ import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { playgroundRoutes } from "./playground.ts";
-import { problem } from "./problems.ts";
+import { problem, unavailableProblem } from "./problems.ts";
 import { type Regions, regionRouting } from "./regions.ts";
 
 export interface AppDeps {
@@ -61,7 +61,10 @@ export function createApp(deps: AppDeps): Hono {
       await deps.db.query("SELECT 1");
     } catch (err) {
       c.var.log.error({ err }, "health check: database unreachable");
-      return problem(503, "database-unavailable", "The database does not answer.");
+      return (
+        unavailableProblem(err) ??
+        problem(503, "database-unavailable", "The database does not answer.", [["retry-after", "1"]])
+      );
     }
     return c.json({ status: "ok", database: "ok", retention_seconds: deps.store.retentionMs / 1000 });
   });
@@ -101,6 +104,13 @@ export function createApp(deps: AppDeps): Hono {
     problem(404, "not-found", `No route for ${c.req.method} ${new URL(c.req.url).pathname}.`),
   );
   app.onError((err, c) => {
+    // The database down, restarting or read-only after a failover, on any route (authentication
+    // included): 503 with Retry-After, never 500.
+    const unavailable = unavailableProblem(err);
+    if (unavailable) {
+      (c.var.log ?? logger).warn({ err }, "database unavailable");
+      return unavailable;
+    }
     // A retry's handler abandoned on a taken key (effectsInTxOnly): idem answers from the key; not an error.
     if (!(err instanceof AbandonedWorkError)) (c.var.log ?? logger).error({ err }, "unhandled error");
     return problem(

@@ -28,7 +28,7 @@ import type { ApiKeys } from "./accounts.ts";
 import { DEMO_ACCOUNTS } from "./accounts.ts";
 import { MAX_BODY_BYTES } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
-import { problem } from "./problems.ts";
+import { problem, unavailableProblem } from "./problems.ts";
 import {
   PLAYGROUND_FAULTS,
   type PlaygroundFault,
@@ -106,6 +106,8 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
   });
   // A generic answer for anything unexpected: the error goes to the log, never to the page.
   app.onError((err, c) => {
+    const unavailable = unavailableProblem(err); // the database down or failing over: 503, retry
+    if (unavailable) return unavailable;
     c.var.log?.error({ err }, "playground failed");
     return problem(500, "internal-error", "The playground failed; see the service's log.");
   });
