@@ -42,6 +42,8 @@ export interface AppDeps {
   playground?: boolean;
   /** Run as one of several regions (app/regions.ts): writes go to the account's home region. */
   regions?: Regions;
+  /** Whether the receipt-email worker runs (app/receipts.ts), for the playground. Default: false. */
+  emailWorker?: boolean;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */

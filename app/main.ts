@@ -112,6 +112,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     metrics,
     // The playground pays as the demo account without an API key: only where the demo accounts exist.
     playground: demo,
+    emailWorker: true, // startReceipts above
     metricsEndpoint: metricsPort === undefined ? { token: env.IDEM_METRICS_TOKEN } : false,
     regions: regionsFromEnv(env),
   });
