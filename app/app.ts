@@ -10,7 +10,7 @@ import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { playgroundRoutes } from "./playground.ts";
-import { problem } from "./problems.ts";
+import { problem, unavailableProblem } from "./problems.ts";
 import { type Regions, regionRouting } from "./regions.ts";
 
 export interface AppDeps {
@@ -47,6 +47,8 @@ export interface AppDeps {
   playground?: boolean;
   /** Run as one of several regions (app/regions.ts): writes go to the account's home region. */
   regions?: Regions;
+  /** Whether the receipt-email worker runs (app/receipts.ts), for the playground. Default: false. */
+  emailWorker?: boolean;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
@@ -66,7 +68,10 @@ export function createApp(deps: AppDeps): Hono {
       await deps.db.query("SELECT 1");
     } catch (err) {
       c.var.log.error({ err }, "health check: database unreachable");
-      return problem(503, "database-unavailable", "The database does not answer.");
+      return (
+        unavailableProblem(err) ??
+        problem(503, "database-unavailable", "The database does not answer.", [["retry-after", "1"]])
+      );
     }
     return c.json({ status: "ok", database: "ok", retention_seconds: deps.store.retentionMs / 1000 });
   });
@@ -116,6 +121,13 @@ export function createApp(deps: AppDeps): Hono {
     return problem(404, "not-found", `No route for ${c.req.method} ${path}.`);
   });
   app.onError((err, c) => {
+    // The database down, restarting or read-only after a failover, on any route (authentication
+    // included): 503 with Retry-After, never 500.
+    const unavailable = unavailableProblem(err);
+    if (unavailable) {
+      (c.var.log ?? logger).warn({ err }, "database unavailable");
+      return unavailable;
+    }
     // A retry's handler abandoned on a taken key (effectsInTxOnly): idem answers from the key; not an error.
     if (!(err instanceof AbandonedWorkError)) (c.var.log ?? logger).error({ err }, "unhandled error");
     return problem(

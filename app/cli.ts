@@ -3,6 +3,7 @@
  * the library's `idem` command):
  *
  *   npm run payments -- serve [--port N] [--host H] [--database-url URL]
+ *   npm run payments -- migrate [--runtime-role ROLE] [--database-url URL]
  *   npm run payments -- accounts create --name NAME [--database-url URL]
  *   npm run payments -- accounts revoke --api-key KEY [--database-url URL]
  *
@@ -10,13 +11,16 @@
  */
 import { parseArgs } from "node:util";
 import { createAccount, revokeApiKey } from "./accounts.ts";
-import { openDatabase, prepareSchema } from "./database.ts";
+import { ensureSchema, openDatabase, prepareSchema } from "./database.ts";
 import { start } from "./main.ts";
 
 const USAGE = `usage: npm run payments -- <command> [options]
 
   serve [--port N] [--host H] [--database-url URL]
         run the reference payments service (the same as npm start; PORT, HOST, DATABASE_URL)
+  migrate [--runtime-role ROLE] [--database-url URL]
+        as the owner: idem's migrations and the service's tables; with ROLE, grant the role the
+        service runs as DML on them (nothing that allows DDL)
   accounts create --name NAME [--database-url URL]
         create an account and print its API key once (only its SHA-256 is stored)
   accounts revoke --api-key KEY [--database-url URL]
@@ -35,6 +39,7 @@ async function main(argv: string[]): Promise<number> {
         "database-url": { type: "string" };
         name: { type: "string" };
         "api-key": { type: "string" };
+        "runtime-role": { type: "string" };
         help: { type: "boolean"; short: "h" };
       };
       allowPositionals: true;
@@ -49,6 +54,7 @@ async function main(argv: string[]): Promise<number> {
         "database-url": { type: "string" },
         name: { type: "string" },
         "api-key": { type: "string" },
+        "runtime-role": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
       allowPositionals: true,
@@ -74,12 +80,30 @@ async function main(argv: string[]): Promise<number> {
     await service.stop();
     return 0;
   }
+  if (command === "migrate") {
+    const { db, where } = await openDatabase({
+      url: env.DATABASE_URL || undefined,
+      dataDir: env.IDEM_DATA_DIR,
+    });
+    try {
+      const role = values["runtime-role"];
+      const extras = await prepareSchema(db, role ? { runtimeRole: role } : {});
+      console.log(`schema up to date on ${where}`);
+      if (role) {
+        console.log(`granted ${role} DML on idem's and the service's tables`);
+        if (extras.length) console.log(`note: ${role} can still do more than DML: ${extras.join(", ")}`);
+      }
+      return 0;
+    } finally {
+      await db.close();
+    }
+  }
   if (command === "accounts" && (sub === "create" || sub === "revoke")) {
     if (sub === "create" && !values.name) throw new UsageError("accounts create needs --name NAME");
     if (sub === "revoke" && !values["api-key"]) throw new UsageError("accounts revoke needs --api-key KEY");
     const { db } = await openDatabase({ url: env.DATABASE_URL || undefined, dataDir: env.IDEM_DATA_DIR });
     try {
-      await prepareSchema(db);
+      await ensureSchema(db);
       if (sub === "revoke") {
         if (await revokeApiKey(db, values["api-key"]!)) {
           console.log("api key revoked");

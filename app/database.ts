@@ -2,10 +2,18 @@
  * Opens the service's database: the PostgreSQL server at DATABASE_URL, or the embedded PGlite persisted
  * under `.idem/pgdata` (the default for `npm start`, so the service runs with nothing installed).
  */
-import { type Listen, listenWithPg, listenWithPglite } from "idem/messaging";
-import { type Db, fromPg, migrate, openPgliteDir } from "idem/postgres";
-import type { PoolConfig } from "pg";
+import { type Listen, listenWithPglite } from "idem/messaging";
+import {
+  DatabaseConnectError,
+  type Db,
+  migrate,
+  openDatabaseUrl,
+  openPgliteDir,
+  pendingMigrations,
+  SchemaBehindError,
+} from "idem/postgres";
 import { PATTERN_TABLES } from "./patterns.ts";
+import { RECEIPT_TABLES } from "./receipts.ts";
 
 export interface OpenedDatabase {
   db: Db;
@@ -20,44 +28,37 @@ export async function openDatabase(options: {
   url?: string;
   dataDir?: string;
   poolSize?: number;
+  /** Straight to PostgreSQL, for LISTEN when `url` goes through a pooler (IDEM_LISTEN_DATABASE_URL). */
+  listenUrl?: string;
+  /** pg, postgres or auto (IDEM_DB_DRIVER; auto: postgres.js for several hosts). */
+  driver?: "pg" | "postgres" | "auto";
 }): Promise<OpenedDatabase> {
   if (options.url) {
-    let parsed: URL;
     try {
-      parsed = new URL(options.url);
-    } catch {
-      throw new Error(`DATABASE_URL is not a URL: set it like postgres://user@127.0.0.1:5432/dbname`);
-    }
-    const { default: pg } = await import("pg");
-    // Pipeline mode lets node-postgres send BEGIN with the first statement and the last statement with
-    // COMMIT, which takes two round trips off every keyed request (see PostgresStore.atomic).
-    const pool = new pg.Pool({
-      connectionString: options.url,
-      max: options.poolSize ?? 20,
-      pipeline: true,
-    } as PoolConfig);
-    // An idle connection that dies (the server restarted) is reported on the pool: without a listener
-    // Node would crash the service. The pool replaces it on the next checkout.
-    pool.on("error", (err) => {
-      console.error(JSON.stringify({ level: 50, msg: "idle database connection lost", err: err.message }));
-    });
-    const db = fromPg(pool);
-    try {
-      await db.query("SELECT 1");
+      // Pipeline mode lets node-postgres send BEGIN with the first statement and the last statement
+      // with COMMIT, which takes two round trips off every keyed request (see PostgresStore.atomic).
+      // A URL with several hosts (`target_session_attrs=read-write`) runs on postgres.js.
+      const opened = await openDatabaseUrl(options.url, {
+        max: options.poolSize ?? 20,
+        pipeline: true,
+        driver: options.driver,
+        listenUrl: options.listenUrl,
+        // An idle connection that dies (the server restarted) is reported: the pool replaces it.
+        onIdleError: (err) =>
+          console.error(
+            JSON.stringify({ level: 50, msg: "idle database connection lost", err: err.message }),
+          ),
+      });
+      return { db: opened.db, listen: opened.listen, embedded: false, where: opened.where };
     } catch (err) {
-      await db.close().catch(() => {});
-      throw new Error(
-        `cannot reach PostgreSQL at ${parsed.host}${parsed.pathname} (${(err as Error).message}): start it, or unset DATABASE_URL to use the embedded database`,
-        { cause: err },
-      );
+      if (err instanceof DatabaseConnectError && err.kind === "unreachable") {
+        throw new Error(`${err.message}: start it, or unset DATABASE_URL to use the embedded database`, {
+          cause: err,
+        });
+      }
+      if (err instanceof TypeError) throw new Error(`DATABASE_URL is ${err.message}`, { cause: err });
+      throw err;
     }
-    parsed.password = "";
-    return {
-      db,
-      listen: listenWithPg(() => pool.connect()),
-      embedded: false,
-      where: `${parsed.host}${parsed.pathname}`,
-    };
   }
   const dataDir = options.dataDir ?? ".idem/pgdata";
   // Locked before PGlite touches it: a second `npm start` (or `idem sweep`) on it would corrupt it.
@@ -70,32 +71,100 @@ export async function openDatabase(options: {
   return { db, listen: listenWithPglite(pglite), embedded: true, where: `embedded PGlite in ${dataDir}` };
 }
 
-/** idem's own migrations, then the service's tables (idempotent DDL under an advisory lock). */
-export async function prepareSchema(db: Db): Promise<void> {
-  await migrate(db);
+/**
+ * The version of the service's own tables (below and app/receipts.ts, app/patterns.ts): bump it with
+ * every change to their DDL, so that a service whose role may not run DDL sees it is behind.
+ */
+const APP_SCHEMA_VERSION = 1;
+
+/** The service's tables are older than this code (or missing), and this role may not bring them up. */
+export class AppSchemaBehindError extends Error {
+  override name = "AppSchemaBehindError";
+  constructor(cause: unknown) {
+    super(
+      "the service's tables are behind this version and this database role may not migrate them: " +
+        "run `npm run payments -- migrate --runtime-role <this role>` as their owner first",
+      { cause },
+    );
+  }
+}
+
+/** Whether idem's schema and the service's tables are current (then starting runs no DDL). */
+export async function schemaIsCurrent(db: Db): Promise<boolean> {
+  try {
+    if ((await pendingMigrations(db)).length) return false;
+    const { rows } = await db.query<{ version: number }>("SELECT version FROM app_schema");
+    return Number(rows[0]?.version) >= APP_SCHEMA_VERSION;
+  } catch {
+    return false; // missing (or not readable): the migration says what is wrong
+  }
+}
+
+/**
+ * At start: nothing when the schema is current (the service's role needs DML only); otherwise migrate
+ * it, which needs the owner's rights (`AppSchemaBehindError` naming the command for a role without).
+ */
+export async function ensureSchema(db: Db): Promise<void> {
+  if (await schemaIsCurrent(db)) return;
+  try {
+    await prepareSchema(db);
+  } catch (err) {
+    if (err instanceof SchemaBehindError || (err as { code?: string }).code === "42501") {
+      throw new AppSchemaBehindError(err);
+    }
+    throw err;
+  }
+}
+
+/**
+ * idem's own migrations, then the service's tables (idempotent DDL under an advisory lock): the
+ * owner's job (`npm run payments -- migrate`). With `runtimeRole`, that role is granted DML on them and
+ * on idem's tables, nothing that allows DDL.
+ */
+export async function prepareSchema(db: Db, options: { runtimeRole?: string } = {}): Promise<string[]> {
+  const { runtimeRoleExtras } = await migrate(db, { runtimeRole: options.runtimeRole });
   await db.transaction(async (tx) => {
     await tx.query("SELECT pg_advisory_xact_lock(hashtextextended('idem:app-schema', 0))");
-    await tx.exec(`
-      CREATE TABLE IF NOT EXISTS accounts (
-        id         text PRIMARY KEY,
-        name       text NOT NULL,
-        created_at timestamptz NOT NULL DEFAULT now()
+    await tx.exec(APP_TABLES);
+    await tx.exec(
+      `CREATE TABLE IF NOT EXISTS app_schema (id boolean PRIMARY KEY DEFAULT true CHECK (id), version integer NOT NULL);
+       INSERT INTO app_schema (version) VALUES (${APP_SCHEMA_VERSION})
+         ON CONFLICT (id) DO UPDATE SET version = GREATEST(app_schema.version, EXCLUDED.version)`,
+    );
+    if (options.runtimeRole) {
+      const role = `"${options.runtimeRole.replaceAll('"', '""')}"`;
+      await tx.exec(
+        `GRANT SELECT, INSERT, UPDATE, DELETE ON ${APP_TABLE_NAMES.join(", ")} TO ${role};
+         GRANT SELECT ON app_schema TO ${role}`,
       );
-      CREATE TABLE IF NOT EXISTS api_keys (
-        key_hash   bytea PRIMARY KEY,          -- SHA-256 of the API key; the key itself is never stored
-        account_id text NOT NULL REFERENCES accounts(id),
-        created_at timestamptz NOT NULL DEFAULT now()
-      );
-      CREATE TABLE IF NOT EXISTS payments (
-        id           text PRIMARY KEY,
-        account_id   text NOT NULL REFERENCES accounts(id),
-        amount_cents bigint NOT NULL CHECK (amount_cents > 0),
-        currency     text NOT NULL,
-        status       text NOT NULL,
-        created_at   timestamptz NOT NULL DEFAULT clock_timestamp()
-      );
-      CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account_id, created_at DESC);
-    `);
-    await tx.exec(PATTERN_TABLES);
+    }
   });
+  return runtimeRoleExtras ?? [];
 }
+
+const APP_TABLES = `
+  CREATE TABLE IF NOT EXISTS accounts (
+    id         text PRIMARY KEY,
+    name       text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+  );
+  CREATE TABLE IF NOT EXISTS api_keys (
+    key_hash   bytea PRIMARY KEY,          -- SHA-256 of the API key; the key itself is never stored
+    account_id text NOT NULL REFERENCES accounts(id),
+    created_at timestamptz NOT NULL DEFAULT now()
+  );
+  CREATE TABLE IF NOT EXISTS payments (
+    id           text PRIMARY KEY,
+    account_id   text NOT NULL REFERENCES accounts(id),
+    amount_cents bigint NOT NULL CHECK (amount_cents > 0),
+    currency     text NOT NULL,
+    status       text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+  );
+  CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account_id, created_at DESC);
+  ${PATTERN_TABLES}
+  ${RECEIPT_TABLES}
+`;
+
+/** The service's tables, read off their DDL (so that a new one is granted too). */
+const APP_TABLE_NAMES = [...APP_TABLES.matchAll(/CREATE TABLE IF NOT EXISTS (\w+)/g)].map((m) => m[1]!);

@@ -4,7 +4,10 @@
  * Environment (all optional):
  *   PORT                  HTTP port (default 3000; 0 picks a free one)
  *   HOST                  interface (default 127.0.0.1)
- *   DATABASE_URL          PostgreSQL (default: the embedded PGlite under .idem/)
+ *   DATABASE_URL          PostgreSQL (default: the embedded PGlite under .idem/); several hosts with
+ *                         target_session_attrs=read-write run on postgres.js; ?pgbouncer=true optional
+ *   IDEM_LISTEN_DATABASE_URL  straight to PostgreSQL for LISTEN when DATABASE_URL is a pooler
+ *   IDEM_DB_DRIVER        pg, postgres or auto (default auto: postgres.js for several hosts)
  *   PROVIDER_URL          the payment provider (default: the simulator, started in this process)
  *   PROVIDER_PORT         port of that in-process simulator (default 4100; 0 picks a free one)
  *   PROVIDER_RETENTION_MS how long that simulator remembers a key and its charge (default 86400000, 24 h)
@@ -26,11 +29,11 @@
 import { Hono } from "hono";
 import { sealerFromEnv } from "idem";
 import { IdemGauges, sweepInbox } from "idem/messaging";
-import { complete, PostgresStore, reviewGauge } from "idem/postgres";
+import { complete, PartitionMissingError, PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
-import { openDatabase, prepareSchema } from "./database.ts";
+import { ensureSchema, openDatabase } from "./database.ts";
 import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, registerIdemGauges } from "./observability.ts";
 import { DECLINED_TEST_CARD, paymentPhasesRunner, providerIdempotencyFrom } from "./payments-phases.ts";
@@ -57,12 +60,22 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   const providerIdempotency = providerIdempotencyFrom(env);
   const sealer = sealerFromEnv(env); // undefined when IDEM_ENCRYPTION_KEYS is unset: stored in clear
   const logger = createLogger({ level: env.LOG_LEVEL });
+  const driver = env.IDEM_DB_DRIVER || undefined;
+  if (driver !== undefined && driver !== "pg" && driver !== "postgres" && driver !== "auto") {
+    throw new Error(`IDEM_DB_DRIVER must be pg, postgres or auto, got ${driver}`);
+  }
   const { db, listen, embedded, where } = await openDatabase({
     url: env.DATABASE_URL || undefined,
     dataDir: env.IDEM_DATA_DIR,
     poolSize: env.IDEM_POOL_SIZE ? Number(env.IDEM_POOL_SIZE) : undefined,
+    listenUrl: env.IDEM_LISTEN_DATABASE_URL || undefined,
+    driver,
   });
-  await prepareSchema(db);
+  // No DDL when the schema is current: the service's role may have DML rights only.
+  await ensureSchema(db).catch(async (err) => {
+    await db.close().catch(() => {});
+    throw err;
+  });
   const demo = embedded || env.IDEM_DEMO === "1";
   if (demo) await ensureDemoAccounts(db);
   const store = await PostgresStore.open(db, {
@@ -107,6 +120,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     metrics,
     // The playground pays as the demo account without an API key: only where the demo accounts exist.
     playground: demo,
+    emailWorker: true, // startReceipts above
     metricsEndpoint: metricsPort === undefined ? { token: env.IDEM_METRICS_TOKEN } : false,
     regions: regionsFromEnv(env),
   });
@@ -141,7 +155,9 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
   const sweep = setInterval(
     () =>
       Promise.all([store.sweep(), sweepInbox(db, { retentionMs: 7 * 24 * 3_600_000 })]).catch((err) =>
-        logger.error({ err }, "sweep failed"),
+        err instanceof PartitionMissingError || err?.code === "42501"
+          ? logger.warn("sweep skipped: this role may not run DDL; run `idem sweep` hourly as the owner")
+          : logger.error({ err }, "sweep failed"),
       ),
     3_600_000,
   );

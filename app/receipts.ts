@@ -63,22 +63,17 @@ export function receiptsConfigFromEnv(env: NodeJS.ProcessEnv): ReceiptsConfig {
   return config;
 }
 
-/** The table of sent receipts (idempotent DDL). */
-export async function prepareReceipts(db: Db): Promise<void> {
-  await db.transaction(async (tx) => {
-    await tx.query("SELECT pg_advisory_xact_lock(hashtextextended('idem:app-receipts', 0))");
-    await tx.exec(`
-      CREATE TABLE IF NOT EXISTS sent_emails (
-        message_id   text PRIMARY KEY,          -- the outbox event id: one email per event
-        payment_id   text NOT NULL,
-        account_id   text NOT NULL,
-        amount_cents bigint NOT NULL,
-        sent_at      timestamptz NOT NULL DEFAULT now()
-      );
-      CREATE INDEX IF NOT EXISTS sent_emails_payment ON sent_emails (payment_id);
-    `);
-  });
-}
+/** The receipt worker's table (made by app/database.ts's `prepareSchema`, the owner's job). */
+export const RECEIPT_TABLES = `
+  CREATE TABLE IF NOT EXISTS sent_emails (
+    message_id   text PRIMARY KEY,          -- the outbox event id: one email per event
+    payment_id   text NOT NULL,
+    account_id   text NOT NULL,
+    amount_cents bigint NOT NULL,
+    sent_at      timestamptz NOT NULL DEFAULT now()
+  );
+  CREATE INDEX IF NOT EXISTS sent_emails_payment ON sent_emails (payment_id);
+`;
 
 interface ReceiptPayload {
   payment: string;
@@ -100,7 +95,6 @@ async function sendReceipt(tx: Tx, message: { id: string; body: string }): Promi
 export async function startReceipts(db: Db, config: ReceiptsConfig = {}): Promise<Receipts> {
   const log = config.log ?? ((l) => console.error(JSON.stringify(l)));
   const onError = (err: Error) => log({ worker: "receipts", error: err.message });
-  await prepareReceipts(db);
   const inbox = new Inbox(db, { consumer: CONSUMER, maxAttempts: 5, onError: (e) => onError(e) });
   let publisher: Publisher;
   let consumer: RunningConsumer;

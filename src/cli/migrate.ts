@@ -1,12 +1,16 @@
-import { migrate, pendingMigrations } from "../postgres/migrate.ts";
+import { migrate, pendingMigrations, SchemaBehindError } from "../postgres/migrate.ts";
 import { CliError, EXIT, openDb, parse } from "./shared.ts";
 
-const USAGE = `usage: idem migrate [--database-url URL] [--schema NAME] [--partition-seconds N] [--check] [--json]
+const USAGE = `usage: idem migrate [--database-url URL] [--schema NAME] [--partition-seconds N] [--runtime-role ROLE]
+                    [--check] [--json]
 
-Applies idem's numbered SQL migrations (safe when several instances run it at once).
+Applies idem's numbered SQL migrations (safe when several instances run it at once) and makes the
+partitions ahead. Run it as the role that owns idem's tables (a migration job), not as the service.
   --database-url URL      PostgreSQL to migrate (default: $DATABASE_URL, else the embedded .idem/pgdata)
   --schema NAME           schema for idem's tables (default: idem)
   --partition-seconds N   width of a key partition, fixed at creation (default: 86400)
+  --runtime-role ROLE     grant ROLE (the running service's) what idem needs at run time: DML on its
+                          tables, now and for partitions made later; nothing that allows DDL
   --check                 apply nothing; exit 1 when migrations are pending
   --json                  print {"applied": [...]} (or {"pending": [...]} with --check) as JSON
 Exit codes: 0 done (or up to date), 1 failure or pending with --check, 2 bad usage.`;
@@ -18,6 +22,7 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       "database-url": { type: "string" },
       schema: { type: "string" },
       "partition-seconds": { type: "string" },
+      "runtime-role": { type: "string" },
       check: { type: "boolean" },
       json: { type: "boolean" },
     },
@@ -41,9 +46,29 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       } else console.log(`up to date on ${where}`);
       return pending.length ? EXIT.failure : EXIT.ok;
     }
-    const { applied } = await migrate(db, { schema: values.schema, partitionSeconds });
-    if (values.json) console.log(JSON.stringify({ database: where, applied }));
-    else console.log(applied.length ? `applied ${applied.join(", ")} on ${where}` : `up to date on ${where}`);
+    const role = values["runtime-role"];
+    if (role !== undefined && !role) throw new CliError("--runtime-role takes a role name", EXIT.usage);
+    let result: Awaited<ReturnType<typeof migrate>>;
+    try {
+      result = await migrate(db, { schema: values.schema, partitionSeconds, runtimeRole: role });
+    } catch (err) {
+      if (err instanceof SchemaBehindError || /^role .* does not exist/.test((err as Error).message)) {
+        throw new CliError((err as Error).message);
+      }
+      throw err;
+    }
+    const { applied, runtimeRoleExtras } = result;
+    if (values.json) {
+      console.log(JSON.stringify({ database: where, applied, runtimeRole: role, runtimeRoleExtras }));
+      return EXIT.ok;
+    }
+    console.log(applied.length ? `applied ${applied.join(", ")} on ${where}` : `up to date on ${where}`);
+    if (role !== undefined) {
+      console.log(`granted ${role} what idem needs at run time (DML on schema ${values.schema ?? "idem"})`);
+      if (runtimeRoleExtras?.length) {
+        console.log(`note: ${role} can still do more than DML: ${runtimeRoleExtras.join(", ")}`);
+      }
+    }
     return EXIT.ok;
   } finally {
     await db.close();

@@ -1,5 +1,4 @@
 import { redactUrl } from "../core/redact.ts";
-import type { Listen } from "../messaging/listen.ts";
 import type { Publisher } from "../messaging/types.ts";
 import { pendingMigrations } from "../postgres/migrate.ts";
 import { CliError, EXIT, openDb, parse } from "./shared.ts";
@@ -13,6 +12,9 @@ or SIGTERM (or, with --once, until nothing is left to publish now). Several rela
   --nats URL           NATS JetStream (default: $NATS_URL); the topic is the subject
   --webhook URL        POST each event, signed with $WEBHOOK_SECRET (default: $WEBHOOK_URL)
   --database-url URL   default: $DATABASE_URL, else the embedded PGlite in .idem/pgdata
+  --listen-database-url URL
+                       straight to PostgreSQL, for LISTEN when DATABASE_URL goes through a pooler
+                       (default: $IDEM_LISTEN_DATABASE_URL; without one, a pooler means polling every 0.5 s)
   --schema NAME        default: idem
   --topic T            only this topic (repeat for several); default: every topic
   --batch-size N       rows claimed per batch (default 500)
@@ -99,23 +101,6 @@ async function makePublisher(
   return { publisher: new WebhookPublisher({ url, secret }), where: `webhooks to ${url}` };
 }
 
-/** LISTEN on a dedicated node-postgres connection (server databases only). */
-async function listener(url: string | undefined): Promise<Listen | undefined> {
-  if (!url) return undefined;
-  const [{ default: pg }, { listenWithPg }] = await Promise.all([
-    import("pg"),
-    import("../messaging/listen.ts"),
-  ]);
-  return listenWithPg(
-    async () => {
-      const client = new pg.Client({ connectionString: url });
-      await client.connect();
-      return client;
-    },
-    { onError: (e) => console.error(`idem relay: LISTEN connection: ${e.message} (polling meanwhile)`) },
-  );
-}
-
 export async function relayCommand(argv: string[]): Promise<number> {
   const { values } = parse(
     argv,
@@ -125,6 +110,7 @@ export async function relayCommand(argv: string[]): Promise<number> {
       nats: { type: "string" },
       webhook: { type: "string" },
       "database-url": { type: "string" },
+      "listen-database-url": { type: "string" },
       schema: { type: "string" },
       topic: { type: "string", multiple: true },
       "batch-size": { type: "string" },
@@ -151,7 +137,11 @@ export async function relayCommand(argv: string[]): Promise<number> {
   const kind = values["requeue-parked"] ? undefined : brokerKind(values);
   const { Relay, requeueParked, outboxCounts } = await import("../messaging/relay.ts");
 
-  const { db, where } = await openDb(dbUrl);
+  const listenUrl = values["listen-database-url"] ?? (process.env.IDEM_LISTEN_DATABASE_URL || undefined);
+  const { db, where, listen } = await openDb(dbUrl, {
+    listenUrl,
+    onListenError: (e) => console.error(`idem relay: LISTEN connection: ${e.message} (polling meanwhile)`),
+  });
   try {
     const pending = await pendingMigrations(db, { schema });
     if (pending.some((m) => Number.parseInt(m, 10) <= 3)) {
@@ -178,7 +168,7 @@ export async function relayCommand(argv: string[]): Promise<number> {
       orderByAggregate: values.ordered ?? false,
       retentionMs: retentionHours * 3_600_000,
       ...(values.topic ? { topics: values.topic } : {}),
-      listen: values.once ? undefined : await listener(dbUrl),
+      listen: values.once ? undefined : listen,
       onError: (e) => console.error(`idem relay: ${e.message}`),
     });
     try {

@@ -1,4 +1,5 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
+import type { Listen } from "../messaging/listen.ts";
 import type { Db } from "../postgres/db.ts";
 import type { PostgresStore } from "../postgres/store.ts";
 
@@ -62,10 +63,14 @@ export function parse<T extends NonNullable<ParseArgsConfig["options"]>>(
 }
 
 /**
- * Open the database named by --database-url or DATABASE_URL through node-postgres, or the embedded
- * PGlite under .idem/pgdata when neither is set (the same default as `npm start`).
+ * Open the database named by --database-url or DATABASE_URL (node-postgres; postgres.js for a URL with
+ * several hosts or target_session_attrs), or the embedded PGlite under .idem/pgdata when neither is
+ * set (the same default as `npm start`). `listenUrl`: a direct URL for LISTEN past a pooler.
  */
-export async function openDb(url: string | undefined): Promise<{ db: Db; where: string }> {
+export async function openDb(
+  url: string | undefined,
+  options: { listenUrl?: string; onListenError?: (err: Error) => void } = {},
+): Promise<{ db: Db; where: string; listen?: Listen }> {
   if (!url) {
     // Checked before anything touches the disk: without PGlite there is no embedded database to create.
     await importPeer("@electric-sql/pglite", "set DATABASE_URL to a PostgreSQL server, or");
@@ -80,46 +85,49 @@ export async function openDb(url: string | undefined): Promise<{ db: Db; where: 
     }
     return { db, where: `embedded PGlite in ${dir}` };
   }
-  let parsed: URL;
-  try {
-    parsed = new URL(url);
-    if (!/^postgres(ql)?:$/.test(parsed.protocol)) throw new Error("protocol");
-  } catch {
-    throw new CliError(
-      `DATABASE_URL is not a PostgreSQL URL: write it like postgres://user@127.0.0.1:5432/dbname`,
-    );
+  const { DatabaseConnectError, openDatabaseUrl, parseDatabaseUrl } = await import("../postgres/connect.ts");
+  for (const [u, name] of [
+    [url, "DATABASE_URL"],
+    [options.listenUrl, "IDEM_LISTEN_DATABASE_URL"],
+  ] as const) {
+    if (!u) continue;
+    let multiHost: boolean;
+    try {
+      multiHost = parseDatabaseUrl(u).multiHost;
+    } catch (err) {
+      throw new CliError(`${name} is ${(err as Error).message}`);
+    }
+    await importPeer(multiHost ? "postgres" : "pg", "to reach a PostgreSQL server,");
   }
-  const { default: pg } = (await importPeer("pg", "to reach a PostgreSQL server,")) as typeof import("pg");
-  const { fromPg } = await import("../postgres/drivers/pg.ts");
-  const pool = new pg.Pool({ connectionString: url, max: 4, connectionTimeoutMillis: 5_000 });
-  // An idle connection cut by a server restart must not crash the command with an unheard 'error'
-  // event; the statement that needs it fails with its own error, which the command reports.
-  pool.on("error", () => {});
-  const db = fromPg(pool);
   try {
-    await db.query("SELECT 1");
+    // An idle connection cut by a server restart must not crash the command with an unheard 'error'
+    // event (openDatabaseUrl listens); the statement that needs it fails with its own error.
+    const { db, where, listen } = await openDatabaseUrl(url, { max: 4, ...options });
+    return { db, where, listen };
   } catch (err) {
-    await db.close().catch(() => {});
-    throw connectFailure(err, parsed);
+    if (err instanceof DatabaseConnectError) {
+      const missing = missingDatabase(err.cause, url);
+      if (missing) throw missing;
+      throw new CliError(
+        err.kind === "unreachable" ? `${err.message}: start the server or fix DATABASE_URL` : err.message,
+      );
+    }
+    throw err;
   }
-  return { db, where: `${parsed.host}${parsed.pathname}` };
 }
 
 /**
- * The one line for a database that could not be opened: a server that answered that the database does
- * not exist (SQLSTATE 3D000) is told apart from a server that could not be reached.
+ * The one line for a server that answered that the database does not exist (SQLSTATE 3D000), told apart
+ * from a server that could not be reached; undefined for any other failure.
  */
-export function connectFailure(err: unknown, url: URL): CliError {
+export function missingDatabase(err: unknown, databaseUrl: string): CliError | undefined {
+  if ((err as { code?: unknown } | null)?.code !== "3D000") return undefined;
+  const url = new URL(databaseUrl);
   const name = decodeURIComponent(url.pathname.slice(1)) || url.username || "postgres";
-  if ((err as { code?: unknown } | null)?.code === "3D000") {
-    const port = url.port || "5432";
-    return new CliError(
-      `database "${name}" does not exist on the PostgreSQL server at ${url.host}: create it ` +
-        `(createdb -h ${url.hostname} -p ${port} ${name}) or fix DATABASE_URL`,
-    );
-  }
+  const port = url.port || "5432";
   return new CliError(
-    `cannot reach PostgreSQL at ${url.host}${url.pathname} (${(err as Error).message}): start the server or fix DATABASE_URL`,
+    `database "${name}" does not exist on the PostgreSQL server at ${url.host}: create it ` +
+      `(createdb -h ${url.hostname} -p ${port} ${name}) or fix DATABASE_URL`,
   );
 }
 

@@ -1,10 +1,13 @@
+import { SqlState, sqlStateOf } from "../core/sqlstate.ts";
 import { sweepInbox } from "../messaging/inbox.ts";
+import { PartitionMissingError, partitionsAhead } from "../postgres/partitions.ts";
 import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem sweep [--database-url URL] [--schema NAME] [--retention-hours H] [--inbox-retention-hours H] [--json]
 
 Retention: drops whole key partitions and inbox dedup partitions older than their windows (no row-by-row
-DELETE) and creates the partitions ahead. Run it hourly from cron or a scheduler.
+DELETE) and creates the partitions ahead (48 hours, at least two partitions), which the service's role
+(DML only) cannot. Run it hourly from cron or a scheduler, as the owner of idem's tables.
   --database-url URL         default: $DATABASE_URL, else the embedded .idem/pgdata
   --schema NAME              default: idem
   --retention-hours H        how long keys are kept (default: $IDEM_RETENTION_HOURS, else 24)
@@ -36,15 +39,39 @@ export async function sweepCommand(argv: string[]): Promise<number> {
     retentionMs: retentionMs(values["retention-hours"]),
   });
   try {
-    const { dropped } = await store.sweep();
-    const inbox = await sweepInbox(db, { retentionMs: inboxHours * 3_600_000, schema: values.schema });
+    let dropped: number[];
+    let inbox: { dropped: number[] };
+    try {
+      ({ dropped } = await store.sweep());
+      inbox = await sweepInbox(db, { retentionMs: inboxHours * 3_600_000, schema: values.schema });
+    } catch (err) {
+      if (err instanceof PartitionMissingError || sqlStateOf(err) === SqlState.InsufficientPrivilege) {
+        const why =
+          err instanceof PartitionMissingError ? (err.cause as Error).message : (err as Error).message;
+        throw new CliError(
+          `this role may not create or drop idem's partitions (${why}): run idem sweep as the owner of idem's tables`,
+        );
+      }
+      throw err;
+    }
+    const ahead = store.partitions.startOf(
+      store.partitions.bucketOf(Date.now()) +
+        partitionsAhead(store.partitions.widthMs, store.retentionMs) +
+        1,
+    );
+    const until = new Date(ahead).toISOString();
     if (values.json) {
       console.log(
-        JSON.stringify({ database: where, keyPartitions: dropped, inboxPartitions: inbox.dropped }),
+        JSON.stringify({
+          database: where,
+          keyPartitions: dropped,
+          inboxPartitions: inbox.dropped,
+          partitionsUntil: until,
+        }),
       );
     } else {
       console.log(
-        `dropped ${dropped.length} expired key partition(s) and ${inbox.dropped.length} inbox partition(s) on ${where}`,
+        `dropped ${dropped.length} expired key partition(s) and ${inbox.dropped.length} inbox partition(s) on ${where}; partitions made until ${until}`,
       );
     }
     return EXIT.ok;

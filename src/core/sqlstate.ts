@@ -21,13 +21,23 @@ export const SqlState = {
   CannotConnectNow: "57P03",
   TooManyConnections: "53300",
   ReadOnlySqlTransaction: "25006",
+  InsufficientPrivilege: "42501",
+  UndefinedColumn: "42703",
+  ProtocolViolation: "08P01",
+  DuplicatePreparedStatement: "42P05",
+  InvalidSqlStatementName: "26000",
 } as const;
 export type SqlState = (typeof SqlState)[keyof typeof SqlState];
 
 /** Class 08: connection exception (08000, 08003, 08006, 08001, 08004, ...). */
 const CONNECTION_EXCEPTION_CLASS = "08";
 
+/**
+ * "Try again, on the new primary": after a failover a connection may still reach the old primary, now
+ * read-only (25006), or a server shutting down or starting (57P01-57P03), or too busy (53300).
+ */
 const UNAVAILABLE_SQLSTATES = new Set<string>([
+  SqlState.ReadOnlySqlTransaction,
   SqlState.AdminShutdown,
   SqlState.CrashShutdown,
   SqlState.CannotConnectNow,
@@ -64,8 +74,9 @@ export function sqlStateOf(err: unknown): string | undefined {
 /**
  * True when `err` (or an error in its `cause` chain) says the database cannot be reached or is
  * shutting down or starting: a connection error, a pool that gave up waiting for a connection, or one
- * of 57P01/57P02/57P03/53300/08xxx. Such a failure changed nothing, so the request may be retried:
- * adapters answer it 503 problem+json with Retry-After.
+ * of 57P01/57P02/57P03/53300/08xxx, or 25006 (a write reached a read-only server: the old primary after
+ * a failover, or a replica). The transaction did not commit, so the request may be retried: adapters
+ * answer it 503 problem+json with Retry-After.
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
   for (let e = err, depth = 0; e && typeof e === "object" && depth < 5; depth++) {
@@ -109,6 +120,31 @@ export function isConnectFailure(err: unknown): boolean {
     e = (e as { cause?: unknown }).cause;
   }
   return false;
+}
+
+/**
+ * What PgBouncer says in its own name (protocol violation 08P01 with texts of its own: a login timeout
+ * while the server is down, a full pool, a startup parameter it does not pass on, ...).
+ */
+const POOLER_MESSAGES =
+  /pgbouncer|pooler|client_login_timeout|query_wait_timeout|client_idle_timeout|idle transaction timeout|max_client_conn|server_login_retry|unsupported startup parameter|no such (user|database)|"trust" authentication failed|server conn crashed|bouncer config error|database removed/i;
+
+/**
+ * Whether `err` came from a connection pooler between here and PostgreSQL rather than from the server:
+ * `"pooler"` for PgBouncer's own errors, `"prepared-statement"` for a named prepared statement that a
+ * transaction pooler lost or found on another client's session (42P05, 26000). Undefined otherwise.
+ */
+export function poolerError(err: unknown): "pooler" | "prepared-statement" | undefined {
+  const code = sqlStateOf(err);
+  const message = String((err as { message?: unknown } | null)?.message ?? "");
+  if (code === SqlState.ProtocolViolation && POOLER_MESSAGES.test(message)) return "pooler";
+  if (
+    (code === SqlState.DuplicatePreparedStatement || code === SqlState.InvalidSqlStatementName) &&
+    /prepared statement/.test(message)
+  ) {
+    return "prepared-statement";
+  }
+  return undefined;
 }
 
 /**

@@ -158,7 +158,7 @@ export class Inbox {
       );
       const p = new Partitions(this.#db, this.#schema, Number(rows[0]!.partition_seconds) * 1000, "inbox");
       const b = p.bucketOf(this.#clock());
-      await p.ensure([b - 1, b, b + 1]);
+      await p.ensure([b - 1, b, b + 1], [b - 1, b]);
       return p;
     })().catch((err) => {
       this.#layout = undefined;
@@ -175,7 +175,10 @@ export class Inbox {
     return [b, now - p.startOf(b) < Math.min(this.#overlapMs, p.widthMs) ? b - 1 : null];
   }
 
-  /** Run `work`; when it hit a bucket with no partition yet, create those around now and run it again. */
+  /**
+   * Run `work`; when it hit a bucket with no partition yet, create those around now and run it again.
+   * A role that may not create them (`idem sweep` makes them ahead): `PartitionMissingError`.
+   */
   async #withPartitions<T>(work: () => Promise<T>): Promise<T> {
     try {
       return await work();
@@ -183,7 +186,7 @@ export class Inbox {
       if (!isMissingPartition(err)) throw err;
       const p = await this.#partitions();
       const b = p.bucketOf(this.#clock());
-      await p.ensure([b - 1, b, b + 1]);
+      await p.ensure([b - 1, b, b + 1], [b - 1, b]);
       return work();
     }
   }
@@ -355,7 +358,8 @@ export interface ParkedMessage {
 
 /**
  * Retention of dedup marks: drop the inbox partitions whose marks are all older than `retentionMs`,
- * and create those ahead. Keep marks longer than a message can take to be redelivered (broker
+ * and create those ahead (`partitionsAhead`: two days with daily partitions), which needs the CREATE
+ * privilege: the schema owner's job (`idem sweep`). Keep marks longer than a message can take to be redelivered (broker
  * retention, relay lease and backoff), or a late copy would be applied again. Parked messages stay
  * in `inbox_parked` (and are skipped) until unparked. Run it periodically, from one or many processes.
  */
@@ -369,7 +373,6 @@ export async function sweepInbox(
     `SELECT partition_seconds FROM ${schema}.settings`,
   );
   const partitions = new Partitions(db, schema, Number(rows[0]!.partition_seconds) * 1000, "inbox");
-  const b = partitions.bucketOf(now);
-  await partitions.ensure([b, b + 1, b + 2]);
+  await partitions.makeAhead(now);
   return { dropped: await partitions.dropExpired(now, options.retentionMs) };
 }

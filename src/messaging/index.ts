@@ -19,7 +19,13 @@ export {
   type ParkedMessage,
   sweepInbox,
 } from "./inbox.ts";
-export { type Listen, listenWithPg, listenWithPglite, listenWithPostgresJs } from "./listen.ts";
+export {
+  type Listen,
+  ListenUnavailableError,
+  listenWithPg,
+  listenWithPglite,
+  listenWithPostgresJs,
+} from "./listen.ts";
 export { MemoryBroker, type MemoryBrokerOptions } from "./memory.ts";
 export {
   outboxCounts,

@@ -4,7 +4,29 @@
  * still works: it polls.
  */
 
-/** Subscribe to a channel; `close()` unsubscribes. `onNotify` may be called spuriously. */
+import { isDirectPgSession } from "../postgres/drivers/pg.ts";
+import { isDirectPostgresJs } from "../postgres/drivers/postgres-js.ts";
+
+/**
+ * LISTEN was refused because the connection goes through a pooler (PgBouncer): a transaction pooler
+ * hands the session that listened to other clients, so no notification would ever arrive. Listen on a
+ * URL straight to PostgreSQL instead (`IDEM_LISTEN_DATABASE_URL`), or poll.
+ */
+export class ListenUnavailableError extends Error {
+  override name = "ListenUnavailableError";
+  readonly code = "IDEM_LISTEN_UNAVAILABLE";
+  constructor() {
+    super(
+      "LISTEN is unavailable through a connection pooler (PgBouncer): notifications would never arrive; " +
+        "give a URL straight to PostgreSQL for LISTEN (IDEM_LISTEN_DATABASE_URL)",
+    );
+  }
+}
+
+/**
+ * Subscribe to a channel; `close()` unsubscribes. `onNotify` may be called spuriously. Rejects with
+ * `ListenUnavailableError` when the connection goes through a pooler.
+ */
 export type Listen = (channel: string, onNotify: () => void) => Promise<{ close(): Promise<void> }>;
 
 interface PgNotifyClient {
@@ -18,7 +40,8 @@ interface PgNotifyClient {
  * LISTEN through node-postgres. `connect` returns a dedicated connection (a `pg.Client` already
  * connected, or one checked out of a pool). A broken connection is replaced after `retryMs`
  * (default 1,000 ms); each (re)connection is followed by one `onNotify` call, since events may have
- * been written while nobody listened.
+ * been written while nobody listened. A connection through a pooler is refused
+ * (`ListenUnavailableError`), at subscription or, later, through `onError` (then it stops trying).
  */
 export function listenWithPg(
   connect: () => Promise<PgNotifyClient & { release?(err?: boolean | Error): void; end?(): Promise<void> }>,
@@ -37,12 +60,16 @@ export function listenWithPg(
       if (c.release) c.release(err ?? true);
       else c.end?.().catch(() => {});
     };
-    const open = async (): Promise<void> => {
+    const open = async (first = false): Promise<void> => {
       try {
         const c = await connect();
         if (closed) {
           drop(c);
           return;
+        }
+        if (!(await isDirectPgSession(c))) {
+          drop(c);
+          throw new ListenUnavailableError();
         }
         c.on("notification", onNotify);
         const broken = (err?: Error) => {
@@ -58,11 +85,16 @@ export function listenWithPg(
         await c.query(`LISTEN "${channel}"`);
         onNotify();
       } catch (err) {
+        if (err instanceof ListenUnavailableError) {
+          if (first) throw err;
+          options.onError?.(err);
+          return;
+        }
         options.onError?.(err as Error);
         if (!closed) timer = setTimeout(open, retryMs);
       }
     };
-    await open();
+    await open(true);
     return {
       async close() {
         closed = true;
@@ -78,15 +110,20 @@ export function listenWithPg(
   };
 }
 
-/** LISTEN through postgres.js (`sql.listen`, which reconnects by itself). */
+/**
+ * LISTEN through postgres.js (`sql.listen`, which reconnects by itself). Refused with
+ * `ListenUnavailableError` when `sql` goes through a pooler.
+ */
 export function listenWithPostgresJs(sql: {
   listen(
     channel: string,
     fn: (payload: string) => void,
     onlisten?: () => void,
   ): Promise<{ unlisten(): Promise<void> }>;
+  unsafe(query: string, params?: any[], options?: { prepare?: boolean }): Promise<any>;
 }): Listen {
   return async (channel, onNotify) => {
+    if (!(await isDirectPostgresJs(sql))) throw new ListenUnavailableError();
     const sub = await sql.listen(channel, () => onNotify(), onNotify);
     return { close: () => sub.unlisten() };
   };

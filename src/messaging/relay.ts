@@ -79,7 +79,10 @@ export interface RelayOptions {
   backoff?: { baseMs?: number; capMs?: number };
   /** Wake up on NOTIFY (see `listenWithPg` & co). Default: none, polling only. */
   listen?: Listen;
-  /** How often an idle relay looks for work anyway. Default 5,000 ms with `listen`, 500 ms without. */
+  /**
+   * How often an idle relay looks for work anyway. Default 5,000 ms with `listen`, 500 ms without (and
+   * when `listen` fails at `start()`, e.g. through a pooler: `ListenUnavailableError`).
+   */
   pollMs?: number;
   /** Published rows older than this are deleted. 0 keeps them. Default 86,400,000 (24 h). */
   retentionMs?: number;
@@ -144,7 +147,8 @@ export class Relay {
   readonly #baseMs: number;
   readonly #capMs: number;
   readonly #listen: Listen | undefined;
-  readonly #pollMs: number;
+  #pollMs: number;
+  readonly #pollMsGiven: boolean;
   readonly #retentionMs: number;
   readonly #cleanupEveryMs: number;
   readonly #onError: (err: Error) => void;
@@ -176,7 +180,8 @@ export class Relay {
     this.#baseMs = options.backoff?.baseMs ?? 1_000;
     this.#capMs = options.backoff?.capMs ?? 300_000;
     this.#listen = options.listen;
-    this.#pollMs = positive(options.pollMs ?? (options.listen ? 5_000 : 500), "pollMs");
+    this.#pollMs = positive(options.pollMs ?? (options.listen ? 5_000 : POLL_WITHOUT_LISTEN_MS), "pollMs");
+    this.#pollMsGiven = options.pollMs !== undefined;
     this.#retentionMs = options.retentionMs ?? 86_400_000;
     this.#cleanupEveryMs = positive(options.cleanupEveryMs ?? 600_000, "cleanupEveryMs");
     this.#onError = options.onError ?? (() => {});
@@ -197,7 +202,10 @@ export class Relay {
       try {
         this.#subscription = await this.#listen(this.#channel, () => this.#wake());
       } catch (err) {
-        this.#onError(errorOf(err)); // polling still finds the work
+        // Polling still finds the work: as often as without a listener, and said so.
+        if (!this.#pollMsGiven) this.#pollMs = POLL_WITHOUT_LISTEN_MS;
+        const e = errorOf(err);
+        this.#onError(new Error(`${e.message}; polling every ${this.#pollMs} ms instead`, { cause: e }));
       }
     }
     for (let i = 0; i < this.#concurrency; i++) this.#loops.push(this.#loop());
@@ -423,6 +431,9 @@ export class Relay {
     if (!woke && !all) this.#pending = true;
   }
 }
+
+/** The idle poll of a relay that has no LISTEN to wake it. */
+const POLL_WITHOUT_LISTEN_MS = 500;
 
 function positive(n: number, name: string): number {
   if (!(n > 0) || !Number.isFinite(n)) throw new RangeError(`${name} must be a positive number, got ${n}`);

@@ -1,6 +1,14 @@
 export { type CompleteOptions, type CompleteReport, type CompleteResult, complete } from "./complete.ts";
+export {
+  DatabaseConnectError,
+  type DatabaseUrl,
+  type OpenDatabaseUrlOptions,
+  type OpenedDatabaseUrl,
+  openDatabaseUrl,
+  parseDatabaseUrl,
+} from "./connect.ts";
 export type { Db, Queryable, QueryResult, Tx } from "./db.ts";
-export { fromPg, type PgPoolLike } from "./drivers/pg.ts";
+export { type FromPgOptions, fromPg, isDirectPgSession, type PgPoolLike } from "./drivers/pg.ts";
 export {
   DataDirInUseError,
   fromPglite,
@@ -8,10 +16,30 @@ export {
   openPgliteDir,
   type PgliteLike,
 } from "./drivers/pglite.ts";
-export { fromPostgresJs, type PostgresJsLike } from "./drivers/postgres-js.ts";
-export { type MigrateOptions, type MigrateResult, migrate, pendingMigrations } from "./migrate.ts";
+export {
+  type FromPostgresJsOptions,
+  fromPostgresJs,
+  isDirectPostgresJs,
+  type PostgresJsLike,
+} from "./drivers/postgres-js.ts";
+export {
+  type MigrateOptions,
+  type MigrateResult,
+  migrate,
+  pendingMigrations,
+  runtimeGrants,
+  SchemaBehindError,
+} from "./migrate.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";
-export { MAX_LIVE_PARTITIONS, minPartitionSeconds, Partitions, PartitionWidthError } from "./partitions.ts";
+export {
+  MAX_LIVE_PARTITIONS,
+  minPartitionSeconds,
+  PartitionMissingError,
+  Partitions,
+  PartitionWidthError,
+  partitionsAhead,
+  SWEEP_AHEAD_MS,
+} from "./partitions.ts";
 export {
   type CrashInfo,
   type CrashPointName,

@@ -1,7 +1,7 @@
 import { readdir, readFile } from "node:fs/promises";
 import { SqlState, sqlStateOf } from "../core/index.ts";
 import type { Db } from "./db.ts";
-import { minPartitionSeconds } from "./partitions.ts";
+import { minPartitionSeconds, Partitions } from "./partitions.ts";
 
 /** Where the numbered `.sql` migrations live (the package's `sql/` folder). */
 export const MIGRATIONS_DIR = new URL("../../sql/", import.meta.url);
@@ -18,11 +18,47 @@ export interface MigrateOptions {
   partitionSeconds?: number;
   /** The longest retention the stores on this schema will use, to choose the default width. */
   retentionMs?: number;
+  /**
+   * A database role that runs the service (DML only): granted exactly what idem needs at run time on
+   * its tables (`runtimeGrants`), for tables and partitions created later too (default privileges of
+   * the role running this, who creates them with `idem migrate` and `idem sweep`). Nothing that allows
+   * DDL. The role must exist. Default: none.
+   */
+  runtimeRole?: string;
 }
 
 export interface MigrateResult {
   /** Migrations applied by this call (names), oldest first. Empty when the schema was up to date. */
   applied: string[];
+  /**
+   * With `runtimeRole`: what that role can still do beyond DML, which a DBA may want to revoke
+   * (e.g. `CREATE on schema public`, `superuser`). Empty when it holds nothing more.
+   */
+  runtimeRoleExtras?: string[];
+}
+
+/**
+ * idem's schema is older than this version of idem (migrations pending), or missing: run `idem migrate`
+ * (`migrate(db)`) as the schema's owner first. The running service does not migrate on its own when its
+ * role may not (it has DML rights only).
+ */
+export class SchemaBehindError extends Error {
+  override name = "SchemaBehindError";
+  readonly code = "IDEM_SCHEMA_BEHIND";
+  constructor(
+    readonly schema: string,
+    /** Names of the migrations not applied (`["all"]` when idem's tables are missing). */
+    readonly pending: string[],
+    cause?: unknown,
+  ) {
+    super(
+      pending[0] === "all"
+        ? `idem's tables are missing in schema "${schema}": run migrate(db) or \`idem migrate\` first`
+        : `idem's schema "${schema}" is behind this version of idem (${pending.join(", ")} pending): ` +
+            "run `idem migrate` (migrate(db)) as the schema's owner first",
+      { cause },
+    );
+  }
 }
 
 const IDENT = /^[a-z_][a-z0-9_]{0,62}$/;
@@ -60,9 +96,11 @@ async function loadMigrations(): Promise<Migration[]> {
 }
 
 /**
- * Bring idem's schema up to date. Safe when several instances start at the same moment: the whole
- * run holds a transaction-scoped advisory lock, so one instance migrates and the others then find
- * nothing left to do. Each migration commits together with its row in `<schema>.migrations`.
+ * Bring idem's schema up to date, and make the partitions ahead when it changed it. Safe when several
+ * instances start at the same moment: the whole run holds a transaction-scoped advisory lock, so one
+ * instance migrates and the others then find nothing left to do. Each migration commits together with
+ * its row in `<schema>.migrations`. A schema already current costs one read and no DDL, so a service
+ * whose role may not create tables can call it at start.
  */
 export async function migrate(db: Db, options: MigrateOptions = {}): Promise<MigrateResult> {
   const schema = schemaOf(options);
@@ -70,28 +108,122 @@ export async function migrate(db: Db, options: MigrateOptions = {}): Promise<Mig
     options.partitionSeconds ?? Math.max(86_400, minPartitionSeconds(options.retentionMs ?? 0)),
   );
   if (!(partitionSeconds >= 60)) throw new Error("partitionSeconds must be at least 60");
+  const role = options.runtimeRole;
+  if (role !== undefined) await checkRole(db, role);
   const migrations = await loadMigrations();
-  return db.transaction(async (tx) => {
-    await tx.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", [`idem:migrate:${schema}`]);
-    await tx.exec(
-      `CREATE SCHEMA IF NOT EXISTS ${schema};
+  const current = await pendingMigrations(db, { schema }).then(
+    (pending) => pending.length === 0,
+    () => false, // no schema yet, or not readable: the locked path says what is wrong
+  );
+  const applied: string[] = current ? [] : await applyMigrations(db, schema, migrations, partitionSeconds);
+  if (applied.length) await makePartitionsAhead(db, schema, options.retentionMs);
+  if (role === undefined) return { applied };
+  await db.exec(runtimeGrants(schema, role));
+  return { applied, runtimeRoleExtras: await extrasOf(db, schema, role) };
+}
+
+async function applyMigrations(
+  db: Db,
+  schema: string,
+  migrations: Migration[],
+  partitionSeconds: number,
+): Promise<string[]> {
+  try {
+    return await db.transaction(async (tx) => {
+      await tx.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", [`idem:migrate:${schema}`]);
+      await tx.exec(
+        `CREATE SCHEMA IF NOT EXISTS ${schema};
        CREATE TABLE IF NOT EXISTS ${schema}.migrations (
          id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
-    );
-    const done = new Set(
-      (await tx.query<{ id: number }>(`SELECT id FROM ${schema}.migrations`)).rows.map((r) => Number(r.id)),
-    );
-    const applied: string[] = [];
-    for (const m of migrations) {
-      if (done.has(m.id)) continue;
-      await tx.exec(
-        m.sql.replaceAll("{{schema}}", schema).replaceAll("{{partition_seconds}}", String(partitionSeconds)),
       );
-      await tx.query(`INSERT INTO ${schema}.migrations (id, name) VALUES ($1, $2)`, [m.id, m.name]);
-      applied.push(m.name);
-    }
-    return { applied };
-  });
+      const done = new Set(
+        (await tx.query<{ id: number }>(`SELECT id FROM ${schema}.migrations`)).rows.map((r) => Number(r.id)),
+      );
+      const names: string[] = [];
+      for (const m of migrations) {
+        if (done.has(m.id)) continue;
+        await tx.exec(
+          m.sql
+            .replaceAll("{{schema}}", schema)
+            .replaceAll("{{partition_seconds}}", String(partitionSeconds)),
+        );
+        await tx.query(`INSERT INTO ${schema}.migrations (id, name) VALUES ($1, $2)`, [m.id, m.name]);
+        names.push(m.name);
+      }
+      return names;
+    });
+  } catch (err) {
+    if (sqlStateOf(err) !== SqlState.InsufficientPrivilege) throw err;
+    // The service's role (DML only) found the schema behind: the owner's job has not run.
+    const pending = await pendingMigrations(db, { schema }).catch(() => ["all"]);
+    throw new SchemaBehindError(schema, pending.length ? pending : ["all"], err);
+  }
+}
+
+/** The keys' and the inbox's partitions from the previous one to two days ahead (as `idem sweep`). */
+async function makePartitionsAhead(db: Db, schema: string, retentionMs: number | undefined): Promise<void> {
+  const { rows } = await db.query<{ partition_seconds: number }>(
+    `SELECT partition_seconds FROM ${schema}.settings`,
+  );
+  const widthMs = Number(rows[0]!.partition_seconds) * 1000;
+  const now = Date.now();
+  await new Partitions(db, schema, widthMs).makeAhead(now, retentionMs ?? 24 * 3_600_000);
+  await new Partitions(db, schema, widthMs, "inbox").makeAhead(now);
+}
+
+/** A quoted identifier for a role name (any characters). */
+function quoteRole(role: string): string {
+  return `"${role.replaceAll('"', '""')}"`;
+}
+
+async function checkRole(db: Db, role: string): Promise<void> {
+  if (!role) throw new Error("runtimeRole must name a database role");
+  const { rows } = await db.query<{ n: number }>(
+    "SELECT count(*)::int AS n FROM pg_roles WHERE rolname = $1",
+    [role],
+  );
+  if (!rows[0]?.n) {
+    throw new Error(`role ${quoteRole(role)} does not exist: CREATE ROLE ${quoteRole(role)} LOGIN first`);
+  }
+}
+
+/**
+ * What idem's running code needs, and no more: USAGE on the schema; SELECT on `settings` and
+ * `migrations`; SELECT, INSERT, UPDATE, DELETE on every other table (keys, outbox, inbox and their
+ * partitions, reviews); its sequences; and the same on tables and sequences the granting role creates
+ * later in the schema (new partitions, new migrations). No CREATE, TRUNCATE, REFERENCES or TRIGGER.
+ */
+export function runtimeGrants(schema: string, role: string): string {
+  const r = quoteRole(role);
+  const s = checkSchemaName(schema);
+  return `GRANT USAGE ON SCHEMA ${s} TO ${r};
+    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ${s} TO ${r};
+    REVOKE INSERT, UPDATE, DELETE ON ${s}.settings, ${s}.migrations FROM ${r};
+    GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ${s} TO ${r};
+    ALTER DEFAULT PRIVILEGES IN SCHEMA ${s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO ${r};
+    ALTER DEFAULT PRIVILEGES IN SCHEMA ${s} GRANT USAGE, SELECT ON SEQUENCES TO ${r};`;
+}
+
+/** What `role` may do beyond DML: superuser, owning idem's schema, CREATE on it, the database or public. */
+async function extrasOf(db: Db, schema: string, role: string): Promise<string[]> {
+  const { rows } = await db.query<Record<string, boolean>>(
+    `SELECT r.rolsuper AS superuser,
+            pg_get_userbyid(n.nspowner) = r.rolname AS owner,
+            has_schema_privilege(r.rolname, $2, 'CREATE') AS schema_create,
+            has_database_privilege(r.rolname, current_database(), 'CREATE') AS database_create,
+            has_schema_privilege(r.rolname, 'public', 'CREATE') AS public_create
+       FROM pg_roles r, pg_namespace n WHERE r.rolname = $1 AND n.nspname = $2`,
+    [role, schema],
+  );
+  const x = rows[0];
+  if (!x) return [];
+  const extras: string[] = [];
+  if (x.superuser) extras.push("superuser");
+  if (x.owner) extras.push(`owner of schema ${schema}`);
+  else if (x.schema_create) extras.push(`CREATE on schema ${schema}`);
+  if (x.database_create) extras.push("CREATE on the database");
+  if (x.public_create) extras.push("CREATE on schema public");
+  return extras;
 }
 
 /** Names of migrations not yet applied (for `idem migrate --check` and start-up errors). */

@@ -1,4 +1,4 @@
-import { SqlState, sqlStateOf } from "../core/index.ts";
+import { RetryableError, SqlState, sqlStateOf } from "../core/index.ts";
 import type { Db } from "./db.ts";
 
 /**
@@ -10,6 +10,48 @@ import type { Db } from "./db.ts";
 export const MAX_LIVE_PARTITIONS = 12;
 /** Partitions created ahead of the current one (an instance whose clock runs ahead finds its own). */
 export const PARTITIONS_AHEAD = 1;
+
+/**
+ * How far ahead `idem sweep` (and `idem migrate`) make partitions, so that the running service, whose
+ * role may not create tables, finds them made: two days, so that a sweep that stops (a failed cron job,
+ * a weekend) is noticed long before a request finds no partition.
+ */
+export const SWEEP_AHEAD_MS = 48 * 3_600_000;
+
+/**
+ * The partitions `idem sweep` makes past the current one: enough for `SWEEP_AHEAD_MS`, at least two,
+ * and for the keys (`retentionMs` given) no more than keep a lookup within `MAX_LIVE_PARTITIONS` (every
+ * lookup probes the empty partitions ahead too): with daily partitions and 24 h of retention, 2 (two to
+ * three days); with the narrowest width a retention allows, 1.
+ */
+export function partitionsAhead(widthMs: number, retentionMs?: number): number {
+  const wanted = Math.max(2, Math.ceil(SWEEP_AHEAD_MS / widthMs));
+  const room =
+    retentionMs === undefined
+      ? MAX_LIVE_PARTITIONS
+      : MAX_LIVE_PARTITIONS - Math.ceil(retentionMs / widthMs) - 1;
+  return Math.max(PARTITIONS_AHEAD, Math.min(wanted, room));
+}
+
+/**
+ * A partition that a request needs does not exist, and this database role may not create it (the
+ * running service has DML rights only: the schema's owner makes partitions ahead with `idem sweep`).
+ * Nothing was done: answered 503 with Retry-After; the request may be retried with the same key.
+ */
+export class PartitionMissingError extends RetryableError {
+  override name = "PartitionMissingError";
+  constructor(
+    readonly table: string,
+    readonly buckets: number[],
+    cause: unknown,
+  ) {
+    super(
+      `No partition of ${table} for now, and this database role may not create one; nothing was done. ` +
+        "Retry with the same key (operators: run `idem sweep` as the schema's owner, hourly).",
+      { cause, retryAfterSeconds: 5 },
+    );
+  }
+}
 
 /** How many partitions a lookup touches with this retention and width: the window's, plus those ahead. */
 export function livePartitions(retentionMs: number, widthMs: number): number {
@@ -63,45 +105,75 @@ export class Partitions {
   }
 
   /**
-   * Create the partitions for these buckets if they do not exist (several instances may race).
+   * Create the partitions for these buckets if they do not exist (several instances may race), and
+   * return the buckets attached now. Partitions that exist cost a catalog read, no DDL: a role without
+   * CREATE (the running service's) gets by as long as `idem sweep` made them ahead. When one of
+   * `needed` (default: all of `buckets`) is missing and cannot be made for lack of privilege:
+   * `PartitionMissingError`; others that cannot be made are left for the next sweep.
    *
    * Each is created as a table of its own and then attached: `CREATE TABLE ... PARTITION OF` would take
    * an ACCESS EXCLUSIVE lock on the keys table, wait behind every open transaction that touched it,
    * and queue every new request behind it; ATTACH PARTITION takes a lock that reads and writes of keys
    * do not wait for. A table created by an instance that died before attaching it is attached here.
    */
-  async ensure(buckets: Iterable<number>): Promise<void> {
+  async ensure(buckets: Iterable<number>, needed?: Iterable<number>): Promise<Set<number>> {
     // Only the missing ones: ATTACH, even of a partition already attached, first waits for a lock on
     // it that every open transaction reading keys holds.
     const attached = new Set(await this.list());
+    const must = new Set(needed ?? buckets);
+    const denied: number[] = [];
+    let cause: unknown;
     for (const b of new Set(buckets)) {
       if (attached.has(b)) continue;
-      const table = `${this.schema}.${this.nameOf(b)}`;
       try {
-        await this.db.exec(
-          `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.${this.table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
-        );
+        await this.create(b);
+        attached.add(b);
       } catch (err) {
-        // Another instance created it at the same moment: IF NOT EXISTS does not cover a concurrent
-        // CREATE, which fails on the catalog instead (42P07 duplicate table, 42710 "type already
-        // exists", 23505 on pg_type's unique index).
-        const code = (err as { code?: string }).code;
-        if (
-          code !== SqlState.DuplicateTable &&
-          code !== SqlState.DuplicateObject &&
-          code !== SqlState.UniqueViolation
-        )
-          throw err;
-      }
-      try {
-        await this.db.exec(
-          `ALTER TABLE ${this.schema}.${this.table} ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
-        );
-      } catch (err) {
-        // 42809: already a partition (attached earlier, or by another instance just now).
-        if (sqlStateOf(err) !== SqlState.WrongObjectType) throw err;
+        if (sqlStateOf(err) !== SqlState.InsufficientPrivilege) throw err;
+        cause ??= err;
+        if (must.has(b)) denied.push(b);
       }
     }
+    if (denied.length) throw new PartitionMissingError(`${this.schema}.${this.table}`, denied, cause);
+    return attached;
+  }
+
+  private async create(b: number): Promise<void> {
+    const table = `${this.schema}.${this.nameOf(b)}`;
+    try {
+      await this.db.exec(
+        `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.${this.table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+      );
+    } catch (err) {
+      // Another instance created it at the same moment: IF NOT EXISTS does not cover a concurrent
+      // CREATE, which fails on the catalog instead (42P07 duplicate table, 42710 "type already
+      // exists", 23505 on pg_type's unique index).
+      const code = (err as { code?: string }).code;
+      if (
+        code !== SqlState.DuplicateTable &&
+        code !== SqlState.DuplicateObject &&
+        code !== SqlState.UniqueViolation
+      )
+        throw err;
+    }
+    try {
+      await this.db.exec(
+        `ALTER TABLE ${this.schema}.${this.table} ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
+      );
+    } catch (err) {
+      // 42809: already a partition (attached earlier, or by another instance just now).
+      if (sqlStateOf(err) !== SqlState.WrongObjectType) throw err;
+    }
+  }
+
+  /** Make the partitions from the previous one to `partitionsAhead` past now's (the owner's sweep). */
+  async makeAhead(nowMs: number, retentionMs?: number): Promise<number> {
+    const b = this.bucketOf(nowMs);
+    const last = b + partitionsAhead(this.widthMs, retentionMs);
+    const buckets: number[] = [];
+    for (let i = b - 1; i <= last; i++) buckets.push(i);
+    await this.ensure(buckets);
+    return last;
   }
 
   /**

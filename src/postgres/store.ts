@@ -33,7 +33,7 @@ import {
 import type { Db, Tx } from "./db.ts";
 import { DbTime, type TimeShift } from "./db-time.ts";
 import { inspectKey } from "./inspect.ts";
-import { schemaOf } from "./migrate.ts";
+import { pendingMigrations, SchemaBehindError, schemaOf } from "./migrate.ts";
 import {
   livePartitions,
   MAX_LIVE_PARTITIONS,
@@ -181,7 +181,11 @@ export class PostgresStore implements AtomicStore<Tx> {
     return this.db.transaction((tx) => withGuardedTx(tx, work));
   }
 
-  /** Read the partition width chosen at migration, and make sure the current partitions exist. */
+  /**
+   * Read the partition width chosen at migration, check that the schema is current (`SchemaBehindError`
+   * otherwise: run `idem migrate`), and that the partitions of now exist. Runs no DDL when they do; a
+   * role that may not create them gets `PartitionMissingError` when they do not (run `idem sweep`).
+   */
   static async open(db: Db, options: PostgresStoreOptions = {}): Promise<PostgresStore> {
     const schema = schemaOf(options);
     let seconds: number;
@@ -192,15 +196,19 @@ export class PostgresStore implements AtomicStore<Tx> {
       seconds = Number(rows[0]?.partition_seconds);
     } catch (err) {
       if (sqlStateOf(err) === SqlState.UndefinedTable) {
+        throw new SchemaBehindError(schema, ["all"], err);
+      }
+      if (sqlStateOf(err) === SqlState.InsufficientPrivilege) {
         throw new Error(
-          `idem's tables are missing in schema "${schema}": run migrate(db) or \`idem migrate\` first`,
-          {
-            cause: err,
-          },
+          `this database role may not use idem's tables in schema "${schema}": ` +
+            `run \`idem migrate --runtime-role <this role>\` as their owner`,
+          { cause: err },
         );
       }
       throw err;
     }
+    const pending = await pendingMigrations(db, { schema });
+    if (pending.length) throw new SchemaBehindError(schema, pending);
     const retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     if (!(retentionMs > 0))
       throw new RangeError(`retentionMs must be a positive number of ms, got ${retentionMs}`);
@@ -208,21 +216,25 @@ export class PostgresStore implements AtomicStore<Tx> {
       throw new PartitionWidthError(retentionMs, seconds);
     }
     const store = new PostgresStore(db, options, seconds * 1000);
-    await store.ensurePartitions();
+    await store.ensurePartitions(true);
     return store;
   }
 
   /**
-   * Create the partitions for the previous width, now and `PARTITIONS_AHEAD` ahead (cheap; call it from
-   * a periodic job too: `sweep()` does). Few empty ones ahead, since every lookup probes them too.
+   * Make sure of the partitions for the previous width, now and `PARTITIONS_AHEAD` ahead: a catalog
+   * read when `idem sweep` made them; otherwise they are created, which needs the CREATE privilege
+   * (`PartitionMissingError` without it, for those needed now; with `all`, those ahead too).
    */
-  async ensurePartitions(): Promise<void> {
+  async ensurePartitions(all = false): Promise<void> {
     // Around the database's now: every instance places its keys by that clock (db-time.ts).
     const b = this.partitions.bucketOf(await this.dbNowMs());
     const buckets = [b - 1];
     for (let i = 0; i <= PARTITIONS_AHEAD; i++) buckets.push(b + i);
-    await this.partitions.ensure(buckets);
-    this.ensuredThrough = Math.max(this.ensuredThrough, b + PARTITIONS_AHEAD);
+    const attached = await this.partitions.ensure(buckets, all ? buckets : [b - 1, b]);
+    // Made ahead by a sweep: nothing to check until past the last of them.
+    let through = b;
+    while (attached.has(through + 1)) through++;
+    this.ensuredThrough = Math.max(this.ensuredThrough, through);
   }
 
   /** One key as an operator sees it (`KeyInspection`), or undefined when it is not live. */
@@ -231,13 +243,16 @@ export class PostgresStore implements AtomicStore<Tx> {
   }
 
   /**
-   * Retention: drop the partitions whose keys are all past the window. Returns the dropped buckets.
-   * Run it periodically (`idem sweep`); it also creates the partitions ahead.
+   * Retention: drop the partitions whose keys are all past the window, and make those ahead
+   * (`partitionsAhead`: two days with daily partitions). Returns the dropped buckets. Run it
+   * periodically (`idem sweep`, hourly) as the schema's owner: it runs DDL.
    */
   async sweep(): Promise<{ dropped: number[] }> {
-    await this.ensurePartitions();
     // Past retention by the database's clock, read before the drops: never later than the real now.
-    return { dropped: await this.partitions.dropExpired(await this.dbNowMs(), this.retentionMs) };
+    const now = await this.dbNowMs();
+    const last = await this.partitions.makeAhead(now, this.retentionMs);
+    this.ensuredThrough = Math.max(this.ensuredThrough, last);
+    return { dropped: await this.partitions.dropExpired(now, this.retentionMs) };
   }
 
   /**
@@ -476,7 +491,9 @@ export class PostgresStore implements AtomicStore<Tx> {
       if (isMissingPartition(err)) {
         // The key row's partition went away under this store (a sweep elsewhere with a shorter
         // retention): everything rolled back. The work has run, and an adapter's handler cannot run
-        // twice, so the partition is made again and the caller retries: the key is still free.
+        // twice, so the partition is made again (or PartitionMissingError, 503, for a role that may
+        // not) and the caller retries: the key is still free.
+        this.ensuredThrough = Number.NEGATIVE_INFINITY;
         await this.ensurePartitions();
         throw new RetryableError(
           "the key's partition was missing; it has been made again, retry the request",

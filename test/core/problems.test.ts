@@ -18,6 +18,7 @@ import {
   KeyMismatchError,
   LeaseLostError,
   OperationUncertainError,
+  poolerError,
   problemResponse,
   RetryableError,
   sqlStateOf,
@@ -274,8 +275,9 @@ describe("the database is unavailable", () => {
   const err = (code?: string, message = "boom", cause?: unknown) =>
     Object.assign(new Error(message, { cause }), code === undefined ? {} : { code });
 
-  it("shutdown, too many connections, connection class 08 and socket failures are", () => {
+  it("shutdown, too many connections, read-only after a failover, class 08 and socket failures are", () => {
     for (const code of [
+      "25006",
       "57P01",
       "57P02",
       "57P03",
@@ -333,6 +335,26 @@ describe("the database is unavailable", () => {
       err(undefined, "prefix Connection terminated"),
     ]) {
       expect(isDatabaseUnavailable(e), String((e as Error)?.message ?? e)).toBe(false);
+    }
+  });
+
+  it("PgBouncer's own errors and lost prepared statements are told apart from the server's", () => {
+    expect(poolerError(err("08P01", "client_login_timeout (server down)"))).toBe("pooler");
+    expect(poolerError(err("08P01", "unsupported startup parameter: pgbouncer"))).toBe("pooler");
+    expect(poolerError(err("08P01", "no more connections allowed (max_client_conn)"))).toBe("pooler");
+    expect(poolerError(err("42P05", 'prepared statement "idem_0123" already exists'))).toBe(
+      "prepared-statement",
+    );
+    expect(poolerError(err("26000", 'prepared statement "7m6e15" does not exist'))).toBe(
+      "prepared-statement",
+    );
+    for (const e of [
+      err("08P01", "invalid frontend message type 0"),
+      err("28P01"),
+      err("ECONNREFUSED"),
+      null,
+    ]) {
+      expect(poolerError(e)).toBeUndefined();
     }
   });
 

@@ -3,8 +3,8 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import amqp from "amqplib";
 import { describe, expect, it } from "vitest";
+import { prepareSchema } from "../../app/database.ts";
 import { RECEIPT_TOPIC, type ReceiptsConfig, receiptsOf, startReceipts } from "../../app/receipts.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { backends, serverBackends } from "../helpers/db.ts";
 import { AMQP_URL, NATS_URL, unique, until } from "./helpers.ts";
@@ -48,7 +48,7 @@ describe.each(transports)("receipt-email worker over $name", ({ name, backend, c
     const ns = unique("rcpt_");
     const quiet = { log: () => {} };
     try {
-      await migrate(db);
+      await prepareSchema(db); // idem's migrations and the service's tables, sent_emails among them
       const receipts = await startReceipts(db, { ...config(ns), ...quiet });
       expect(receipts.transport).toBe(name);
       const ids: string[] = [];

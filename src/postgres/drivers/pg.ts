@@ -34,9 +34,11 @@ function result<R>(r: { rows: any[]; rowCount: number | null }): QueryResult<R> 
 }
 
 /*
- * Statements run as named prepared statements (the name derives from the text), so PostgreSQL parses
- * and plans each one once per connection instead of on every call, which matters for statements on the
- * partitioned keys table. postgres.js does the same by default.
+ * Named prepared statements (the name derives from the text) let PostgreSQL parse and plan a statement
+ * once per connection instead of on every call. They are only safe on a connection that is one server
+ * session for its whole life: through a transaction pooler (PgBouncer's transaction mode) a name
+ * prepared on one server session is missing on the next ("prepared statement ... does not exist") or
+ * already there ("... already exists"). `prepare: "auto"` uses them only on a direct connection.
  */
 const names = new Map<string, string>();
 function statementName(text: string): string {
@@ -53,28 +55,89 @@ function run<R>(
   q: PgQueryable,
   sql: string,
   params: readonly unknown[] | undefined,
+  named: boolean,
 ): Promise<QueryResult<R>> {
-  return q.query({ text: sql, values: toParams(params), name: statementName(sql) }).then(result<R>);
+  return q
+    .query(
+      named
+        ? { text: sql, values: toParams(params), name: statementName(sql) }
+        : { text: sql, values: toParams(params) },
+    )
+    .then(result<R>);
+}
+
+/**
+ * Whether `client` talks to one PostgreSQL session of its own: the process id the server announced at
+ * start-up (BackendKeyData) is the backend that runs its statements. A pooler (PgBouncer, in any mode)
+ * announces a key of its own, so the two differ; a TCP proxy (HAProxy) passes the server's through.
+ */
+export async function isDirectPgSession(client: { query(text: string): Promise<unknown> }): Promise<boolean> {
+  const announced = (client as { processID?: unknown }).processID;
+  if (typeof announced !== "number") return false;
+  const r = (await client.query("SELECT pg_backend_pid() AS pid")) as { rows: { pid: number }[] };
+  return Number(r.rows[0]?.pid) === announced;
+}
+
+/** Options of {@link fromPg}. */
+export interface FromPgOptions {
+  /** End the pool on `close()`. Default: true. */
+  owned?: boolean;
+  /**
+   * Named prepared statements: `true` always, `false` never, `"auto"` only when the first connection
+   * turns out to be direct (not through a pooler such as PgBouncer; see `isDirectPgSession`).
+   * Default: `"auto"`.
+   */
+  prepare?: boolean | "auto";
 }
 
 /**
  * Adapt a node-postgres `Pool`. `close()` ends the pool only when `owned` is true (the default).
  * A pool created with `pipeline: true` sends BEGIN and the transaction's first statement together.
+ * Works through PgBouncer in transaction mode (see `FromPgOptions.prepare`).
  */
-export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db {
+export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
   const owned = options.owned ?? true;
+  const prepare = options.prepare ?? "auto";
+  let named = prepare === "auto" ? undefined : prepare;
+  let deciding: Promise<void> | undefined;
+  /** Decide `named` on the first connection checked out (once; concurrent first users wait for it). */
+  const decide = (client: PgQueryable): Promise<void> => {
+    deciding ??= isDirectPgSession(client).then(
+      (direct) => {
+        named = direct;
+      },
+      (err) => {
+        deciding = undefined; // the connection failed: the next checkout decides
+        throw err;
+      },
+    );
+    return deciding;
+  };
+  const checkout = async (): Promise<PgClientLike> => {
+    const client = await pool.connect();
+    if (named === undefined) {
+      try {
+        await decide(client);
+      } catch (err) {
+        client.release(isConnectionError(err, client));
+        throw err;
+      }
+    }
+    return client;
+  };
   return {
     driver: "pg",
     supportsBefore: true,
-    query: (sql, params) => onOwnClient(pool, (client) => run(client, sql, params)),
+    query: (sql, params) => onOwnClient(checkout, (client) => run(client, sql, params, named === true)),
     async exec(sql: string) {
-      await onOwnClient(pool, (client) => client.query(sql));
+      await onOwnClient(checkout, (client) => client.query(sql));
     },
     async transaction<T>(
       fn: (tx: Tx) => Promise<T>,
       opts?: { begin?: string; batch?: boolean; before?: { sql: string; params?: readonly unknown[] } },
     ): Promise<T> {
-      const client = await pool.connect();
+      const client = await checkout();
+      const asNamed = named === true;
       let broken = false;
       // A checked-out client has no pool listener: if its connection dies (the server restarted), the
       // 'error' event would crash the process. The statements in flight reject on their own; mark the
@@ -90,7 +153,7 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
       wire.cork();
       // `before` commits on its own (autocommit) ahead of BEGIN on this connection; it fails the
       // transaction where BEGIN would, at the first statement or at COMMIT.
-      const before = opts?.before && run(client, opts.before.sql, opts.before.params);
+      const before = opts?.before && run(client, opts.before.sql, opts.before.params, asNamed);
       let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
       if (before) begun = Promise.all([before, begun]);
       begun.catch(() => {});
@@ -123,12 +186,12 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
         final(sql, params) {
           // Corked until COMMIT is queued behind it: the two leave in one write.
           wire.cork();
-          last = run(client, sql, params);
+          last = run(client, sql, params, asNamed);
           last.catch(() => {});
         },
         async query<R>(sql: string, params?: readonly unknown[]) {
           if (last) wire.uncork(); // a statement after final() (against its contract) must not wait for COMMIT
-          const q = run<R>(client, sql, params);
+          const q = run<R>(client, sql, params, asNamed);
           if (held) release(); // the batch's second statement: BEGIN, the first and this leave together
           if (begun) {
             q.catch(() => {});
@@ -210,8 +273,11 @@ export function fromPg(pool: PgPoolLike, options: { owned?: boolean } = {}): Db 
  * and node-postgres emits the 'error' of a connection the server cut (57P01 on a restart) just after
  * failing the statement, so with no listener left the process crashed (seen in the chaos suite).
  */
-async function onOwnClient<T>(pool: PgPoolLike, fn: (client: PgClientLike) => Promise<T>): Promise<T> {
-  const client = await pool.connect();
+async function onOwnClient<T>(
+  checkout: () => Promise<PgClientLike>,
+  fn: (client: PgClientLike) => Promise<T>,
+): Promise<T> {
+  const client = await checkout();
   let broken = false;
   const onError = () => {
     broken = true;
@@ -268,6 +334,9 @@ function corkable(client: PgClientLike): { pipelined: boolean; cork(): void; unc
  * Gone: the server's connection-exception class (08) and shutdowns (57P01-57P03), a socket error (a
  * Node code such as ECONNRESET or EPIPE), node-postgres' own "Connection terminated ..." and
  * "... not queryable" errors (no code), and any error once the client says it is not queryable.
+ * Poisoned: 25006, a write on a read-only server. After a failover a connection made through a proxy
+ * that had not switched yet reaches the old primary (or a replica), and every write on it would fail:
+ * the pool's next connection reaches the new primary.
  */
 export function isConnectionError(err: unknown, client?: unknown): boolean {
   const c = client as { _queryable?: boolean; _ending?: boolean } | undefined;
@@ -275,7 +344,7 @@ export function isConnectionError(err: unknown, client?: unknown): boolean {
   if (typeof err !== "object" || err === null) return false;
   const code = (err as { code?: unknown }).code;
   if (typeof code === "string") {
-    if (/^(08|57P0[123])/.test(code)) return true;
+    if (/^(08|57P0[123]|25006)/.test(code)) return true;
     return /^E[A-Z]+$/.test(code); // a Node system error: ECONNRESET, EPIPE, ETIMEDOUT, ...
   }
   if (!(err instanceof Error)) return false;

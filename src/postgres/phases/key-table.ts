@@ -52,7 +52,10 @@ export function tablesOf(store: KeyTable | ShardedKeyTables): KeyTable[] {
   return isSharded(store) ? Object.values(store.shards) : [store];
 }
 
-/** Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once. */
+/**
+ * Run `fn`; when it hits a bucket with no partition yet, create the partitions around now and retry once
+ * (`PartitionMissingError`, a 503, for a role that may not create them: `idem sweep` makes them ahead).
+ */
 export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();

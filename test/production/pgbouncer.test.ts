@@ -1,0 +1,227 @@
+/**
+ * idem through PgBouncer in transaction pooling mode (Debian's pgbouncer, started here in front of the
+ * test server, torn down after): the HTTP protocol suite on both drivers, the reference service with 50
+ * concurrent duplicates of one key in atomic and phases modes, and the outbox relay publishing through
+ * it. Nothing is configured for the pooler: the drivers find it on their first connection.
+ */
+import { randomUUID } from "node:crypto";
+import { serve } from "@hono/node-server";
+import { type Context, Hono, type MiddlewareHandler } from "hono";
+import pg from "pg";
+import postgres from "postgres";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { IdemError, readRequestBody } from "../../src/core/index.ts";
+import { type IdempotencyEnv, idempotency, idempotentPhases } from "../../src/http/hono.ts";
+import { ListenUnavailableError, listenWithPg } from "../../src/messaging/listen.ts";
+import { MemoryBroker } from "../../src/messaging/memory.ts";
+import { Relay } from "../../src/messaging/relay.ts";
+import { DatabaseConnectError, openDatabaseUrl } from "../../src/postgres/connect.ts";
+import { fromPg } from "../../src/postgres/drivers/pg.ts";
+import { fromPostgresJs } from "../../src/postgres/drivers/postgres-js.ts";
+import { migrate } from "../../src/postgres/migrate.ts";
+import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { pay, startService } from "../app/service.ts";
+import { DATABASE_URL, freshDatabase, type TestBackend } from "../helpers/db.ts";
+import {
+  type AppParts,
+  charge,
+  INVALID_BODY,
+  mayReplay,
+  PHASED_ANSWER_WITHIN_MS,
+  paymentOf,
+  paymentsContract,
+  useApp,
+  validatePayment,
+} from "../http/contract.ts";
+import { lifecycleContract } from "../http/contract-lifecycle.ts";
+import { missing } from "../infra/common.ts";
+import { type PgBouncer, startPgBouncer } from "../infra/pgbouncer.ts";
+
+const why = DATABASE_URL ? missing({ pgbouncer: ["pgbouncer"] }) : "no DATABASE_URL";
+
+let bouncer: PgBouncer;
+beforeAll(async () => {
+  if (why) return;
+  const server = new URL(DATABASE_URL!);
+  bouncer = await startPgBouncer({ server: `${server.hostname}:${server.port || 5432}`, poolSize: 8 });
+});
+afterAll(async () => {
+  await bouncer?.stop();
+});
+
+/** A fresh database on the test server, reached through the pooler. */
+function through(name: "pg" | "postgres"): TestBackend {
+  return {
+    name,
+    async open() {
+      const fresh = await freshDatabase("idem_bouncer");
+      const url = bouncer.url(new URL(fresh.url).pathname.slice(1));
+      let db: Awaited<ReturnType<TestBackend["open"]>>["db"];
+      if (name === "pg") {
+        const pool = new pg.Pool({ connectionString: url, max: 20, pipeline: true } as pg.PoolConfig);
+        pool.on("error", () => {});
+        db = fromPg(pool);
+      } else {
+        db = fromPostgresJs(postgres(url, { max: 20, onnotice: () => {} }));
+      }
+      return {
+        db,
+        url,
+        async close() {
+          await db.close();
+          await fresh.drop();
+        },
+      };
+    },
+  };
+}
+
+/** Validation before the idempotency middleware, read the way idem reads (as test/http/hono.test.ts). */
+const validate: MiddlewareHandler = async function validate(c, next) {
+  let parsed: unknown;
+  try {
+    parsed = readRequestBody(c.req.header("content-type"), new Uint8Array(await c.req.arrayBuffer())).value;
+  } catch (err) {
+    if (err instanceof IdemError) return next();
+    throw err;
+  }
+  if (typeof validatePayment(parsed) === "string") {
+    return c.body(INVALID_BODY, 400, { "content-type": "application/problem+json" });
+  }
+  await next();
+};
+
+function startHono({ store, runner }: AppParts) {
+  const app = new Hono();
+  const scope = (c: Context) => c.req.header("x-account");
+  const authorizeReplay = (c: Context) => mayReplay((name) => c.req.header(name));
+  const handler = async (c: Context<IdempotencyEnv>) => {
+    const { tx, scope, body } = c.var.idempotency;
+    const r = await charge(tx, scope, body, (name) => c.req.header(name));
+    return c.body(r.json, r.status as 201, {
+      "content-type": "application/json",
+      location: r.location,
+      "set-cookie": r.cookie,
+    });
+  };
+  app.post("/v1/payments", validate, idempotency({ store, scope, authorizeReplay }), handler);
+  app.post("/v1/tips", validate, idempotency({ store, scope, required: false }), handler);
+  app.post(
+    "/v1/phased",
+    validate,
+    idempotentPhases({
+      runner,
+      scope,
+      authorizeReplay,
+      input: (_c, body) => paymentOf(body),
+      answerWithinMs: PHASED_ANSWER_WITHIN_MS,
+    }),
+  );
+  app.onError((_err, c) => c.json({ type: "urn:test:crash" }, 500));
+  return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
+    const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => {
+      resolve({
+        url: `http://127.0.0.1:${info.port}`,
+        close: () =>
+          new Promise<void>((done) => {
+            server.close(() => done());
+            (server as import("node:http").Server).closeAllConnections?.();
+          }),
+      });
+    });
+  });
+}
+
+describe.skipIf(why)("through PgBouncer in transaction mode", () => {
+  describe.each(["pg", "postgres"] as const)("the protocol suite on %s", (name) => {
+    const app = useApp(through(name), startHono);
+    paymentsContract(app, { hangUp: true });
+    lifecycleContract(app);
+  });
+
+  describe.each(["atomic", "phases"] as const)("the reference service in %s mode", (mode) => {
+    it("answers 50 concurrent duplicates of one key with one payment and no 5xx", async () => {
+      const svc = await startService(through("pg"), { paymentsMode: mode });
+      try {
+        const key = randomUUID();
+        const replies = await Promise.all(Array.from({ length: 50 }, () => pay(svc.url, { key })));
+        const statuses = replies.map((r) => r.status);
+        expect(statuses.filter((s) => s >= 500)).toEqual([]);
+        // Atomic: every duplicate waits and replays. Phases: the others are told 409 in flight.
+        expect(statuses.every((s) => s === 201 || (mode === "phases" && s === 409))).toBe(true);
+        const ids = new Set(
+          await Promise.all(replies.filter((r) => r.status === 201).map(async (r) => (await r.json()).id)),
+        );
+        expect(ids.size).toBe(1);
+        expect(await svc.count("SELECT count(*) AS n FROM payments")).toBe(1);
+        // A retry after they settle replays the one payment.
+        let again = await pay(svc.url, { key });
+        for (let i = 0; again.status === 409 && i < 50; i++) {
+          await new Promise((r) => setTimeout(r, 200));
+          again = await pay(svc.url, { key });
+        }
+        expect(again.status).toBe(201);
+        expect(again.headers.get("idempotent-replayed")).toBe("true");
+        expect((await again.json()).id).toBe([...ids][0]);
+      } finally {
+        await svc.stop();
+      }
+    }, 60_000);
+  });
+
+  it("relays the outbox through it, saying LISTEN is unavailable and polling", async () => {
+    const fresh = await freshDatabase("idem_bouncer");
+    const url = bouncer.url(new URL(fresh.url).pathname.slice(1));
+    const opened = await openDatabaseUrl(url);
+    const errors: Error[] = [];
+    const broker = new MemoryBroker();
+    const relay = new Relay({
+      db: opened.db,
+      publisher: broker.publisher(),
+      listen: opened.listen,
+      onError: (e) => errors.push(e),
+    });
+    try {
+      await migrate(opened.db);
+      await relay.start();
+      expect(errors[0]?.cause).toBeInstanceOf(ListenUnavailableError);
+      expect(errors[0]?.message).toMatch(
+        /LISTEN is unavailable through a connection pooler.*polling every 500 ms/,
+      );
+      for (let i = 0; i < 20; i++) {
+        await opened.db.transaction(async (tx) => {
+          await writeOutbox(tx, { topic: "receipts", type: "receipt", payload: { n: i } });
+        });
+      }
+      for (let i = 0; i < 100 && relay.stats.published < 20; i++)
+        await new Promise((r) => setTimeout(r, 100));
+      expect(relay.stats.published).toBe(20);
+    } finally {
+      await relay.stop();
+      await opened.db.close();
+      await fresh.drop();
+    }
+  });
+
+  it("a LISTEN connection checked out of the pooled pool is refused, not left deaf", async () => {
+    const pool = new pg.Pool({ connectionString: bouncer.url("postgres"), max: 2 });
+    pool.on("error", () => {});
+    try {
+      await expect(listenWithPg(() => pool.connect())("idem_outbox", () => {})).rejects.toBeInstanceOf(
+        ListenUnavailableError,
+      );
+    } finally {
+      await pool.end();
+    }
+  });
+
+  it("says the pooler answered, not that PostgreSQL cannot be reached", async () => {
+    const err = await openDatabaseUrl(bouncer.url("postgres", "nobody")).catch((e) => e);
+    expect(err).toBeInstanceOf(DatabaseConnectError);
+    expect(err.kind).toBe("pooler");
+    expect(err.message).toMatch(
+      /^the connection pooler at 127\.0\.0\.1:\d+\/postgres answered, not PostgreSQL/,
+    );
+    expect(err.message).not.toMatch(/cannot reach/);
+  });
+});
