@@ -200,6 +200,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
       ]);
       await receipts.stop();
       await provider?.close();
+      await store.retire().catch(() => {}); // a key promotion no longer waits for this instance
       await db.close();
       logger.info({ ms: Math.round(performance.now() - began), connections_cut: cut }, "shutdown ended");
     })();

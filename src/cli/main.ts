@@ -40,6 +40,10 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "inspect, list and settle idempotency keys (support cases)",
       run: async () => (await import("./keys.ts")).keysCommand,
     },
+    encryption: {
+      summary: "promote a new encryption key once every instance opens it",
+      run: async () => (await import("./encryption.ts")).encryptionCommand,
+    },
     audit: {
       summary: "check invariants on a database; exit 1 on violations",
       run: async () => (await import("./audit.ts")).auditCommand,

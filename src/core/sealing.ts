@@ -75,15 +75,32 @@ export interface SealingKey {
 }
 
 /**
- * AES-256-GCM under one or more named keys. The first key seals; every key opens the values that name
- * it. To rotate: put a new key first, keep the old ones until every value sealed with them has expired
- * (the store's retention), then drop them.
+ * A sealer with several named keys that can seal with any of them: what a store needs to seal with the
+ * key its database says is promoted (postgres/sealing-keys.ts) rather than with this process's first.
  */
-export class AesGcmSealer implements Sealer {
-  /** The id of the key new values are sealed with. */
+export interface KeyedSealer extends Sealer {
+  /** The key ids this sealer can open, its own choice for sealing first. */
+  readonly ids: string[];
+  /** `seal`, with the key named `id` (one of `ids`). */
+  sealWith(id: string, plain: Uint8Array, context?: string): Uint8Array;
+}
+
+/** Whether `sealer` can seal with a key it is told (`KeyedSealer`). */
+export function isKeyedSealer(sealer: Sealer | undefined): sealer is KeyedSealer {
+  const s = sealer as Partial<KeyedSealer> | undefined;
+  return !!s && Array.isArray(s.ids) && typeof s.sealWith === "function";
+}
+
+/**
+ * AES-256-GCM under one or more named keys. Used alone, the first key seals; every key opens the values
+ * that name it. Given to a `PostgresStore`, it seals with the key the database records as promoted
+ * (`idem keys promote`), which every running instance has been checked to open: see docs/operations.md.
+ */
+export class AesGcmSealer implements KeyedSealer {
+  /** The id of the key `seal` uses (the first given). */
   readonly currentId: string;
   private readonly keys = new Map<string, Buffer>();
-  private readonly header: Buffer;
+  private readonly headers = new Map<string, Buffer>();
 
   constructor(keys: readonly SealingKey[]) {
     if (keys.length === 0) throw new SealingKeyError("AesGcmSealer needs at least one key");
@@ -102,8 +119,10 @@ export class AesGcmSealer implements Sealer {
       this.keys.set(id, Buffer.from(key));
     }
     this.currentId = keys[0]!.id;
-    const id = Buffer.from(this.currentId, "utf8");
-    this.header = Buffer.concat([Buffer.from([...MAGIC, VERSION, id.length]), id]);
+    for (const id of this.keys.keys()) {
+      const bytes = Buffer.from(id, "utf8");
+      this.headers.set(id, Buffer.concat([Buffer.from([...MAGIC, VERSION, bytes.length]), bytes]));
+    }
   }
 
   /** The key ids this sealer can open, the current one first. */
@@ -112,12 +131,19 @@ export class AesGcmSealer implements Sealer {
   }
 
   seal(plain: Uint8Array, context = ""): Uint8Array {
+    return this.sealWith(this.currentId, plain, context);
+  }
+
+  sealWith(id: string, plain: Uint8Array, context = ""): Uint8Array {
+    const key = this.keys.get(id);
+    const header = this.headers.get(id);
+    if (!key || !header) throw new SealingKeyError(`cannot seal with key "${id}": it is not configured`);
     const iv = nextIv();
-    const cipher = createCipheriv("aes-256-gcm", this.keys.get(this.currentId)!, iv);
-    cipher.setAAD(aad(this.header, context));
+    const cipher = createCipheriv("aes-256-gcm", key, iv);
+    cipher.setAAD(aad(header, context));
     const body = cipher.update(plain);
     cipher.final(); // GCM is a stream mode: nothing is held back
-    return Buffer.concat([this.header, iv, body, cipher.getAuthTag()]);
+    return Buffer.concat([header, iv, body, cipher.getAuthTag()]);
   }
 
   open(stored: Uint8Array, context = ""): Uint8Array {

@@ -66,6 +66,7 @@ export {
   SimulatedCrashError,
   settleKey,
 } from "./phases/index.ts";
+export { SEALING_READER_LIVE_MS, SealingKeyPromotionError } from "./sealing-keys.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
 export {
   CompactWithoutRebuildError,

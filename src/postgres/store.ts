@@ -13,6 +13,7 @@ import {
   type AtomicRunOptions,
   type AtomicStore,
   type Claim,
+  isKeyedSealer,
   isMissingPartition,
   KeyInFlightError,
   type KeyInspection,
@@ -41,6 +42,7 @@ import {
   Partitions,
   PartitionWidthError,
 } from "./partitions.ts";
+import { PromotedSealer, promoteSealingKey, SealingKeyPromotionError } from "./sealing-keys.ts";
 
 export interface PostgresStoreOptions {
   /** The schema idem's tables live in (as given to `migrate`). Default: `"idem"`. */
@@ -74,6 +76,8 @@ export interface PostgresStoreOptions {
    * Encrypts saved reply bodies and phases-mode stored inputs at rest (e.g. `sealerFromEnv()`: AES-256-GCM
    * under `IDEM_ENCRYPTION_KEYS`). Values stored in clear before it was set are still read. Default: none
    * (stored in clear; a sealed value then fails to open rather than being replayed as ciphertext).
+   * A keyed sealer (`AesGcmSealer`) seals with the key the database records as promoted, not merely
+   * its first (`promoteSealingKey`, sealing-keys.ts).
    */
   sealer?: Sealer;
 }
@@ -133,14 +137,19 @@ export class PostgresStore implements AtomicStore<Tx> {
   /** The last bucket this store made sure exists: a request past it creates the partitions first. */
   private ensuredThrough = Number.NEGATIVE_INFINITY;
 
-  private constructor(db: Db, options: PostgresStoreOptions, partitionMs: number) {
+  private constructor(
+    db: Db,
+    options: PostgresStoreOptions,
+    partitionMs: number,
+    sealer: Sealer | undefined,
+  ) {
     this.db = db;
     this.schema = schemaOf(options);
     this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
     this.shift = options.timeShift ?? { offsetMs: 0 };
-    this.sealer = options.sealer;
+    this.sealer = sealer;
     this.partitions = new Partitions(db, this.schema, partitionMs);
     this.time = new DbTime(this.shift.offsetMs, partitionMs, this.retentionMs);
     this.statements = statements(this.schema, this.time);
@@ -215,7 +224,14 @@ export class PostgresStore implements AtomicStore<Tx> {
     if (livePartitions(retentionMs, seconds * 1000) > MAX_LIVE_PARTITIONS) {
       throw new PartitionWidthError(retentionMs, seconds);
     }
-    const store = new PostgresStore(db, options, seconds * 1000);
+    // A keyed sealer seals with the key the database records as promoted (sealing-keys.ts).
+    let sealer = options.sealer;
+    if (isKeyedSealer(sealer)) {
+      const promoted = new PromotedSealer(db, schema, sealer);
+      await promoted.refresh();
+      sealer = promoted;
+    }
+    const store = new PostgresStore(db, options, seconds * 1000, sealer);
     await store.ensurePartitions(true);
     return store;
   }
@@ -235,6 +251,26 @@ export class PostgresStore implements AtomicStore<Tx> {
     let through = b;
     while (attached.has(through + 1)) through++;
     this.ensuredThrough = Math.max(this.ensuredThrough, through);
+  }
+
+  /**
+   * Seal new values with `keyId` on every instance sharing this database, once every running instance
+   * opens it (else `SealingKeyPromotionError` naming those that do not): step 2 of a key rotation.
+   */
+  async promoteSealingKey(keyId: string): Promise<{ previous: string | undefined }> {
+    if (!(this.sealer instanceof PromotedSealer) || !this.sealer.inner.ids.includes(keyId)) {
+      throw new SealingKeyPromotionError(
+        `cannot promote sealing key "${keyId}": this store's sealer does not have it (add it to IDEM_ENCRYPTION_KEYS)`,
+      );
+    }
+    const result = await promoteSealingKey(this.db, this.schema, keyId);
+    await this.sealer.refresh();
+    return result;
+  }
+
+  /** At shutdown: this instance no longer holds back a key promotion (it stops being a reader). */
+  async retire(): Promise<void> {
+    if (this.sealer instanceof PromotedSealer) await this.sealer.retire();
   }
 
   /** One key as an operator sees it (`KeyInspection`), or undefined when it is not live. */

@@ -72,8 +72,12 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
     );
     expectSealedInput((await raw(key)).request);
     w.now.ms += LEASE_MS + 1;
-    // Rotation: a new key first, the old one kept for the values it sealed.
+    // Rotation: k2 added (the old key kept for the values it sealed), the k1-only instance retired,
+    // then k2 promoted: the store seals with it from then on.
+    const before = store;
     store = await PostgresStore.open(w.db, { timeShift: w.now, sealer: new AesGcmSealer([k2, k1]) });
+    await before.retire();
+    await store.promoteSealingKey("k2");
     const out = await runner().run(c, input(5000)); // same fingerprint, another input: the first one wins
     expect(out.response.status).toBe(201);
     expect(JSON.parse(text(out.response))).toMatchObject({ amount_cents: 100 });

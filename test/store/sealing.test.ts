@@ -43,8 +43,16 @@ function reply(key: string): StoredResponse {
 describe.each(backends)("the atomic store with a sealer on $name", (backend) => {
   let open: OpenDb;
   let runs = 0;
-  const storeWith = (...keys: Array<typeof k1>) =>
-    PostgresStore.open(open.db, keys.length > 0 ? { sealer: new AesGcmSealer(keys) } : {});
+  /** Every store opened so far: "instances" that a key promotion waits for until they retire. */
+  const opened: PostgresStore[] = [];
+  const storeWith = async (...keys: Array<typeof k1>) => {
+    const store = await PostgresStore.open(
+      open.db,
+      keys.length > 0 ? { sealer: new AesGcmSealer(keys) } : {},
+    );
+    opened.push(store);
+    return store;
+  };
   const work = (response: StoredResponse) => async () => {
     runs++;
     return { response, save: response };
@@ -107,12 +115,22 @@ describe.each(backends)("the atomic store with a sealer on $name", (backend) => 
     expect((await store.inspect("acct_1", "sealed"))?.saved?.bodyBytes).toBe(r.body.length);
   });
 
-  it("rotates: k1's keys replay once k2 is current (k1 kept), and fail clearly once k1 is dropped", async () => {
+  it("rotates: k1's keys replay once k2 is promoted (k1 kept), and fail clearly once k1 is dropped", async () => {
     const before = reply("rot-old");
     await (await storeWith(k1)).atomic(claimOf("rot-old"), work(before));
     const rotated = await storeWith(k2, k1);
     const replay = await rotated.atomic(claimOf("rot-old"), mustNotRun);
     expect(Buffer.from(replay.response.body).equals(Buffer.from(before.body))).toBe(true);
+    // Listed first, k2 only opens until promoted; promoted once no running store lacks it.
+    await rotated.atomic(claimOf("rot-mid"), work(reply("rot-mid")));
+    expect(
+      Buffer.from(await rawBody("rot-mid"))
+        .subarray(6, 8)
+        .toString(),
+    ).toBe("k1");
+    await expect(rotated.promoteSealingKey("k2")).rejects.toThrow(/running instance\(s\) cannot open it/);
+    for (const store of opened) if (store !== rotated) await store.retire();
+    await rotated.promoteSealingKey("k2");
     const after = reply("rot-new");
     await rotated.atomic(claimOf("rot-new"), work(after));
     const header = Buffer.from(await rawBody("rot-new")).subarray(0, 8);
