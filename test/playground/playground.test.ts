@@ -4,7 +4,8 @@
  * the provider charged then retry, wrong body on a reused key, double-tap, a slow worker whose lease
  * expires (the page prompts a retry during the stall). After each, what the page shows is checked
  * against the database and the provider's charges. Then the page at a phone's width (390 px) must not
- * scroll sideways. Writes the README's screenshots, docs/images/playground-{desktop,phone}.png.
+ * scroll sideways. Takes screenshots at both sizes into test-results/; with UPDATE_SCREENSHOTS=1 into
+ * docs/images/ instead, the README's (a run of the suite leaves the tracked files alone).
  */
 import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -27,7 +28,7 @@ if (!haveChromium)
   console.warn(`playground browser test skipped: no Chromium at ${CHROMIUM} (apt-get install chromium)`);
 const backend = backends.find((b) => b.name === "pg") ?? backends[0]!;
 const ACCOUNT = DEMO_ACCOUNTS[0].id;
-const SCREENSHOTS = "docs/images";
+const SCREENSHOTS = process.env.UPDATE_SCREENSHOTS === "1" ? "docs/images" : "test-results";
 /** The screenshots go in the repository: a few hundred KB at most each. */
 const MAX_PNG_BYTES = 400_000;
 
