@@ -62,6 +62,7 @@ const STATIC: Record<string, string> = {
   "index.html": "text/html; charset=utf-8",
   "playground.js": "text/javascript; charset=utf-8",
   "playground.css": "text/css; charset=utf-8",
+  "favicon.svg": "image/svg+xml",
 };
 
 /** What the playground tells the page about one attempt. */
@@ -101,6 +102,9 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
   app.get("/", file("index.html"));
   app.get("/playground/playground.js", file("playground.js"));
   app.get("/playground/playground.css", file("playground.css"));
+  app.get("/playground/favicon.svg", file("favicon.svg"));
+  // Browsers ask for /favicon.ico on pages without an icon link (the JSON ones): the same icon.
+  app.get("/favicon.ico", file("favicon.svg"));
 
   const limit = bodyLimit({
     maxSize: MAX_BODY_BYTES,

@@ -16,14 +16,21 @@ describe("examples", () => {
     expect(stdout).toContain("charges in the table: 1");
   }, 150_000);
 
-  it("phases: the retry replays, the provider charged once, one payment row", async () => {
-    const { stdout } = await run("node_modules/.bin/tsx", ["--conditions=source", "examples/phases.ts"], {
-      timeout: 120_000,
-    });
-    expect(stdout).toMatch(/attempt 1: 201 replayed=false pay_ch_\w+/);
-    expect(stdout).toMatch(/attempt 2: 201 replayed=true pay_ch_\w+/);
-    expect(stdout).toContain("provider charges: 1, payments: 1");
-  }, 150_000);
+  it("phases: the retry replays, the provider charged once, one payment row, twice", async () => {
+    // Twice, as a user would run it: each run makes a key of its own (it exits 1 if its check fails).
+    const ids: string[] = [];
+    for (const _round of [1, 2]) {
+      const { stdout } = await run("node_modules/.bin/tsx", ["--conditions=source", "examples/phases.ts"], {
+        timeout: 120_000,
+      });
+      const first = stdout.match(/attempt 1: 201 replayed=false (pay_ch_\w+)/);
+      expect(first).not.toBeNull();
+      expect(stdout).toContain(`attempt 2: 201 replayed=true ${first?.[1]}`);
+      expect(stdout).toContain("provider charges: 1, payments: 1");
+      ids.push(first?.[1] ?? "");
+    }
+    expect(new Set(ids).size).toBe(2);
+  }, 300_000);
 
   it("docs/phases.md shows the phases example as it is in examples/", () => {
     const doc = readFileSync("docs/phases.md", "utf8");

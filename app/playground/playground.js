@@ -19,6 +19,8 @@ function newKey() {
 
 const short = (s) => (s ? `${String(s).slice(0, 8)}…` : "-");
 const money = (cents) => `${(cents / 100).toFixed(2)} EUR`;
+/** "1 charge", "2 charges". */
+const count = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 const esc = (s) =>
   String(s).replace(
     /[&<>"']/g,
@@ -155,6 +157,26 @@ const LABELS = {
   "slow-worker": "fault: slow worker",
 };
 
+/**
+ * The slow-worker attempt while it stalls ({ n, key }), or null. While it stalls the page prompts the
+ * user to press Retry: that is what shows the story (409 while the lease holds, then a takeover, and
+ * the slow worker fenced off when it wakes). Without a retry it just ends in 201.
+ */
+let stalling = null;
+
+function showPrompt(row) {
+  const p = $("prompt");
+  const on = stalling && intent && stalling.key === intent.key;
+  p.hidden = !on;
+  $("retry").classList.toggle("nudge", Boolean(on));
+  if (!on) return;
+  const expired = row?.lease_token && row.lease_left_ms <= 0;
+  p.dataset.lease = expired ? "expired" : "held";
+  p.textContent = expired
+    ? `Attempt #${stalling.n} is still stalled and its lease has expired: press Retry (same key) now. The retry takes the key over and pays once; the slow worker is refused when it wakes.`
+    : `Attempt #${stalling.n} is stalled past its lease (it wakes in a few seconds). Press Retry (same key) while it stalls: 409 while its lease holds (watch "lease" in the key's row); once the lease has expired, the retry takes the key over.`;
+}
+
 /** Send one attempt and show it in the list (pending at once, filled in when it ends). */
 async function attempt(label, body) {
   const n = ++attemptNo;
@@ -169,6 +191,10 @@ async function attempt(label, body) {
     `<div class="saw">waiting…</div><div class="why"></div>` +
     `<div class="next" data-testid="next"></div>`;
   $("attempts").prepend(li);
+  if (body.fault === "slow-worker") {
+    stalling = { n, key: body.key };
+    showPrompt(null);
+  }
   let r;
   try {
     const res = await fetch("/playground/api/pay", {
@@ -182,6 +208,11 @@ async function attempt(label, body) {
     li.dataset.kind = "bad";
     li.querySelector(".saw").textContent = `the playground failed: ${err.message}`;
     return;
+  } finally {
+    if (stalling?.n === n) {
+      stalling = null;
+      showPrompt(null);
+    }
   }
   li.dataset.kind = kindOf(r);
   li.dataset.status = r.answered ? String(r.status) : "none";
@@ -191,7 +222,10 @@ async function attempt(label, body) {
       (r.retryAfter ? ` <span class="badge">Retry-After: ${esc(r.retryAfter)}</span>` : "")
     : `no answer <span class="badge">${esc(r.silence)}</span>`;
   li.querySelector(".saw").innerHTML = `${saw} <span class="what">${r.ms} ms</span>`;
-  li.querySelector(".why").textContent = explain(r);
+  li.querySelector(".why").textContent =
+    body.fault === "slow-worker" && r.status === 201 && !r.replayed
+      ? "Paid, late: the slow worker woke up and finished, because no retry took its key over while it stalled. Pay again with this fault and press Retry during the stall to see the takeover."
+      : explain(r);
   const step = nextStep(r);
   const next = li.querySelector(".next");
   next.dataset.next = step.next;
@@ -240,6 +274,7 @@ function leaseText(row) {
 
 function render(s) {
   const row = s.row;
+  showPrompt(row);
   const point = row ? row.recovery_point : null;
   const order = ["started", "charged", "done"];
   const at = order.indexOf(point);
@@ -255,7 +290,7 @@ function render(s) {
   $("payments").textContent = !s.key
     ? "-"
     : s.payments.length === 0
-      ? "0 payments for this key"
+      ? "no payment for this key"
       : s.payments.map((p) => `${p.id} · ${money(p.amount_cents)} · ${p.status}`).join("; ");
   $("payments").dataset.count = String(s.payments.length);
 
@@ -264,8 +299,8 @@ function render(s) {
     $("charges-count").textContent = ch.error;
   } else {
     $("charges-count").textContent = s.key
-      ? `${ch.forKey.length} charge${ch.forKey.length === 1 ? "" : "s"} for this key (${ch.total} for the account)`
-      : `${ch.total} charges for the account`;
+      ? `${count(ch.forKey.length, "charge")} for this key (${ch.total} for the account)`
+      : `${count(ch.total, "charge")} for the account`;
     $("charges-count").dataset.count = String(ch.forKey.length);
     const mine = new Set(ch.forKey.map((c) => c.id));
     $("charges").innerHTML = ch.recent
@@ -279,8 +314,8 @@ function render(s) {
 
   const ob = s.outbox;
   $("outbox-count").textContent = s.key
-    ? `${ob.forKey.length} receipt-email event${ob.forKey.length === 1 ? "" : "s"} for this key's payment`
-    : `${ob.recent.length} recent receipt-email events`;
+    ? `${count(ob.forKey.length, "receipt-email event")} for this key's payment`
+    : `${count(ob.recent.length, "recent receipt-email event")}`;
   $("outbox-count").dataset.count = String(ob.forKey.length);
   const mineOb = new Set(ob.forKey.map((o) => o.id));
   $("outbox").innerHTML = ob.recent
@@ -295,15 +330,15 @@ function render(s) {
   $("emails").dataset.worker = String(em.worker);
   $("emails").dataset.count = String(em.forKey.length);
   $("emails").innerHTML = em.worker
-    ? `<p class="count">${em.forKey.length} for this key's payment (${em.total} in all)</p>` +
-      `<table><thead><tr><th>email</th><th>payment</th><th>amount</th><th>sent</th></tr></thead><tbody>${em.recent
+    ? `<p class="count">${count(em.forKey.length, "email")} for this key's payment (${em.total} in all)</p>` +
+      `<div class="scroll"><table><thead><tr><th>email</th><th>payment</th><th>amount</th><th>sent</th></tr></thead><tbody>${em.recent
         .map((e) =>
           e.payment_id
             ? `<tr class="${e.payment_id === s.payments[0]?.id ? "mine" : ""}"><td>${esc(short(e.message_id))}</td>` +
               `<td>${esc(e.payment_id)}</td><td>${money(e.amount_cents)}</td><td>${esc(e.sent_at)}</td></tr>`
             : `<tr><td colspan="4">${esc(JSON.stringify(e))}</td></tr>`,
         )
-        .join("")}</tbody></table>`
+        .join("")}</tbody></table></div>`
     : '<p class="note">No email worker: the receipts wait in the outbox above (published: not yet) until a relay and a receipt worker run.</p>';
 }
 

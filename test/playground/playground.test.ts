@@ -2,10 +2,12 @@
  * The playground page, end to end: the real service (phases mode, the provider simulator over HTTP) and
  * Debian's Chromium driven by playwright-core. A person's clicks: lose the reply then retry, crash after
  * the provider charged then retry, wrong body on a reused key, double-tap, a slow worker whose lease
- * expires. After each, what the page shows is checked against the database and the provider's charges.
- * Leaves a screenshot in test-results/playground.png.
+ * expires (the page prompts a retry during the stall). After each, what the page shows is checked
+ * against the database and the provider's charges. Then the page at a phone's width (390 px) must not
+ * scroll sideways. Takes screenshots at both sizes into test-results/; with UPDATE_SCREENSHOTS=1 into
+ * docs/images/ instead, the README's (a run of the suite leaves the tracked files alone).
  */
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type BrowserContext, chromium, type Locator, type Page } from "playwright-core";
@@ -26,7 +28,9 @@ if (!haveChromium)
   console.warn(`playground browser test skipped: no Chromium at ${CHROMIUM} (apt-get install chromium)`);
 const backend = backends.find((b) => b.name === "pg") ?? backends[0]!;
 const ACCOUNT = DEMO_ACCOUNTS[0].id;
-const SCREENSHOT = "test-results/playground.png";
+const SCREENSHOTS = process.env.UPDATE_SCREENSHOTS === "1" ? "docs/images" : "test-results";
+/** The screenshots go in the repository: a few hundred KB at most each. */
+const MAX_PNG_BYTES = 400_000;
 
 /** What the page says about the current key (its live views). */
 interface Shown {
@@ -41,6 +45,8 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
   let context: BrowserContext;
   let page: Page;
   let profile: string;
+  /** Every answer the page got from the service that was a 404 (its icon included). */
+  const notFound: string[] = [];
 
   beforeAll(async () => {
     svc = await startService(backend, { paymentsMode: "phases", playground: true });
@@ -61,6 +67,9 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
       viewport: { width: 1400, height: 1000 },
     });
     page = context.pages()[0] ?? (await context.newPage());
+    page.on("response", (res) => {
+      if (res.status() === 404) notFound.push(res.url());
+    });
     await page.goto(`${svc.url}/`);
   });
   afterAll(async () => {
@@ -162,6 +171,18 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     await expect.poll(() => text(page.getByTestId("emails"))).toMatch(/No email worker/);
     expect(await page.title()).toMatch(/idem playground/);
     expect(await page.getByTestId("retry").isDisabled()).toBe(true);
+    expect(await text(page.getByTestId("charges-count"))).toBe("0 charges for the account");
+  });
+
+  it("has an icon: no 404 while the page loads", async () => {
+    const href = await page.locator('link[rel="icon"]').getAttribute("href");
+    expect(href).toBe("/playground/favicon.svg");
+    for (const path of [href, "/favicon.ico"]) {
+      const res = await context.request.get(`${svc.url}${path}`);
+      expect([path, res.status(), res.headers()["content-type"]]).toEqual([path, 200, "image/svg+xml"]);
+      expect((await res.text()).startsWith("<svg")).toBe(true);
+    }
+    expect(notFound).toEqual([]);
   });
 
   it("lose the reply, then retry: one charge, and the retry is a replay", async () => {
@@ -175,6 +196,11 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     // The server did the work although the client saw nothing.
     const db = await agrees(key, PAID);
     expect(db.status).toBe(201);
+    // One charge, said in the singular.
+    expect(await text(page.getByTestId("charges-count"))).toMatch(
+      /^1 charge for this key \(1 for the account\)$/,
+    );
+    expect(await text(page.getByTestId("outbox-count"))).toBe("1 receipt-email event for this key's payment");
 
     await setFault(null);
     const retry = await finished(await click("retry"));
@@ -265,13 +291,23 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     await agrees(await currentKey(), PAID);
   });
 
-  it("a slow worker whose lease expires: the retry takes over, the slow one is fenced off", async () => {
+  it("a slow worker whose lease expires: the page prompts a retry, which takes over; the slow one is fenced off", async () => {
+    const prompt = page.getByTestId("prompt");
+    expect(await prompt.isHidden()).toBe(true);
     await setFault("fault-slow");
     const slow = await click("pay");
     const key = await currentKey();
+    // While it stalls, the page says to press Retry, and marks the button.
+    await prompt.waitFor({ state: "visible", timeout: 5_000 });
+    expect(await text(prompt)).toMatch(
+      new RegExp(`Attempt #${slow} is stalled .*Press Retry \\(same key\\) while it stalls`),
+    );
+    expect(await page.getByTestId("retry").getAttribute("class")).toMatch(/nudge/);
     // The charge is recorded; the worker stalls before the local phase and its lease runs out.
     await expect.poll(() => text(page.getByTestId("key-point")), { timeout: 10_000 }).toBe("charged");
     await expect.poll(() => text(page.getByTestId("key-lease")), { timeout: 10_000 }).toMatch(/expired/);
+    await expect.poll(() => prompt.getAttribute("data-lease"), { timeout: 5_000 }).toBe("expired");
+    expect(await text(prompt)).toMatch(/its lease has expired: press Retry \(same key\) now/);
     expect((await truth(key)).point).toBe("charged");
     expect((await attempt(slow).getAttribute("data-kind")) === "pending").toBe(true);
 
@@ -283,10 +319,40 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     const late = await finished(slow);
     expect(late.status).toBe("409");
     expect(late.text).toMatch(/too slow/);
+    // The stall is over: no more prompt.
+    expect(await prompt.isHidden()).toBe(true);
+    expect(await page.getByTestId("retry").getAttribute("class")).not.toMatch(/nudge/);
     await agrees(key, PAID);
+    // And a retry now replays the payment the takeover made.
+    const replay = await finished(await click("retry"));
+    expect([replay.status, replay.replayed]).toEqual(["201", true]);
+  });
 
-    mkdirSync("test-results", { recursive: true });
-    await page.screenshot({ path: SCREENSHOT, fullPage: true });
-    expect(existsSync(SCREENSHOT)).toBe(true);
+  it("fits a 390 px phone screen, and leaves screenshots at desktop and phone sizes", async () => {
+    mkdirSync(SCREENSHOTS, { recursive: true });
+    const desktop = `${SCREENSHOTS}/playground-desktop.png`;
+    await page.setViewportSize({ width: 1280, height: 900 });
+    await page.screenshot({ path: desktop });
+
+    // A phone's width, with the page full of long keys and tables from the scenarios above.
+    await page.setViewportSize({ width: 390, height: 844 });
+    const widths = await page.evaluate(() => ({
+      document: document.documentElement.scrollWidth,
+      body: document.body.scrollWidth,
+      viewport: window.innerWidth,
+    }));
+    expect(widths.viewport).toBe(390);
+    expect(widths.document).toBeLessThanOrEqual(390);
+    expect(widths.body).toBeLessThanOrEqual(390);
+    const phone = `${SCREENSHOTS}/playground-phone.png`;
+    await page.screenshot({ path: phone });
+
+    for (const png of [desktop, phone]) {
+      expect(statSync(png).size).toBeGreaterThan(10_000);
+      expect(statSync(png).size).toBeLessThan(MAX_PNG_BYTES);
+    }
+    expect(await text(page.locator("body"))).not.toMatch(
+      /\b1 (charges|payments|emails|receipt-email events)\b/,
+    );
   });
 });
