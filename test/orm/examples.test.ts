@@ -1,7 +1,8 @@
 /**
- * The integration examples (examples/web.ts, drizzle.ts, kysely.ts, knex.ts, prisma.ts, nestjs.ts) run, each
- * twice on a fresh database (each run makes its own key and checks one payment was added), and print what
- * the README says; they refuse to run without DATABASE_URL; the README shows each snippet as it is.
+ * The integration examples (examples/web.ts, express.ts, fastify.ts, node.ts, drizzle.ts, kysely.ts,
+ * knex.ts, prisma.ts, nestjs.ts) run, each twice on a fresh database (each run makes its own key and checks
+ * one payment was added), and print what the README says; they refuse to run without DATABASE_URL; the
+ * README shows each snippet as it is.
  */
 import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
@@ -10,7 +11,7 @@ import { describe, expect, it } from "vitest";
 import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
 
 const run = promisify(execFile);
-const EXAMPLES = ["web", "drizzle", "kysely", "knex", "prisma", "nestjs"];
+const EXAMPLES = ["web", "express", "fastify", "node", "drizzle", "kysely", "knex", "prisma", "nestjs"];
 
 /** The part of an example the README shows: between `// #region snippet` and `// #endregion snippet`. */
 function snippetOf(name: string): string {
