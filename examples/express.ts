@@ -1,10 +1,11 @@
 // idem/express: an Express 5 route, its body checked before the key is claimed and typed after.
 // Run it: DATABASE_URL=postgres://... npx tsx --conditions=source examples/express.ts
+import { createServer } from "node:http";
 import express, { type NextFunction, type Request, type Response } from "express";
 import { idempotency } from "idem/express";
 import { fromPg, migrate, PostgresStore } from "idem/postgres";
 import pg from "pg";
-import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, tryTwice } from "./try-twice.ts";
+import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, serveAndTryTwice } from "./try-twice.ts";
 
 const db = fromPg(new pg.Pool({ connectionString: DATABASE_URL }));
 await migrate(db);
@@ -42,13 +43,4 @@ app.post(
 );
 // #endregion snippet
 
-const server = app.listen(0, "127.0.0.1", async () => {
-  const address = server.address();
-  const port = typeof address === "object" && address ? address.port : 0;
-  await tryTwice(`http://127.0.0.1:${port}/payments`, async () => {
-    const { rows } = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM payments");
-    return rows[0]?.n ?? 0;
-  });
-  server.close();
-  await db.close();
-});
+serveAndTryTwice(createServer(app), "/payments", db);

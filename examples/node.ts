@@ -4,7 +4,7 @@ import { createServer, type IncomingMessage } from "node:http";
 import { idempotent } from "idem/node";
 import { fromPg, migrate, PostgresStore } from "idem/postgres";
 import pg from "pg";
-import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, tryTwice } from "./try-twice.ts";
+import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, serveAndTryTwice } from "./try-twice.ts";
 
 const db = fromPg(new pg.Pool({ connectionString: DATABASE_URL }));
 await migrate(db);
@@ -41,13 +41,4 @@ const server = createServer(
 );
 // #endregion snippet
 
-server.listen(0, "127.0.0.1", async () => {
-  const address = server.address();
-  const port = typeof address === "object" && address ? address.port : 0;
-  await tryTwice(`http://127.0.0.1:${port}/payments`, async () => {
-    const { rows } = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM payments");
-    return rows[0]?.n ?? 0;
-  });
-  server.close();
-  await db.close();
-});
+serveAndTryTwice(server, "/payments", db);

@@ -2,6 +2,8 @@
 // made for this run (the second replays), then check that exactly one payment was added. A failed check
 // exits 1, so a script or a test sees it.
 import { randomUUID } from "node:crypto";
+import type { Server } from "node:http";
+import type { Db } from "idem/postgres";
 
 export async function tryTwice(url: string, countPayments: () => Promise<number>): Promise<void> {
   const key = `order-${randomUUID()}`;
@@ -53,4 +55,18 @@ export function paymentOf(value: unknown): { amount_cents: number } | undefined 
   return typeof amount_cents === "number" && Number.isInteger(amount_cents) && amount_cents > 0
     ? { amount_cents }
     : undefined;
+}
+
+/** Serve on a free loopback port, send the keyed payment to `path` twice, then close the server and `db`. */
+export function serveAndTryTwice(server: Server, path: string, db: Db): void {
+  server.listen(0, "127.0.0.1", async () => {
+    const address = server.address();
+    const port = typeof address === "object" && address ? address.port : 0;
+    await tryTwice(`http://127.0.0.1:${port}${path}`, async () => {
+      const { rows } = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM payments");
+      return rows[0]?.n ?? 0;
+    });
+    server.close();
+    await db.close();
+  });
 }

@@ -5,13 +5,9 @@
  * it. Nothing is configured for the pooler: the drivers find it on their first connection.
  */
 import { randomUUID } from "node:crypto";
-import { serve } from "@hono/node-server";
-import { type Context, Hono, type MiddlewareHandler } from "hono";
 import pg from "pg";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { IdemError, readRequestBody } from "../../src/core/index.ts";
-import { type IdempotencyEnv, idempotency, idempotentPhases } from "../../src/http/hono.ts";
 import { ListenUnavailableError, listenWithPg } from "../../src/messaging/listen.ts";
 import { MemoryBroker } from "../../src/messaging/memory.ts";
 import { Relay } from "../../src/messaging/relay.ts";
@@ -22,18 +18,9 @@ import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { pay, startService } from "../app/service.ts";
 import { DATABASE_URL, freshDatabase, type TestBackend } from "../helpers/db.ts";
-import {
-  type AppParts,
-  charge,
-  INVALID_BODY,
-  mayReplay,
-  PHASED_ANSWER_WITHIN_MS,
-  paymentOf,
-  paymentsContract,
-  useApp,
-  validatePayment,
-} from "../http/contract.ts";
+import { paymentsContract, useApp } from "../http/contract.ts";
 import { lifecycleContract } from "../http/contract-lifecycle.ts";
+import { startHono } from "../http/hono-app.ts";
 import { missing } from "../infra/common.ts";
 import { type PgBouncer, startPgBouncer } from "../infra/pgbouncer.ts";
 
@@ -74,62 +61,6 @@ function through(name: "pg" | "postgres"): TestBackend {
       };
     },
   };
-}
-
-/** Validation before the idempotency middleware, read the way idem reads (as test/http/hono.test.ts). */
-const validate: MiddlewareHandler = async function validate(c, next) {
-  let parsed: unknown;
-  try {
-    parsed = readRequestBody(c.req.header("content-type"), new Uint8Array(await c.req.arrayBuffer())).value;
-  } catch (err) {
-    if (err instanceof IdemError) return next();
-    throw err;
-  }
-  if (typeof validatePayment(parsed) === "string") {
-    return c.body(INVALID_BODY, 400, { "content-type": "application/problem+json" });
-  }
-  await next();
-};
-
-function startHono({ store, runner }: AppParts) {
-  const app = new Hono();
-  const scope = (c: Context) => c.req.header("x-account");
-  const authorizeReplay = (c: Context) => mayReplay((name) => c.req.header(name));
-  const handler = async (c: Context<IdempotencyEnv>) => {
-    const { tx, scope, body } = c.var.idempotency;
-    const r = await charge(tx, scope, body, (name) => c.req.header(name));
-    return c.body(r.json, r.status as 201, {
-      "content-type": "application/json",
-      location: r.location,
-      "set-cookie": r.cookie,
-    });
-  };
-  app.post("/v1/payments", validate, idempotency({ store, scope, authorizeReplay }), handler);
-  app.post("/v1/tips", validate, idempotency({ store, scope, required: false }), handler);
-  app.post(
-    "/v1/phased",
-    validate,
-    idempotentPhases({
-      runner,
-      scope,
-      authorizeReplay,
-      input: (_c, body) => paymentOf(body),
-      answerWithinMs: PHASED_ANSWER_WITHIN_MS,
-    }),
-  );
-  app.onError((_err, c) => c.json({ type: "urn:test:crash" }, 500));
-  return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
-    const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => {
-      resolve({
-        url: `http://127.0.0.1:${info.port}`,
-        close: () =>
-          new Promise<void>((done) => {
-            server.close(() => done());
-            (server as import("node:http").Server).closeAllConnections?.();
-          }),
-      });
-    });
-  });
 }
 
 describe.skipIf(why)("through PgBouncer in transaction mode", () => {
