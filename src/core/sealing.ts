@@ -19,6 +19,7 @@
  * node:crypto only (OpenSSL's AES-GCM); no framework, no driver.
  */
 import { createCipheriv, createDecipheriv, randomFillSync } from "node:crypto";
+import { checkedReply, type StoredResponse } from "./response.ts";
 
 /** Seals bytes for storage and opens them again. */
 export interface Sealer {
@@ -285,6 +286,21 @@ export function openHeaders(
 ): Array<[string, string]> {
   const h = openJson(sealer, stored, sealContext(scope, key, "headers"));
   return Array.isArray(h) ? (h as Array<[string, string]>) : [];
+}
+
+/**
+ * The saved reply of a finished key, opened and checked: what a replay sends (atomic and phases mode
+ * alike). A value that cannot be opened throws `SealedValueError`, a damaged one `DamagedReplyError`.
+ */
+export function openReply(
+  sealer: Sealer | undefined,
+  row: { status: unknown; headers: unknown; body: Uint8Array | null },
+  scope: string,
+  key: string,
+): StoredResponse {
+  const headers = openJson(sealer, row.headers, sealContext(scope, key, "headers"));
+  const body = openBytes(sealer, row.body ?? new Uint8Array(), sealContext(scope, key, "body"));
+  return checkedReply(row.status, headers, body);
 }
 
 /** The JSON input a stored JSON value holds (`sealJson`'s inverse; a value stored in clear as it is). */

@@ -18,9 +18,8 @@ import {
   KeyInFlightError,
   KeyMismatchError,
   OperationUncertainError,
-  openBytes,
-  openHeaders,
   openJson,
+  openReply,
   RetryableError,
   sealContext,
   sealJson,
@@ -64,15 +63,7 @@ export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOu
   return {
     kind: "replayed",
     expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
-    response: {
-      status: row.status,
-      headers: openHeaders(table.sealer, row.headers, claim.scope, claim.key),
-      body: openBytes(
-        table.sealer,
-        row.body ?? new Uint8Array(),
-        sealContext(claim.scope, claim.key, "body"),
-      ),
-    },
+    response: openReply(table.sealer, row, claim.scope, claim.key),
   };
 }
 
