@@ -303,6 +303,33 @@ export function openReply(
   return checkedReply(row.status, headers, body);
 }
 
+/**
+ * A phases key's data as written: in clear, only the phase's `data` (the SQL merges it into the row's);
+ * with a sealer, the `whole` merged value, sealed (the SQL replaces the row's with it).
+ */
+export function phaseDataParam(
+  sealer: Sealer | undefined,
+  whole: object,
+  data: object | undefined,
+  scope: string,
+  key: string,
+): string {
+  return JSON.stringify(
+    sealer ? sealJson(sealer, whole, sealContext(scope, key, "phase_data")) : (data ?? {}),
+  );
+}
+
+/** A phases key's data as stored (`phaseDataParam`'s), opened when sealed. */
+export function openPhaseData(
+  sealer: Sealer | undefined,
+  stored: unknown,
+  scope: string,
+  key: string,
+): Record<string, unknown> {
+  const data = openJson(sealer, stored, sealContext(scope, key, "phase_data"));
+  return data && typeof data === "object" && !Array.isArray(data) ? (data as Record<string, unknown>) : {};
+}
+
 /** The JSON input a stored JSON value holds (`sealJson`'s inverse; a value stored in clear as it is). */
 export function openJson(sealer: Sealer | undefined, stored: unknown, context: string): unknown {
   if (typeof stored !== "string" || !stored.startsWith(SEALED_JSON_PREFIX)) return stored;
@@ -315,6 +342,10 @@ export function openJson(sealer: Sealer | undefined, stored: unknown, context: s
  * The context a stored value is bound to: its key and which column it is. A reply's headers are sealed
  * with its body (they carry ids, e.g. `Location`), kept in their JSON column as `sealed:v1:<base64>`.
  */
-export function sealContext(scope: string, key: string, column: "body" | "headers" | "request"): string {
+export function sealContext(
+  scope: string,
+  key: string,
+  column: "body" | "headers" | "request" | "phase_data",
+): string {
   return `${column}\0${scope.length}:${scope}\0${key}`;
 }

@@ -19,6 +19,7 @@ import {
   KeyMismatchError,
   OperationUncertainError,
   openJson,
+  openPhaseData,
   openReply,
   RetryableError,
   sealContext,
@@ -241,7 +242,7 @@ async function takeLease<I, D>(
       claimId: row.claim_id ?? null,
       token,
       point: taken.recovery_point,
-      data: { ...(taken.phase_data ?? {}) } as Partial<D>,
+      data: openPhaseData(table.sealer, taken.phase_data, claim.scope, claim.key) as Partial<D>,
       createdAt: new Date(row.created_at),
       // The first request's input, never this one's: equal fingerprints need not mean equal inputs.
       input:

@@ -14,6 +14,7 @@ import {
   KeyInFlightError,
   LeaseLostError,
   OperationUncertainError,
+  phaseDataParam,
   RetryableError,
   type SavePolicy,
   SqlState,
@@ -408,7 +409,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
 
   private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
     // A fresh lease for the next phase: the database's now plus leaseMs.
-    return [...fence(lease), next, JSON.stringify(data ?? {}), this.leaseMs];
+    return [...fence(lease), next, this.phaseData(lease, data), this.leaseMs];
   }
 
   private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
@@ -423,8 +424,14 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         lease.claim.key,
       ),
       sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
-      JSON.stringify(step.data ?? {}),
+      this.phaseData(lease, step.data),
     ];
+  }
+
+  /** The data a phase returned, as written (sealed whole, merged with the earlier phases', with a sealer). */
+  private phaseData(lease: Lease<I, D>, data: Partial<D> | undefined): string {
+    const { scope, key } = lease.claim;
+    return phaseDataParam(lease.table.sealer, { ...lease.data, ...data }, data, scope, key);
   }
 
   private executed(lease: Lease<I, D>, response: StoredResponse, saved: boolean): AtomicOutcome {
