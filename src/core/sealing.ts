@@ -305,17 +305,17 @@ export function openReply(
 
 /**
  * A phases key's data as written: in clear, only the phase's `data` (the SQL merges it into the row's);
- * with a sealer, the `whole` merged value, sealed (the SQL replaces the row's with it).
+ * with a sealer, the whole value (`before` merged with `data`), sealed (the SQL replaces the row's).
  */
 export function phaseDataParam(
   sealer: Sealer | undefined,
-  whole: object,
+  claim: { scope: string; key: string },
+  before: object,
   data: object | undefined,
-  scope: string,
-  key: string,
 ): string {
+  if (!sealer) return JSON.stringify(data ?? {});
   return JSON.stringify(
-    sealer ? sealJson(sealer, whole, sealContext(scope, key, "phase_data")) : (data ?? {}),
+    sealJson(sealer, { ...before, ...data }, sealContext(claim.scope, claim.key, "phase_data")),
   );
 }
 

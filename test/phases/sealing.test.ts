@@ -148,6 +148,24 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
     expect(w.provider.charges().filter((ch) => ch.idempotency_key === `acct:${claimId}`)).toHaveLength(1);
   });
 
+  it("a review resumed with data keeps the phase data sealed, and the next phase reads it", async () => {
+    const key = "p-review-resume";
+    const c = claimOf("acct", key, input(950));
+    w.provider.failNext("late");
+    await expect(runner({ noIdempotency: "none", timeoutMs: 300 }).run(c, input(950))).rejects.toThrow();
+    const chargeId = "ch_found_by_hand";
+    await settleKey(store, "acct", key, { resume: "charged", data: { chargeId }, note: "found" }, "ops");
+    const { rows } = await w.db.query<{ phase_data: unknown }>(
+      "SELECT phase_data FROM idem.keys WHERE key = $1 AND NOT marker",
+      [key],
+    );
+    expect(rows[0]!.phase_data).toMatch(/^sealed:v1:/);
+    expect(JSON.stringify(rows[0]!.phase_data)).not.toContain(chargeId);
+    const out = await runner().run(c, input(950));
+    expect(out.response.status).toBe(201);
+    expect(JSON.parse(text(out.response))).toMatchObject({ charge: chargeId, amount_cents: 950 });
+  });
+
   it("a review shows the decrypted input and a settled answer is saved sealed", async () => {
     const key = "p-review";
     const c = claimOf("acct", key, input(900));

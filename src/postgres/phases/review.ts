@@ -193,10 +193,9 @@ export async function settleKey(
           settlement.resume,
           phaseDataParam(
             t.sealer,
-            { ...openPhaseData(t.sealer, review.phase_data, scope, key), ...settlement.data },
+            { scope, key },
+            openPhaseData(t.sealer, review.phase_data, scope, key),
             settlement.data,
-            scope,
-            key,
           ),
         ],
       );

@@ -409,7 +409,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
 
   private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
     // A fresh lease for the next phase: the database's now plus leaseMs.
-    return [...fence(lease), next, this.phaseData(lease, data), this.leaseMs];
+    const written = phaseDataParam(lease.table.sealer, lease.claim, lease.data, data);
+    return [...fence(lease), next, written, this.leaseMs];
   }
 
   private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
@@ -424,14 +425,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         lease.claim.key,
       ),
       sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
-      this.phaseData(lease, step.data),
+      phaseDataParam(lease.table.sealer, lease.claim, lease.data, step.data),
     ];
-  }
-
-  /** The data a phase returned, as written (sealed whole, merged with the earlier phases', with a sealer). */
-  private phaseData(lease: Lease<I, D>, data: Partial<D> | undefined): string {
-    const { scope, key } = lease.claim;
-    return phaseDataParam(lease.table.sealer, { ...lease.data, ...data }, data, scope, key);
   }
 
   private executed(lease: Lease<I, D>, response: StoredResponse, saved: boolean): AtomicOutcome {
