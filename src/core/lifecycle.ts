@@ -37,6 +37,7 @@ import {
   problemResponse,
 } from "./problem.ts";
 import {
+  DamagedReplyError,
   DEFAULT_REPLAYED_HEADERS,
   filterHeaders,
   isSaved,
@@ -319,6 +320,13 @@ export class Lifecycle<Tx> {
       // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
       const claimed = this.phasesMode || !isConnectFailure(err);
       response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
+    } else if (err instanceof DamagedReplyError) {
+      // A finished key whose saved reply is unusable (a row altered): the work is done, never run again.
+      const retry = new RetryableError(
+        `The saved answer of this key is damaged (${err.message}) and is not sent; the work is not run again.`,
+        { cause: err, retryAfterSeconds: 60 },
+      );
+      response = errorResponse(retry, this.errorContext(keyed, true));
     } else if (err instanceof SealedValueError) {
       // A stored value this instance cannot open: sealed with a key it does not have (yet: a rotation
       // rolling out), or altered. Another instance, or this one once configured, may open it: 503 with

@@ -57,3 +57,33 @@ export function isSaved(status: number, policy: SavePolicy = {}): boolean {
   if (status >= 500 && policy.saveServerErrors) return true;
   return false;
 }
+
+/** A saved reply that cannot be sent as it is (a row altered by hand or by a bug): never replayed. */
+export class DamagedReplyError extends Error {
+  override name = "DamagedReplyError";
+}
+
+// RFC 9110 token; a value as Node and fetch's Headers accept it (no CR, LF or NUL).
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+/** A saved reply as read from its row, checked before it is replayed: `DamagedReplyError` otherwise. */
+export function checkedReply(status: unknown, headers: unknown, body: Uint8Array): StoredResponse {
+  if (typeof status !== "number" || !Number.isInteger(status) || status < 200 || status > 599) {
+    throw new DamagedReplyError(`the saved status ${String(status)} is not an HTTP status from 200 to 599`);
+  }
+  const list = headers ?? [];
+  if (!Array.isArray(list))
+    throw new DamagedReplyError("the saved headers are not a list of [name, value] pairs");
+  for (const pair of list) {
+    const ok =
+      Array.isArray(pair) &&
+      pair.length === 2 &&
+      typeof pair[0] === "string" &&
+      typeof pair[1] === "string" &&
+      HEADER_NAME.test(pair[0]) &&
+      HEADER_VALUE.test(pair[1]);
+    if (!ok) throw new DamagedReplyError("a saved header is not a valid [name, value] pair");
+  }
+  return { status, headers: list as Array<[string, string]>, body };
+}

@@ -19,6 +19,7 @@
  * node:crypto only (OpenSSL's AES-GCM); no framework, no driver.
  */
 import { createCipheriv, createDecipheriv, randomFillSync } from "node:crypto";
+import { checkedReply, type StoredResponse } from "./response.ts";
 
 /** Seals bytes for storage and opens them again. */
 export interface Sealer {
@@ -287,6 +288,48 @@ export function openHeaders(
   return Array.isArray(h) ? (h as Array<[string, string]>) : [];
 }
 
+/**
+ * The saved reply of a finished key, opened and checked: what a replay sends (atomic and phases mode
+ * alike). A value that cannot be opened throws `SealedValueError`, a damaged one `DamagedReplyError`.
+ */
+export function openReply(
+  sealer: Sealer | undefined,
+  row: { status: unknown; headers: unknown; body: Uint8Array | null },
+  scope: string,
+  key: string,
+): StoredResponse {
+  const headers = openJson(sealer, row.headers, sealContext(scope, key, "headers"));
+  const body = openBytes(sealer, row.body ?? new Uint8Array(), sealContext(scope, key, "body"));
+  return checkedReply(row.status, headers, body);
+}
+
+/**
+ * A phases key's data as written: in clear, only the phase's `data` (the SQL merges it into the row's);
+ * with a sealer, the whole value (`before` merged with `data`), sealed (the SQL replaces the row's).
+ */
+export function phaseDataParam(
+  sealer: Sealer | undefined,
+  claim: { scope: string; key: string },
+  before: object,
+  data: object | undefined,
+): string {
+  if (!sealer) return JSON.stringify(data ?? {});
+  return JSON.stringify(
+    sealJson(sealer, { ...before, ...data }, sealContext(claim.scope, claim.key, "phase_data")),
+  );
+}
+
+/** A phases key's data as stored (`phaseDataParam`'s), opened when sealed. */
+export function openPhaseData(
+  sealer: Sealer | undefined,
+  stored: unknown,
+  scope: string,
+  key: string,
+): Record<string, unknown> {
+  const data = openJson(sealer, stored, sealContext(scope, key, "phase_data"));
+  return data && typeof data === "object" && !Array.isArray(data) ? (data as Record<string, unknown>) : {};
+}
+
 /** The JSON input a stored JSON value holds (`sealJson`'s inverse; a value stored in clear as it is). */
 export function openJson(sealer: Sealer | undefined, stored: unknown, context: string): unknown {
   if (typeof stored !== "string" || !stored.startsWith(SEALED_JSON_PREFIX)) return stored;
@@ -299,6 +342,10 @@ export function openJson(sealer: Sealer | undefined, stored: unknown, context: s
  * The context a stored value is bound to: its key and which column it is. A reply's headers are sealed
  * with its body (they carry ids, e.g. `Location`), kept in their JSON column as `sealed:v1:<base64>`.
  */
-export function sealContext(scope: string, key: string, column: "body" | "headers" | "request"): string {
+export function sealContext(
+  scope: string,
+  key: string,
+  column: "body" | "headers" | "request" | "phase_data",
+): string {
   return `${column}\0${scope.length}:${scope}\0${key}`;
 }

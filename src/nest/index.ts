@@ -21,6 +21,7 @@ import type { IncomingMessage } from "node:http";
 import { createParamDecorator, type DynamicModule, type ExecutionContext } from "@nestjs/common";
 import { APP_INTERCEPTOR } from "@nestjs/core";
 import {
+  IDEMPOTENCY_OPTIONS,
   IdempotencyInterceptor,
   type IdempotencyModuleOptions,
   idempotencyOf,
@@ -28,6 +29,7 @@ import {
 } from "./interceptor.ts";
 
 export {
+  IDEMPOTENCY_OPTIONS,
   IdempotencyInterceptor,
   type IdempotencyModuleOptions,
   Idempotent,
@@ -37,9 +39,6 @@ export {
   idempotencyOf,
   type NestIdempotencyContext,
 } from "./interceptor.ts";
-
-/** The injection token of the module's options. */
-export const IDEMPOTENCY_OPTIONS = Symbol("idem:options");
 
 /** The request's idempotency context (`tx`, `key`, `scope`, `body`) in an `@Idempotent()` handler. */
 export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(

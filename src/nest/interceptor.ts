@@ -11,7 +11,15 @@
  * Nest's exception filters.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { CallHandler, ExecutionContext, NestInterceptor } from "@nestjs/common";
+import {
+  type CallHandler,
+  type ExecutionContext,
+  Inject,
+  type NestInterceptor,
+  type OnModuleInit,
+  Optional,
+  UseInterceptors,
+} from "@nestjs/common";
 import { from, lastValueFrom, type Observable } from "rxjs";
 import type {
   Begun,
@@ -84,6 +92,31 @@ type Route =
       options: Partial<HeldOptions> & { answerWithinMs?: number };
     };
 
+/** The injection token of the module's options (provided by `IdempotencyModule.forRoot()`). */
+export const IDEMPOTENCY_OPTIONS = Symbol("idem:options");
+
+/**
+ * Put on every route the decorators mark, so that Nest instantiates it with the controller: without
+ * `IdempotencyModule.forRoot()` it fails `app.init()` with the fix, rather than each request later.
+ */
+class IdempotencyModuleCheck implements NestInterceptor, OnModuleInit {
+  constructor(private readonly options?: HeldOptions) {}
+  onModuleInit(): void {
+    if (!this.options) {
+      throw new Error(
+        "idem: @Idempotent()/@IdempotentPhases() routes need IdempotencyModule.forRoot({ store, scope }) " +
+          "(or forRootAsync) in the application module's imports",
+      );
+    }
+  }
+  intercept(_context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle();
+  }
+}
+// The parameter decorators, applied as functions (idem's sources are run without decorator syntax).
+Inject(IDEMPOTENCY_OPTIONS)(IdempotencyModuleCheck, undefined, 0);
+Optional()(IdempotencyModuleCheck, undefined, 0);
+
 /** Route handlers marked by the decorators (keyed by the handler function Nest reports). */
 const routes = new WeakMap<object, Route>();
 const CONTEXT = Symbol("idem:nest-context");
@@ -95,8 +128,9 @@ const CONTEXT = Symbol("idem:nest-context");
 export function Idempotent<Req = IncomingMessage>(
   options: IdempotentRouteOptions<Req> = {},
 ): MethodDecorator {
-  return (_target, _key, descriptor) => {
+  return (target, key, descriptor) => {
     routes.set(descriptor.value as object, { mode: "atomic", options });
+    UseInterceptors(IdempotencyModuleCheck)(target, key, descriptor);
   };
 }
 
@@ -108,8 +142,9 @@ export function IdempotentPhases<I, Req = IncomingMessage>(
   runner: PhasesRunnerLike<I>,
   options: IdempotentPhasesRouteOptions<Req> = {},
 ): MethodDecorator {
-  return (_target, _key, descriptor) => {
+  return (target, key, descriptor) => {
     routes.set(descriptor.value as object, { mode: "phases", runner, options });
+    UseInterceptors(IdempotencyModuleCheck)(target, key, descriptor);
   };
 }
 

@@ -6,6 +6,7 @@ import {
   encodeOperationRef,
   type KeyInspection,
   openHeaders,
+  openPhaseData,
   plainLength,
   SealedValueError,
 } from "../core/index.ts";
@@ -70,7 +71,10 @@ export async function inspectKey(
             bodyBytes: plainLength(r.body_head, Number(r.body_bytes ?? 0)),
           },
     runner: r.runner,
-    phaseData: r.phase_data,
+    phaseData: readable(
+      () => (r.phase_data === null ? null : openPhaseData(table.sealer, r.phase_data, scope, key)),
+      null,
+    ),
   };
 }
 
@@ -81,10 +85,15 @@ function readableHeaders(
   scope: string,
   key: string,
 ): Array<[string, string]> {
+  return readable(() => openHeaders(table.sealer, stored, scope, key), []);
+}
+
+/** A sealed value opened, or `otherwise` when this store cannot open it. */
+function readable<T>(open: () => T, otherwise: T): T {
   try {
-    return openHeaders(table.sealer, stored, scope, key);
+    return open();
   } catch (err) {
-    if (err instanceof SealedValueError) return [];
+    if (err instanceof SealedValueError) return otherwise;
     throw err;
   }
 }

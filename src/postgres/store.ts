@@ -18,8 +18,7 @@ import {
   KeyInFlightError,
   type KeyInspection,
   KeyMismatchError,
-  openBytes,
-  openHeaders,
+  openReply,
   RetryableError,
   type Sealer,
   SqlState,
@@ -335,15 +334,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     return {
       kind: "replayed",
       expiresAt: this.expiresAt(row),
-      response: {
-        status: row.status,
-        headers: openHeaders(this.sealer, row.headers, claim.scope, claim.key),
-        body: openBytes(
-          this.sealer,
-          row.body ?? new Uint8Array(),
-          sealContext(claim.scope, claim.key, "body"),
-        ),
-      },
+      response: openReply(this.sealer, row, claim.scope, claim.key),
     };
   }
 

@@ -90,6 +90,29 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
     ).toBe("k2");
   });
 
+  it("seals the phase data whole (the charge id is not in clear), and the next phase reads it", async () => {
+    const key = "p-data";
+    const c = claimOf("acct", key, input(150));
+    await expect(
+      runner({ faults: crashAt("before-phase", { phase: "charged" }) }).run(c, input(150)),
+    ).rejects.toBeInstanceOf(SimulatedCrashError);
+    const chargeId = w.provider.charges().find((ch) => ch.amount === 150)!.id;
+    const { rows } = await w.db.query<{ phase_data: unknown }>(
+      "SELECT phase_data FROM idem.keys WHERE key = $1 AND NOT marker",
+      [key],
+    );
+    const stored = rows[0]!.phase_data;
+    expect(stored).toMatch(/^sealed:v1:/);
+    expect(JSON.stringify(stored)).not.toContain("chargeId");
+    expect(JSON.stringify(stored)).not.toContain(chargeId);
+    expect((await store.inspect("acct", key))?.phaseData).toEqual({ chargeId });
+    w.now.ms += LEASE_MS + 1;
+    const out = await runner().run(c, input(150));
+    expect(out.response.status).toBe(201);
+    expect(JSON.parse(text(out.response))).toMatchObject({ charge: chargeId, amount_cents: 150 });
+    expect(w.provider.charges().filter((ch) => ch.amount === 150)).toHaveLength(1);
+  });
+
   it("an input sealed with a dropped key fails the takeover clearly, runs nothing and takes no lease", async () => {
     const key = "p-dropped";
     const c = claimOf("acct", key, input(400));
@@ -123,6 +146,24 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
     expect(rows).toEqual([{ amount_cents: 300 }]);
     const claimId = (await store.inspect("acct", key))!.claimId;
     expect(w.provider.charges().filter((ch) => ch.idempotency_key === `acct:${claimId}`)).toHaveLength(1);
+  });
+
+  it("a review resumed with data keeps the phase data sealed, and the next phase reads it", async () => {
+    const key = "p-review-resume";
+    const c = claimOf("acct", key, input(950));
+    w.provider.failNext("late");
+    await expect(runner({ noIdempotency: "none", timeoutMs: 300 }).run(c, input(950))).rejects.toThrow();
+    const chargeId = "ch_found_by_hand";
+    await settleKey(store, "acct", key, { resume: "charged", data: { chargeId }, note: "found" }, "ops");
+    const { rows } = await w.db.query<{ phase_data: unknown }>(
+      "SELECT phase_data FROM idem.keys WHERE key = $1 AND NOT marker",
+      [key],
+    );
+    expect(rows[0]!.phase_data).toMatch(/^sealed:v1:/);
+    expect(JSON.stringify(rows[0]!.phase_data)).not.toContain(chargeId);
+    const out = await runner().run(c, input(950));
+    expect(out.response.status).toBe(201);
+    expect(JSON.parse(text(out.response))).toMatchObject({ charge: chargeId, amount_cents: 950 });
   });
 
   it("a review shows the decrypted input and a settled answer is saved sealed", async () => {

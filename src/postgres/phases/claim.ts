@@ -18,9 +18,9 @@ import {
   KeyInFlightError,
   KeyMismatchError,
   OperationUncertainError,
-  openBytes,
-  openHeaders,
   openJson,
+  openPhaseData,
+  openReply,
   RetryableError,
   sealContext,
   sealJson,
@@ -64,15 +64,7 @@ export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOu
   return {
     kind: "replayed",
     expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
-    response: {
-      status: row.status,
-      headers: openHeaders(table.sealer, row.headers, claim.scope, claim.key),
-      body: openBytes(
-        table.sealer,
-        row.body ?? new Uint8Array(),
-        sealContext(claim.scope, claim.key, "body"),
-      ),
-    },
+    response: openReply(table.sealer, row, claim.scope, claim.key),
   };
 }
 
@@ -250,7 +242,7 @@ async function takeLease<I, D>(
       claimId: row.claim_id ?? null,
       token,
       point: taken.recovery_point,
-      data: { ...(taken.phase_data ?? {}) } as Partial<D>,
+      data: openPhaseData(table.sealer, taken.phase_data, claim.scope, claim.key) as Partial<D>,
       createdAt: new Date(row.created_at),
       // The first request's input, never this one's: equal fingerprints need not mean equal inputs.
       input:

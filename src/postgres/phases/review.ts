@@ -10,6 +10,8 @@
 import {
   encodeOperationRef,
   openJson,
+  openPhaseData,
+  phaseDataParam,
   type Sealer,
   type StoredResponse,
   sealBytes,
@@ -19,6 +21,7 @@ import {
 import type { KeyTable, ShardedKeyTables } from "./key-table.ts";
 import { tableFor, tablesOf } from "./key-table.ts";
 import { fence, type Lease } from "./lease.ts";
+import { mergePhaseData } from "./sql.ts";
 
 /** Send the key under our lease to review. Returns false when the lease was no longer ours. */
 export async function markForReview(lease: Lease<unknown, unknown>, reason: string): Promise<boolean> {
@@ -98,7 +101,7 @@ function toReview(r: ReviewRow, sealer: Sealer | undefined): Review {
     runner: r.runner,
     recoveryPoint: r.recovery_point,
     request: openJson(sealer, r.request, sealContext(r.scope, r.key, "request")),
-    phaseData: r.phase_data,
+    phaseData: r.phase_data === null ? null : openPhaseData(sealer, r.phase_data, r.scope, r.key),
     reason: r.reason,
     openedAt: new Date(r.opened_at),
     settledAt: r.settled_at ? new Date(r.settled_at) : null,
@@ -182,10 +185,19 @@ export async function settleKey(
     if ("resume" in settlement) {
       await tx.query(
         `UPDATE ${s}.keys SET needs_review_at = NULL, attempted_at = NULL, lookup_failures = 0,
-                recovery_point = $4, phase_data = coalesce(phase_data, '{}'::jsonb) || $5::text::jsonb,
+                recovery_point = $4, ${mergePhaseData("$5")},
                 updated_at = ${now}
           WHERE ${where}`,
-        [...row, settlement.resume, JSON.stringify(settlement.data ?? {})],
+        [
+          ...row,
+          settlement.resume,
+          phaseDataParam(
+            t.sealer,
+            { scope, key },
+            openPhaseData(t.sealer, review.phase_data, scope, key),
+            settlement.data,
+          ),
+        ],
       );
     } else {
       const answer: StoredResponse = {

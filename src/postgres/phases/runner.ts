@@ -14,6 +14,7 @@ import {
   KeyInFlightError,
   LeaseLostError,
   OperationUncertainError,
+  phaseDataParam,
   RetryableError,
   type SavePolicy,
   SqlState,
@@ -408,7 +409,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
 
   private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
     // A fresh lease for the next phase: the database's now plus leaseMs.
-    return [...fence(lease), next, JSON.stringify(data ?? {}), this.leaseMs];
+    const written = phaseDataParam(lease.table.sealer, lease.claim, lease.data, data);
+    return [...fence(lease), next, written, this.leaseMs];
   }
 
   private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
@@ -423,7 +425,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         lease.claim.key,
       ),
       sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
-      JSON.stringify(step.data ?? {}),
+      phaseDataParam(lease.table.sealer, lease.claim, lease.data, step.data),
     ];
   }
 

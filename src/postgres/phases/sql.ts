@@ -116,7 +116,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
 
   const fence = "scope = $1 AND key = $2 AND bucket = $3 AND NOT marker AND lease_token = $4::uuid";
   const advance = `UPDATE ${s}.keys
-        SET recovery_point = $5, phase_data = coalesce(phase_data, '{}'::jsonb) || $6::text::jsonb,
+        SET recovery_point = $5, ${mergePhaseData("$6")},
             lease_until = ${leaseUntil("$7")}, updated_at = ${NOW}, attempted_at = NULL, lookup_failures = 0
       WHERE ${fence}`;
   return {
@@ -149,7 +149,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
     advanceAsync: `${advance} AND set_config('synchronous_commit', 'off', true) IS NOT NULL`,
     finish: `UPDATE ${s}.keys
         SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
-            phase_data = coalesce(phase_data, '{}'::jsonb) || $8::text::jsonb,
+            ${mergePhaseData("$8")},
             lease_token = NULL, lease_until = NULL, updated_at = ${NOW}, attempted_at = NULL
       WHERE ${fence}`,
     lock: `SELECT 1 AS held FROM ${s}.keys WHERE ${fence} FOR UPDATE`,
@@ -176,4 +176,13 @@ export function phaseSql(table: KeyTable): PhaseSql {
     cache.set(id, sql);
   }
   return sql;
+}
+
+/**
+ * The SET of a phase's data (`phaseDataParam`): an object in clear is merged into the row's, a sealed
+ * value (a JSON string: the whole data) replaces it.
+ */
+export function mergePhaseData(param: string): string {
+  return `phase_data = CASE WHEN jsonb_typeof(${param}::text::jsonb) = 'object'
+            THEN coalesce(phase_data, '{}'::jsonb) || ${param}::text::jsonb ELSE ${param}::text::jsonb END`;
 }
