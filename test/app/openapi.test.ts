@@ -145,7 +145,7 @@ describe("the OpenAPI document", () => {
         .filter(
           (r) =>
             r.method !== "ALL" &&
-            !(r.method === "GET" && (r.path === "/" || r.path.endsWith(".js") || r.path.endsWith(".css"))),
+            !(r.method === "GET" && (r.path === "/" || /\.(js|css|svg|ico)$/.test(r.path))), // static files
         )
         .map((r) => `${r.method.toLowerCase()} ${r.path.replace(/:([A-Za-z_]+)/g, "{$1}")}`),
     );
