@@ -12,7 +12,7 @@ import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";
 import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
-import { pay } from "./service.ts";
+import { listeningUrl, pay } from "./service.ts";
 
 const hasFaketime = (() => {
   try {
@@ -41,22 +41,7 @@ function startInstance(skew: string, env: NodeJS.ProcessEnv): Promise<Running> {
     ["-f", skew, process.execPath, "--conditions=source", "--import", "tsx", "app/main.ts"],
     { env: { ...process.env, ...env, PORT: "0", LOG_LEVEL: "warn" }, stdio: ["ignore", "pipe", "pipe"] },
   );
-  return new Promise((resolve, reject) => {
-    let out = "";
-    const timer = setTimeout(() => reject(new Error(`service did not start: ${out}`)), 60_000);
-    child.stdout!.on("data", (d) => {
-      out += d;
-      const m = /on (http:\/\/127\.0\.0\.1:\d+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ url: m[1]!, child });
-      }
-    });
-    child.stderr!.on("data", (d) => {
-      out += d;
-    });
-    child.once("exit", (code) => reject(new Error(`service exited with ${code}: ${out}`)));
-  });
+  return listeningUrl(child, 60_000).then((url) => ({ url, child }));
 }
 
 function stop(child: ChildProcess): Promise<void> {

@@ -1,4 +1,5 @@
 /** Start the reference service in this process on a fresh database, on a random loopback port. */
+import type { ChildProcess } from "node:child_process";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
 import type { Logger } from "pino";
@@ -107,5 +108,28 @@ export function pay(
     method: "POST",
     headers,
     body: init.body ?? JSON.stringify({ amount_cents: 5000, currency: "eur" }),
+  });
+}
+
+/**
+ * The URL a spawned service process prints once it listens ("... on http://127.0.0.1:PORT"); rejects
+ * with what it printed when it exits first or stays silent past `timeoutMs`.
+ */
+export function listeningUrl(child: ChildProcess, timeoutMs: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let out = "";
+    const timer = setTimeout(() => reject(new Error(`service did not start: ${out}`)), timeoutMs);
+    child.stdout!.on("data", (d) => {
+      out += d;
+      const m = /on (http:\/\/127\.0\.0\.1:\d+)/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m[1]!);
+      }
+    });
+    child.stderr!.on("data", (d) => {
+      out += d;
+    });
+    child.once("exit", (code) => reject(new Error(`service exited with ${code}: ${out}`)));
   });
 }

@@ -6,7 +6,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
-import { pay } from "./service.ts";
+import { listeningUrl, pay } from "./service.ts";
 
 sayWhySkippedWithoutServer();
 
@@ -22,22 +22,7 @@ function startProcess(databaseUrl: string): Promise<{ url: string; child: ChildP
     },
     stdio: ["ignore", "pipe", "pipe"],
   });
-  return new Promise((resolve, reject) => {
-    let out = "";
-    const timer = setTimeout(() => reject(new Error(`service did not start: ${out}`)), 30_000);
-    child.stdout!.on("data", (d) => {
-      out += d;
-      const m = /on (http:\/\/127\.0\.0\.1:\d+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ url: m[1]!, child });
-      }
-    });
-    child.stderr!.on("data", (d) => {
-      out += d;
-    });
-    child.once("exit", (code) => reject(new Error(`service exited with ${code}: ${out}`)));
-  });
+  return listeningUrl(child, 30_000).then((url) => ({ url, child }));
 }
 
 describe.runIf(DATABASE_URL)("two service processes on one database", () => {
