@@ -121,9 +121,7 @@ export class Operations {
   // ---- outbox and inbox ------------------------------------------------------------------------------
 
   /** The outbox at a glance: counts by state, the relay's lag (seconds), the parked events. */
-  async outbox(
-    options: { limit?: number } = {},
-  ): Promise<{
+  async outbox(options: { limit?: number } = {}): Promise<{
     counts: Awaited<ReturnType<typeof outboxCounts>>;
     lagSeconds: number;
     parked: ParkedEvent[];
