@@ -127,7 +127,8 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
           const within = q("within_seconds");
           const items = await ops.listKeys(state as KeyListState, {
             limit: positive("limit", q("limit")) ?? 100,
-            withinMs: within === undefined ? undefined : positive("within_seconds", within)! * 1000,
+            withinMs:
+              within === undefined ? undefined : positive("within_seconds", within, 366 * 86_400)! * 1000,
           });
           return json({ state, items });
         }
@@ -207,11 +208,11 @@ function text(v: unknown): string | undefined {
   return typeof v === "string" && v.trim() ? v.trim() : undefined;
 }
 
-function positive(name: string, v: string | undefined): number | undefined {
+function positive(name: string, v: string | undefined, max = 10_000): number | undefined {
   if (v === undefined) return undefined;
   const n = Number(v);
-  if (!(Number.isInteger(n) && n > 0 && n <= 10_000))
-    throw new BadRequest(`${name} takes a whole number from 1 to 10000`);
+  if (!(Number.isInteger(n) && n > 0 && n <= max))
+    throw new BadRequest(`${name} takes a whole number from 1 to ${max}`);
   return n;
 }
 
