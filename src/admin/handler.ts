@@ -4,6 +4,7 @@
  * and Fastify through a Request bridge). Every request passes `authorize` first, which names the person
  * (recorded with each action) or refuses. Errors are `application/problem+json`.
  *
+ *   GET  {base}/me                            who the token names
  *   GET  {base}/keys/find?ref=op_...  |  ?scope=S&key=K   a key's story (timeline, reviews, actions)
  *   GET  {base}/keys?state=needs_review|unfinished|expiring[&limit=N][&within_seconds=S]
  *   POST {base}/keys/settle  {ref | scope+key, note, resume+data? | answer:{status, body}}
@@ -108,6 +109,8 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
     const route = `${request.method} ${path}`;
     try {
       switch (route) {
+        case "GET /me":
+          return json({ actor });
         case "GET /keys/find": {
           const story = await ops.keyStory(keyRefOf({ ref: q("ref"), scope: q("scope"), key: q("key") }));
           if (!story) {
