@@ -124,7 +124,21 @@ SELECT p.id FROM payments p
     expect(await readFile(metrics, "utf8")).toContain('idem_audit_violations{check="payment-has-receipt"} 1');
 
     await writeFile(checks, "-- name: nothing-wrong\nSELECT 1 WHERE false\n");
-    expect((await idem("audit", "--no-builtin", "--sql", checks, "--database-url", url)).code).toBe(0);
+    expect(
+      (
+        await idem(
+          "audit",
+          "--no-builtin",
+          "--sql",
+          checks,
+          "--record",
+          "--by",
+          "cron",
+          "--database-url",
+          url,
+        )
+      ).code,
+    ).toBe(0);
     await writeFile(checks, "SELECT 1\n");
     expect((await idem("audit", "--sql", checks, "--database-url", url)).code).toBe(2);
   });
@@ -201,6 +215,8 @@ SELECT p.id FROM payments p
     const { rows } = await w.db.query<{ actor: string; action: string; key: string; reason: string }>(
       "SELECT actor, action, key, reason FROM idem.admin_actions ORDER BY id",
     );
+    // The audit run recorded with --record (the console shows it as the last run).
+    expect(rows.shift()).toEqual({ actor: "cron", action: "audit.run", key: null, reason: null });
     expect(rows).toEqual([
       { actor: "ops", action: "key.settle", key: "unknown", reason: "charge refunded by hand" },
       { actor: "ops", action: "key.forget", key: "paid", reason: "customer support ticket 42" },
