@@ -21,6 +21,8 @@ const BOB = "bob:token-of-bob-000000000000";
 describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) => {
   let w: World;
   let api: (method: string, path: string, body?: unknown, token?: string | null) => Promise<Response>;
+  /** A POST whose body is sent as text/plain. */
+  let handlerWithText: (body: string) => Promise<Response>;
   const get = async (path: string) => {
     const res = await api("GET", path);
     return { status: res.status, body: (await res.json()) as Record<string, any> };
@@ -48,6 +50,14 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
       operations: new Operations({ store: w.store }),
       authorize: bearerTokens(parseAdminTokens(`${ALICE},${BOB}`)),
     });
+    handlerWithText = (body) =>
+      handler(
+        new Request("http://admin.test/admin/api/keys/forget", {
+          method: "POST",
+          headers: { authorization: `Bearer ${ALICE.split(":")[1]}`, "content-type": "text/plain" },
+          body,
+        }),
+      );
     api = (method, path, body, token = ALICE.split(":")[1]) =>
       handler(
         new Request(`http://admin.test/admin/api${path}`, {
@@ -76,6 +86,36 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     expect(parseAdminTokens("just-one-token-here")).toEqual([
       { name: "admin", token: "just-one-token-here" },
     ]);
+  });
+
+  it("answers an authorize hook's own refusal as it is, and a failing hook with a 500 that tells nothing", async () => {
+    const operations = new Operations({ store: w.store });
+    const errors: unknown[] = [];
+    const forbidden = adminHandler({
+      operations,
+      authorize: () => new Response("not in the support group", { status: 403 }),
+    });
+    const res = await forbidden(new Request("http://admin.test/admin/api/keys?state=unfinished"));
+    expect([res.status, await res.text()]).toEqual([403, "not in the support group"]);
+    const broken = adminHandler({
+      operations,
+      authorize: () => {
+        throw new Error("sso down: secret detail");
+      },
+      onError: (err) => errors.push(err),
+    });
+    const failed = await broken(new Request("http://admin.test/admin/api/keys?state=unfinished"));
+    expect(failed.status).toBe(500);
+    expect(await failed.text()).not.toContain("secret");
+    expect(errors).toHaveLength(1);
+  });
+
+  it("refuses bodies that are not a JSON object (400), before touching anything", async () => {
+    const res = await api("POST", "/keys/forget", "[1]");
+    expect(res.status).toBe(400);
+    const text = await handlerWithText("not json");
+    expect(text.status).toBe(400);
+    expect(((await text.json()) as { detail: string }).detail).toContain("application/json");
   });
 
   it("finds a key by the operation_ref a customer pastes, with its recorded story", async () => {
