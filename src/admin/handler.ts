@@ -117,7 +117,7 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
             return adminProblem(
               404,
               "key-not-found",
-              "No live key by that name: never claimed, expired or forgotten.",
+              "No live key by that name: never claimed, expired, forgotten, or claimed again since that ref was given.",
             );
           }
           return json(story);
