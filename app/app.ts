@@ -3,6 +3,7 @@ import { AbandonedWorkError } from "idem";
 import { type Db, type PostgresStore, reviewGauge } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
+import { adminRoutes } from "./admin.ts";
 import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { openApiDocument } from "./openapi.ts";
@@ -49,6 +50,8 @@ export interface AppDeps {
   regions?: Regions;
   /** Whether the receipt-email worker runs (app/receipts.ts), for the playground. Default: false. */
   emailWorker?: boolean;
+  /** IDEM_ADMIN_TOKEN: the operations console at /admin and its API (app/admin.ts). Unset: off. */
+  adminTokens?: string;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
@@ -107,6 +110,7 @@ export function createApp(deps: AppDeps): Hono {
       playgroundRoutes({ ...deps, providerUrl: deps.providerUrl, service: (r) => app.fetch(r) }),
     );
   }
+  app.route("/", adminRoutes({ db: deps.db, store: deps.store, tokens: deps.adminTokens, logger }));
   app.notFound((c) => {
     const path = new URL(c.req.url).pathname;
     const allowed = allowedMethods(app, path);

@@ -22,6 +22,7 @@
  *                         the current key first (docs/operations.md, "Encryption at rest")
  *   METRICS_PORT          serve /metrics on its own port (on HOST) instead of the API's
  *   IDEM_METRICS_TOKEN    require `Authorization: Bearer <token>` on /metrics
+ *   IDEM_ADMIN_TOKEN      turn on the operations console at /admin: `name:token,...` (one per person)
  *   LOG_LEVEL             pino level (default info)
  * HTTP limits and the shutdown drain: see app/server.ts (IDEM_HTTP_*, IDEM_DRAIN_MS).
  *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
@@ -123,6 +124,7 @@ export async function start(env: NodeJS.ProcessEnv = process.env) {
     emailWorker: true, // startReceipts above
     metricsEndpoint: metricsPort === undefined ? { token: env.IDEM_METRICS_TOKEN } : false,
     regions: regionsFromEnv(env),
+    adminTokens: env.IDEM_ADMIN_TOKEN, // the operations console at /admin (app/admin.ts); unset: off
   });
   const server = await listenHttp(app.fetch, { port, host, limits, setting: "PORT" });
   let metricsServer: Awaited<ReturnType<typeof listenHttp>> | undefined;

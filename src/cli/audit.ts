@@ -1,10 +1,11 @@
 import { readFile, writeFile } from "node:fs/promises";
+import { recordAction } from "../postgres/admin-actions.ts";
 import { type AuditCheck, audit, auditMetrics, builtinChecks, parseChecks } from "../postgres/audit.ts";
 import { CliError, EXIT, openDb, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem audit [--sql FILE]... [--no-builtin] [--lease-seconds S] [--max-leases N]
                   [--review-max-hours H] [--retention-hours H] [--limit N] [--metrics FILE] [--json]
-                  [--database-url URL] [--schema NAME]
+                  [--record [--by NAME]] [--database-url URL] [--schema NAME]
 
 Checks invariants on a (production) database, each with a read-only query that returns the rows
 violating it, and prints the violations. Suitable for cron: exits 1 when any check has violations.
@@ -23,6 +24,8 @@ Built-in checks (idem's tables):
   --metrics FILE         also write the counts as Prometheus text (idem_audit_violations{check=...}),
                          e.g. into node_exporter's textfile directory
   --json                 print the results as JSON
+  --record               also record the run in <schema>.admin_actions (as audit.run, by --by NAME,
+                         default "idem audit"): the operations console shows the last recorded run
 Exit codes: 0 every check holds, 1 violations found (or a check failed to run), 2 bad usage.`;
 
 export async function auditCommand(argv: string[]): Promise<number> {
@@ -38,6 +41,8 @@ export async function auditCommand(argv: string[]): Promise<number> {
       limit: { type: "string" },
       metrics: { type: "string" },
       json: { type: "boolean" },
+      record: { type: "boolean" },
+      by: { type: "string" },
       "database-url": { type: "string" },
       schema: { type: "string" },
     },
@@ -90,6 +95,13 @@ export async function auditCommand(argv: string[]): Promise<number> {
       throw new CliError(`a check failed to run on ${where}: ${(err as Error).message}`);
     }
     if (values.metrics) await writeFile(values.metrics, auditMetrics(results));
+    if (values.record) {
+      await recordAction(
+        db,
+        { actor: values.by ?? "idem audit", action: "audit.run", details: { results } },
+        { schema: values.schema },
+      );
+    }
     const failed = results.filter((r) => r.violations > 0);
     if (values.json) printJson({ database: where, results });
     else {

@@ -1,32 +1,38 @@
-import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
-import { inspectKey, unfinishedKeys } from "../postgres/inspect.ts";
+import { Operations } from "../admin/operations.ts";
+import type { KeyInspection } from "../core/index.ts";
 import {
-  NoOpenReviewError,
-  openReviews,
-  type Review,
-  type Settlement,
-  settleKey,
-} from "../postgres/phases/index.ts";
+  BadOperationRefError,
+  CannotForgetError,
+  type KeyRef,
+  resolveKeyRef,
+} from "../postgres/key-admin.ts";
+import { NoOpenReviewError, type Review, type Settlement } from "../postgres/phases/index.ts";
 import { CliError, EXIT, openStore, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem keys inspect <scope> <key> | --ref <operation_ref>   [--json]
-       idem keys list --state needs_review|unfinished [--limit N]    [--json]
-       idem keys settle <scope> <key> --note TEXT [--by NAME]
+       idem keys list --state needs_review|unfinished|expiring [--limit N] [--json]
+       idem keys settle <scope> <key> | --ref REF --note TEXT [--by NAME]
                         (--resume PHASE [--data JSON] | --answer STATUS [--body JSON])
+       idem keys forget <scope> <key> | --ref REF --reason TEXT [--by NAME]
   common: [--database-url URL] [--schema NAME] [--retention-hours H]
 
 Support tooling for one key (an operation_ref from a client's problem response names one):
   inspect   state, recovery point, lease holder and expiry, fingerprint, saved status, headers and
             body size, expiry
-  list      keys waiting for a person (needs_review: their outcome is unknown) or still unfinished
+  list      keys waiting for a person (needs_review: their outcome is unknown), still unfinished, or
+            expiring within the hour
   settle    close a needs_review key, on the record: --resume PHASE puts it back at a phase of its
             runner (with --data merged into its phase data, e.g. '{"chargeId":"ch_..."}' found at the
             provider), after which a retry or \`idem complete\` finishes it; --answer STATUS saves a
             final answer (--body its JSON) that every retry then gets
+  forget    delete a key before it expires, so that the same key is new again (refused while it waits
+            for a person or a worker holds its lease)
+  settle and forget are recorded (who, when, what, why) in <schema>.admin_actions, as the admin
+  console's actions are (the same library code, idem/admin)
   --database-url URL   default: $DATABASE_URL, else the embedded .idem/pgdata
   --schema NAME        default: idem
   --retention-hours H  as configured for the service (default: $IDEM_RETENTION_HOURS, else 24)
-  --by NAME            who settles (default: $USER)
+  --by NAME            who settles or forgets (default: $USER)
 Exit codes: 0 done, 1 failure (no such key, no open review), 2 bad usage.`;
 
 const OPTIONS = {
@@ -34,6 +40,7 @@ const OPTIONS = {
   state: { type: "string" },
   limit: { type: "string" },
   note: { type: "string" },
+  reason: { type: "string" },
   by: { type: "string" },
   resume: { type: "string" },
   data: { type: "string" },
@@ -58,47 +65,59 @@ export async function keysCommand(argv: string[]): Promise<number> {
     console.error(USAGE);
     return EXIT.usage;
   }
-  if (sub !== "inspect" && sub !== "list" && sub !== "settle") {
-    throw new CliError(`unknown subcommand "${sub}": inspect, list or settle\n${USAGE}`, EXIT.usage);
+  if (sub !== "inspect" && sub !== "list" && sub !== "settle" && sub !== "forget") {
+    throw new CliError(`unknown subcommand "${sub}": inspect, list, settle or forget\n${USAGE}`, EXIT.usage);
   }
   const request =
     sub === "list" ? checkList(values) : sub === "settle" ? checkSettle(values, args) : undefined;
   const target = sub === "list" ? undefined : keyOf(values, args);
+  const reason = values.reason?.trim();
+  if (sub === "forget" && !reason)
+    throw new CliError("--reason is required: say why the key is forgotten (it is recorded)", EXIT.usage);
   const { db, where, store } = await openStore({
     url: values["database-url"] ?? process.env.DATABASE_URL,
     schema: values.schema,
     retentionMs: retentionMs(values["retention-hours"]),
   });
+  const ops = new Operations({ store, db });
+  const by = values.by ?? process.env.USER ?? "unknown";
   try {
     if (sub === "inspect") {
-      const k = await inspectKey(store, target!.scope, target!.key);
-      if (!k) {
-        throw new CliError(
-          `no live key ${JSON.stringify(target!.key)} of ${JSON.stringify(target!.scope)} on ${where}`,
-        );
-      }
+      const k = await ops.findKey(target!);
+      if (!k) throw new CliError(`no live key ${named(target!)} on ${where}`);
       if (values.json) printJson(k);
       else console.log(describe(k));
       return EXIT.ok;
     }
     if (sub === "list") {
       const { state, limit } = request as { state: string; limit: number };
-      const list =
-        state === "needs_review"
-          ? await openReviews(store, { limit })
-          : await unfinishedKeys(store, { limit });
+      const list = await ops.listKeys(state as "needs_review" | "unfinished" | "expiring", { limit });
       if (values.json) printJson(list);
       else {
         for (const item of list) console.log(printable(line(item)));
         console.log(
-          `${list.length} key(s) ${state === "needs_review" ? "waiting for a person" : "unfinished"} on ${where}`,
+          `${list.length} key(s) ${state === "needs_review" ? "waiting for a person" : state === "unfinished" ? "unfinished" : "expiring within the hour"} on ${where}`,
         );
       }
       return EXIT.ok;
     }
-    const by = values.by ?? process.env.USER ?? "unknown";
+    if (sub === "forget") {
+      try {
+        const k = await ops.forget(target!, by, reason!);
+        if (values.json) printJson(k);
+        else
+          console.log(
+            printable(`forgot ${k.scope} ${k.key} (was ${k.state} at ${k.recoveryPoint}) by ${by}`),
+          );
+        return EXIT.ok;
+      } catch (err) {
+        if (err instanceof CannotForgetError)
+          throw new CliError(`cannot forget ${named(target!)}: ${err.message}`);
+        throw err;
+      }
+    }
     try {
-      const review = await settleKey(store, target!.scope, target!.key, request as Settlement, by);
+      const review = await ops.settle(target!, request as Settlement, by);
       if (values.json) printJson(review);
       else
         console.log(
@@ -115,12 +134,21 @@ export async function keysCommand(argv: string[]): Promise<number> {
   }
 }
 
-function keyOf(values: Values, args: string[]): { scope: string; key: string } {
+function named(ref: KeyRef): string {
+  const { scope, key } = resolveKeyRef(ref);
+  return `${JSON.stringify(key)} of ${JSON.stringify(scope)}`;
+}
+
+function keyOf(values: Values, args: string[]): KeyRef {
   if (values.ref !== undefined) {
-    const decoded = decodeOperationRef(values.ref);
-    if (!decoded)
-      throw new CliError(`--ref ${values.ref} is not an operation_ref (they start with op_)`, EXIT.usage);
-    return decoded;
+    try {
+      resolveKeyRef({ ref: values.ref });
+    } catch (err) {
+      if (err instanceof BadOperationRefError)
+        throw new CliError(`--ref ${values.ref} is not an operation_ref (they start with op_)`, EXIT.usage);
+      throw err;
+    }
+    return { ref: values.ref };
   }
   const [scope, key] = args;
   if (!scope || !key || args.length > 2)
@@ -130,8 +158,8 @@ function keyOf(values: Values, args: string[]): { scope: string; key: string } {
 
 function checkList(values: Values): { state: string; limit: number } {
   const state = values.state;
-  if (state !== "needs_review" && state !== "unfinished") {
-    throw new CliError("--state takes needs_review or unfinished", EXIT.usage);
+  if (state !== "needs_review" && state !== "unfinished" && state !== "expiring") {
+    throw new CliError("--state takes needs_review, unfinished or expiring", EXIT.usage);
   }
   const limit = Number(values.limit ?? 100);
   if (!(Number.isInteger(limit) && limit > 0))

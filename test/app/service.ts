@@ -40,6 +40,8 @@ export async function startService(
     providerIdempotency?: boolean;
     /** The store's retention (default 24 h). */
     retentionMs?: number;
+    /** IDEM_ADMIN_TOKEN: the operations console at /admin (default: off). */
+    adminTokens?: string;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
@@ -66,6 +68,7 @@ export async function startService(
     requireKey: options.requireKey,
     logger: options.logger ?? createLogger({ level: "silent" }),
     playground: options.playground,
+    adminTokens: options.adminTokens,
   });
   const server = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" });
   await new Promise<void>((r) => server.once("listening", () => r()));

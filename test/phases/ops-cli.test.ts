@@ -1,4 +1,4 @@
-/** `idem keys` (inspect, list, settle) and `idem audit`, through the dispatcher, with its exit codes. */
+/** `idem keys` (inspect, list, settle, forget) and `idem audit`, through the dispatcher, with its exit codes. */
 import { mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -124,7 +124,21 @@ SELECT p.id FROM payments p
     expect(await readFile(metrics, "utf8")).toContain('idem_audit_violations{check="payment-has-receipt"} 1');
 
     await writeFile(checks, "-- name: nothing-wrong\nSELECT 1 WHERE false\n");
-    expect((await idem("audit", "--no-builtin", "--sql", checks, "--database-url", url)).code).toBe(0);
+    expect(
+      (
+        await idem(
+          "audit",
+          "--no-builtin",
+          "--sql",
+          checks,
+          "--record",
+          "--by",
+          "cron",
+          "--database-url",
+          url,
+        )
+      ).code,
+    ).toBe(0);
     await writeFile(checks, "SELECT 1\n");
     expect((await idem("audit", "--sql", checks, "--database-url", url)).code).toBe(2);
   });
@@ -171,6 +185,42 @@ SELECT p.id FROM payments p
     expect(JSON.parse(after.out)).toEqual([]);
     const out = await w.runner({ noIdempotency: "none" }).run(claimOf("acct", "unknown", PAY), PAY);
     expect(out).toMatchObject({ kind: "replayed", response: { status: 402 } });
+  });
+
+  it("list --state expiring: the keys whose retention ends within the hour", async () => {
+    const args = ["keys", "list", "--state", "expiring", "--json", "--database-url", url];
+    // Made an hour ago: with 24 h of retention none expires within the hour; with 1.5 h, all do.
+    expect(JSON.parse((await idem(...args)).out)).toEqual([]);
+    const soon = JSON.parse((await idem(...args, "--retention-hours", "1.5")).out);
+    expect(soon.map((k: { key: string }) => k.key).sort()).toEqual(["paid", "stuck", "unknown"]);
+  });
+
+  it("forget: needs a reason; the key is then new; settle and forget are both recorded", async () => {
+    expect((await idem("keys", "forget", "acct", "paid", "--database-url", url)).code).toBe(2);
+    const gone = await idem(
+      "keys",
+      "forget",
+      "--ref",
+      encodeOperationRef("acct", "paid"),
+      "--reason",
+      "customer support ticket 42",
+      "--by",
+      "ops",
+      "--database-url",
+      url,
+    );
+    expect(gone.code).toBe(0);
+    expect(gone.out).toContain("forgot acct paid (was done at done) by ops");
+    expect((await idem("keys", "inspect", "acct", "paid", "--database-url", url)).code).toBe(1);
+    const { rows } = await w.db.query<{ actor: string; action: string; key: string; reason: string }>(
+      "SELECT actor, action, key, reason FROM idem.admin_actions ORDER BY id",
+    );
+    // The audit run recorded with --record (the console shows it as the last run).
+    expect(rows.shift()).toEqual({ actor: "cron", action: "audit.run", key: null, reason: null });
+    expect(rows).toEqual([
+      { actor: "ops", action: "key.settle", key: "unknown", reason: "charge refunded by hand" },
+      { actor: "ops", action: "key.forget", key: "paid", reason: "customer support ticket 42" },
+    ]);
   });
   // Last: its hostile row stays in the table the tests above list and audit.
   it("prints stored terminal escape sequences escaped, never raw (list, inspect, JSON)", async () => {

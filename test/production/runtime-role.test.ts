@@ -13,6 +13,7 @@ import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { AppSchemaBehindError, ensureSchema, prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
+import { listActions, recordAction } from "../../src/postgres/admin-actions.ts";
 import { openDatabaseUrl } from "../../src/postgres/connect.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { SchemaBehindError } from "../../src/postgres/migrate.ts";
@@ -77,6 +78,16 @@ describe.skipIf(!DATABASE_URL)("the service as a role without CREATE", () => {
     await expect(runtime.exec("CREATE TABLE idem.x (a int)")).rejects.toMatchObject({ code: "42501" });
     await expect(runtime.exec("CREATE TABLE public.x (a int)")).rejects.toMatchObject({ code: "42501" });
     await expect(runtime.exec("CREATE SCHEMA x")).rejects.toMatchObject({ code: "42501" });
+  });
+
+  it("records people's actions but may not rewrite or delete them (admin_actions is append-only)", async () => {
+    const a = await recordAction(runtime, { actor: "alice", action: "audit.run", details: { ok: true } });
+    expect(a).toMatchObject({ actor: "alice", action: "audit.run" });
+    expect(await listActions(runtime, { action: "audit.run" })).toHaveLength(1);
+    await expect(runtime.query("UPDATE idem.admin_actions SET actor = 'mallory'")).rejects.toMatchObject({
+      code: "42501",
+    });
+    await expect(runtime.query("DELETE FROM idem.admin_actions")).rejects.toMatchObject({ code: "42501" });
   });
 
   it("serves keyed requests, replays and concurrent duplicates: one payment per key", async () => {

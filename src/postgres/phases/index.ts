@@ -64,6 +64,7 @@ export {
   openReviews,
   type Review,
   reviewGauge,
+  reviewsOf,
   type Settlement,
   settleKey,
 } from "./review.ts";

@@ -18,6 +18,7 @@ import {
   sealContext,
   sealHeaders,
 } from "../../core/index.ts";
+import type { Tx } from "../db.ts";
 import type { KeyTable, ShardedKeyTables } from "./key-table.ts";
 import { tableFor, tablesOf } from "./key-table.ts";
 import { fence, type Lease } from "./lease.ts";
@@ -126,6 +127,15 @@ export async function openReviews(
   return out.sort((a, b) => a.openedAt.getTime() - b.openedAt.getTime());
 }
 
+/** Every review of one key (open or settled), newest first. */
+export async function reviewsOf(table: KeyTable, scope: string, key: string): Promise<Review[]> {
+  const { rows } = await table.db.query<ReviewRow>(
+    `SELECT * FROM ${table.schema}.reviews WHERE scope = $1 AND key = $2 ORDER BY opened_at DESC LIMIT 100`,
+    [scope, key],
+  );
+  return rows.map((r) => toReview(r, table.sealer));
+}
+
 /** How many keys wait for a person, and how long the oldest has waited (seconds): the gauge's values. */
 export async function reviewGauge(
   store: KeyTable | ShardedKeyTables,
@@ -164,6 +174,10 @@ export async function settleKey(
   key: string,
   settlement: Settlement,
   by: string,
+  options: {
+    /** Also done in the settling transaction (e.g. recording the action, `recordAction`). */
+    alsoInTx?: (tx: Tx, review: Review) => Promise<unknown>;
+  } = {},
 ): Promise<Review> {
   if (!settlement.note?.trim()) throw new Error("a settlement needs a note (what was found, where)");
   const t = tableFor(store, scope);
@@ -222,6 +236,8 @@ export async function settleKey(
         WHERE id = $1 RETURNING *`,
       [review.id, by, JSON.stringify(settlement)],
     );
-    return toReview(settled[0]!, t.sealer);
+    const done = toReview(settled[0]!, t.sealer);
+    await options.alsoInTx?.(tx, done);
+    return done;
   });
 }

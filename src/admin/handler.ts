@@ -1,0 +1,267 @@
+/**
+ * The admin API: a framework-free `(request: Request) => Promise<Response>` over `Operations`, mountable
+ * on any adapter that speaks the Fetch API (Hono's `app.all`, Next.js route handlers, Bun, Deno; Express
+ * and Fastify through a Request bridge). Every request passes `authorize` first, which names the person
+ * (recorded with each action) or refuses. Errors are `application/problem+json`.
+ *
+ *   GET  {base}/me                            who the token names
+ *   GET  {base}/keys/find?ref=op_...  |  ?scope=S&key=K   a key's story (timeline, reviews, actions)
+ *   GET  {base}/keys?state=needs_review|unfinished|expiring[&limit=N][&within_seconds=S]
+ *   POST {base}/keys/settle  {ref | scope+key, note, resume+data? | answer:{status, body}}
+ *   POST {base}/keys/forget  {ref | scope+key, reason}
+ *   GET  {base}/outbox                        counts, lag_seconds, parked events
+ *   POST {base}/outbox/requeue  {id | aggregate_id, reason?}
+ *   GET  {base}/inbox                         parked messages of every consumer
+ *   POST {base}/inbox/unpark    {consumer, message_id, reason?}
+ *   GET  {base}/audit                         the last recorded run (404 before the first)
+ *   POST {base}/audit                         run the checks now (recorded)
+ *   GET  {base}/actions[?scope=S&key=K][&limit=N]   what people did, newest first
+ */
+import { PROBLEM_TYPE_BASE } from "../core/index.ts";
+import { BadOperationRefError, CannotForgetError, type KeyRef } from "../postgres/key-admin.ts";
+import { NoOpenReviewError, type Settlement } from "../postgres/phases/review.ts";
+import type { KeyListState, Operations } from "./operations.ts";
+
+/** Who the request is from (the actor recorded with each action), or a refusal. */
+export type Authorize = (
+  request: Request,
+) => string | Response | null | undefined | Promise<string | Response | null | undefined>;
+
+export interface AdminHandlerOptions {
+  operations: Operations;
+  /**
+   * Names the person behind a request (a non-empty string), or refuses it: `null`/`undefined` answers
+   * 401, a `Response` is answered as is (e.g. a 403). Required: there is no unauthenticated mode.
+   */
+  authorize: Authorize;
+  /** The path the API is mounted at. Default: `/admin/api`. */
+  basePath?: string;
+  /** Called with errors that are not the caller's fault (answered 500 without details). */
+  onError?: (err: unknown) => void;
+}
+
+export type AdminHandler = (request: Request) => Promise<Response>;
+
+/** A problem+json answer. */
+export function adminProblem(
+  status: number,
+  code: string,
+  detail: string,
+  headers: HeadersInit = {},
+): Response {
+  const body = { type: PROBLEM_TYPE_BASE + code, title: TITLES[status] ?? "Error", status, detail };
+  return new Response(JSON.stringify(body), {
+    status,
+    headers: { ...headers, "content-type": "application/problem+json", "cache-control": "no-store" },
+  });
+}
+
+const TITLES: Record<number, string> = {
+  400: "Bad Request",
+  401: "Unauthorized",
+  403: "Forbidden",
+  404: "Not Found",
+  405: "Method Not Allowed",
+  409: "Conflict",
+  413: "Content Too Large",
+  415: "Unsupported Media Type",
+  500: "Internal Server Error",
+};
+
+class BadRequest extends Error {}
+
+const MAX_BODY = 64 * 1024;
+const json = (value: unknown, status = 200) =>
+  new Response(JSON.stringify(value), {
+    status,
+    headers: { "content-type": "application/json", "cache-control": "no-store" },
+  });
+
+export function adminHandler(options: AdminHandlerOptions): AdminHandler {
+  const base = (options.basePath ?? "/admin/api").replace(/\/+$/, "");
+  const ops = options.operations;
+  return async (request) => {
+    const url = new URL(request.url);
+    if (url.pathname !== base && !url.pathname.startsWith(`${base}/`)) {
+      return adminProblem(404, "not-found", `No admin route for ${url.pathname}.`);
+    }
+    const path = url.pathname.slice(base.length).replace(/\/+$/, "") || "/";
+    let actor: string;
+    try {
+      const who = await options.authorize(request);
+      if (who instanceof Response) return who;
+      if (typeof who !== "string" || !who.trim()) {
+        return adminProblem(
+          401,
+          "admin-unauthorized",
+          "Give the admin token: Authorization: Bearer <token>.",
+          {
+            "www-authenticate": 'Bearer realm="idem admin"',
+          },
+        );
+      }
+      actor = who.trim();
+    } catch (err) {
+      options.onError?.(err);
+      return adminProblem(500, "internal-error", "Authorization failed; see the service's log.");
+    }
+    const q = (name: string) => url.searchParams.get(name) ?? undefined;
+    const route = `${request.method} ${path}`;
+    try {
+      switch (route) {
+        case "GET /me":
+          return json({ actor });
+        case "GET /keys/find": {
+          const story = await ops.keyStory(keyRefOf({ ref: q("ref"), scope: q("scope"), key: q("key") }));
+          if (!story) {
+            return adminProblem(
+              404,
+              "key-not-found",
+              "No live key by that name: never claimed, expired, forgotten, or claimed again since that ref was given.",
+            );
+          }
+          return json(story);
+        }
+        case "GET /keys": {
+          const state = q("state") ?? "needs_review";
+          if (state !== "needs_review" && state !== "unfinished" && state !== "expiring") {
+            throw new BadRequest("state takes needs_review, unfinished or expiring");
+          }
+          const within = q("within_seconds");
+          const items = await ops.listKeys(state as KeyListState, {
+            limit: positive("limit", q("limit")) ?? 100,
+            withinMs:
+              within === undefined ? undefined : positive("within_seconds", within, 366 * 86_400)! * 1000,
+          });
+          return json({ state, items });
+        }
+        case "POST /keys/settle": {
+          const body = await readBody(request);
+          const review = await ops.settle(keyRefOf(body), settlementOf(body), actor);
+          return json({ review });
+        }
+        case "POST /keys/forget": {
+          const body = await readBody(request);
+          const reason = text(body.reason);
+          if (!reason)
+            throw new BadRequest("reason is required: say why the key is forgotten (it is recorded)");
+          return json({ forgotten: await ops.forget(keyRefOf(body), actor, reason) });
+        }
+        case "GET /outbox":
+          return json(await ops.outbox({ limit: positive("limit", q("limit")) }));
+        case "POST /outbox/requeue": {
+          const body = await readBody(request);
+          const id = text(body.id);
+          const aggregateId = text(body.aggregate_id);
+          if (!id === !aggregateId) throw new BadRequest("give one of id or aggregate_id");
+          if (id && !/^[0-9a-f-]{36}$/i.test(id)) throw new BadRequest("id takes an outbox event's UUID");
+          const requeued = await ops.requeue(
+            id ? { id } : { aggregateId: aggregateId! },
+            actor,
+            text(body.reason),
+          );
+          return json({ requeued });
+        }
+        case "GET /inbox":
+          return json({
+            parked: await ops.parkedMessages({
+              consumer: q("consumer"),
+              limit: positive("limit", q("limit")),
+            }),
+          });
+        case "POST /inbox/unpark": {
+          const body = await readBody(request);
+          const consumer = text(body.consumer);
+          const messageId = text(body.message_id);
+          if (!consumer || !messageId) throw new BadRequest("give consumer and message_id");
+          const unparked = await ops.unpark(consumer, messageId, actor, text(body.reason));
+          if (!unparked) return adminProblem(404, "message-not-parked", "No such parked message.");
+          return json({ unparked });
+        }
+        case "GET /audit": {
+          const last = await ops.lastAudit();
+          if (!last) return adminProblem(404, "no-audit-yet", "The audit has not run yet: POST to run it.");
+          return json(last);
+        }
+        case "POST /audit":
+          return json(await ops.runAudit(actor));
+        case "GET /actions":
+          return json({
+            actions: await ops.actions({
+              scope: q("scope"),
+              key: q("key"),
+              limit: positive("limit", q("limit")),
+            }),
+          });
+      }
+      return adminProblem(404, "not-found", `No admin route for ${request.method} ${path}.`);
+    } catch (err) {
+      if (err instanceof BadRequest || err instanceof BadOperationRefError) {
+        return adminProblem(400, "bad-request", err.message);
+      }
+      if (err instanceof NoOpenReviewError) return adminProblem(409, "no-open-review", err.message);
+      if (err instanceof CannotForgetError) return adminProblem(409, "cannot-forget", err.message);
+      options.onError?.(err);
+      return adminProblem(500, "internal-error", "The admin API failed; see the service's log.");
+    }
+  };
+}
+
+function text(v: unknown): string | undefined {
+  return typeof v === "string" && v.trim() ? v.trim() : undefined;
+}
+
+function positive(name: string, v: string | undefined, max = 10_000): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!(Number.isInteger(n) && n > 0 && n <= max))
+    throw new BadRequest(`${name} takes a whole number from 1 to ${max}`);
+  return n;
+}
+
+function keyRefOf(v: Record<string, unknown>): KeyRef {
+  const ref = text(v.ref);
+  if (ref) return { ref };
+  if (typeof v.scope === "string" && typeof v.key === "string" && v.scope && v.key) {
+    return { scope: v.scope, key: v.key };
+  }
+  throw new BadRequest("give ref (an operation_ref) or scope and key");
+}
+
+function settlementOf(body: Record<string, unknown>): Settlement {
+  const note = text(body.note);
+  if (!note) throw new BadRequest("note is required: say what you found and where (it is recorded)");
+  const resume = text(body.resume);
+  if ((resume === undefined) === (body.answer === undefined)) {
+    throw new BadRequest("give exactly one of resume (a phase) or answer ({status, body})");
+  }
+  if (resume !== undefined) {
+    const data = body.data;
+    if (data !== undefined && (typeof data !== "object" || data === null || Array.isArray(data))) {
+      throw new BadRequest("data takes a JSON object");
+    }
+    return { resume, data: data as Record<string, unknown> | undefined, note };
+  }
+  const answer = body.answer as { status?: unknown; body?: unknown } | null;
+  const status = Number(answer?.status);
+  if (!(typeof answer === "object" && answer && Number.isInteger(status) && status >= 200 && status <= 599)) {
+    throw new BadRequest("answer takes {status: 200 to 599, body: any JSON}");
+  }
+  return { answer: { status, body: answer.body ?? null }, note };
+}
+
+async function readBody(request: Request): Promise<Record<string, unknown>> {
+  const type = request.headers.get("content-type") ?? "";
+  if (!/^application\/json\b/i.test(type)) throw new BadRequest("send the body as application/json");
+  const raw = await request.text();
+  if (raw.length > MAX_BODY) throw new BadRequest(`the body is larger than ${MAX_BODY} bytes`);
+  let v: unknown;
+  try {
+    v = JSON.parse(raw);
+  } catch {
+    throw new BadRequest("the body is not JSON");
+  }
+  if (typeof v !== "object" || v === null || Array.isArray(v))
+    throw new BadRequest("the body takes a JSON object");
+  return v as Record<string, unknown>;
+}

@@ -1,0 +1,31 @@
+/**
+ * `idem/admin`: the operations a person supporting the service performs (find a key by the
+ * `operation_ref` a customer pastes, its story, settle or forget it; parked outbox events and inbox
+ * messages; the audit), every change recorded in `<schema>.admin_actions`; and a framework-free admin
+ * API over them (`adminHandler`, Request in, Response out) with an `authorize` hook.
+ */
+
+export type { ConsumerParkedMessage } from "../messaging/inbox-admin.ts";
+export { parkedMessages, unparkMessage } from "../messaging/inbox-admin.ts";
+export type { ParkedEvent } from "../messaging/outbox-admin.ts";
+export { outboxLag, parkedEvents } from "../messaging/outbox-admin.ts";
+export type { AdminAction, NewAdminAction } from "../postgres/admin-actions.ts";
+export { listActions, recordAction } from "../postgres/admin-actions.ts";
+export type { KeyRef, KeyStory, TimelineEvent } from "../postgres/key-admin.ts";
+export {
+  BadOperationRefError,
+  CannotForgetError,
+  expiringKeys,
+  findKey,
+  forgetKey,
+  keyStory,
+} from "../postgres/key-admin.ts";
+export {
+  type AdminHandler,
+  type AdminHandlerOptions,
+  type Authorize,
+  adminHandler,
+  adminProblem,
+} from "./handler.ts";
+export { type AuditRun, type KeyListState, Operations, type OperationsOptions } from "./operations.ts";
+export { bearerTokens, parseAdminTokens } from "./tokens.ts";

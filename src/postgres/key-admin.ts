@@ -1,0 +1,264 @@
+/**
+ * One key as a person supporting the service needs it (the admin API, the console, `idem keys`): found
+ * by the `operation_ref` a customer pastes, its story as the records tell it, the keys about to expire,
+ * and forgetting a key early.
+ *
+ * The story is what the key row, its reviews and the actions table record: the claim (and its claim id),
+ * the current recovery point and lease (its token is the fencing token), an external call begun and not
+ * yet resolved, failed lookups, the review and its settlement, the saved answer, the expiry. Earlier
+ * phases and earlier leases (takeovers) are not kept: a key row holds its latest state only.
+ */
+import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
+import { type AdminAction, listActions, recordAction } from "./admin-actions.ts";
+import { inspectKey } from "./inspect.ts";
+import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "./phases/key-table.ts";
+import { type Review, reviewsOf } from "./phases/review.ts";
+
+/** A key named by its scope and key, or by the `operation_ref` a client was given. */
+export type KeyRef = { scope: string; key: string } | { ref: string };
+
+/** Thrown when an `operation_ref` is not one of ours (they start with `op_`). */
+export class BadOperationRefError extends Error {
+  override name = "BadOperationRefError";
+  constructor(ref: string) {
+    super(`${JSON.stringify(ref.slice(0, 200))} is not an operation_ref (they start with op_)`);
+  }
+}
+
+/** The scope, key (and claim id, when the ref names one) a `KeyRef` names. */
+export function resolveKeyRef(ref: KeyRef): { scope: string; key: string; claimId?: string } {
+  if (!("ref" in ref)) return { scope: ref.scope, key: ref.key };
+  const decoded = decodeOperationRef(ref.ref.trim()) as { scope: string; key: string; claimId?: string };
+  if (!decoded) throw new BadOperationRefError(ref.ref);
+  return decoded;
+}
+
+/**
+ * The live key a `KeyRef` names, or undefined when there is none (never claimed, expired, or forgotten;
+ * or the ref names an earlier claim of a key claimed again since).
+ */
+export async function findKey(
+  store: KeyTable | ShardedKeyTables,
+  ref: KeyRef,
+): Promise<KeyInspection | undefined> {
+  const { scope, key, claimId } = resolveKeyRef(ref);
+  const found = await inspectKey(tableFor(store, scope), scope, key);
+  if (found && claimId && found.claimId && found.claimId !== claimId) return undefined;
+  return found;
+}
+
+/** One thing that happened to a key, as recorded. */
+export interface TimelineEvent {
+  /** When; null when the records do not say (e.g. lookups that could not tell). */
+  at: Date | null;
+  kind:
+    | "claimed"
+    | "recovery-point"
+    | "lease"
+    | "call-begun"
+    | "lookups-failed"
+    | "review-opened"
+    | "review-settled"
+    | "answer-saved"
+    | "action"
+    | "expires";
+  /** One line for a person. */
+  text: string;
+  details?: unknown;
+}
+
+export interface KeyStory {
+  key: KeyInspection;
+  timeline: TimelineEvent[];
+  reviews: Review[];
+  actions: AdminAction[];
+  /** What the records do not keep, so that nobody reads its absence as "it did not happen". */
+  notRecorded: string[];
+}
+
+interface ExtraRow {
+  attempted_at: Date | string | null;
+  lookup_failures: number | null;
+  needs_review_at: Date | string | null;
+}
+
+const NOT_RECORDED = [
+  "earlier recovery points: only the current one is kept (with when it was reached)",
+  "earlier leases and takeovers: only the current lease and its fencing token are kept",
+  "successful provider lookups: a lookup that found the effect moves the key on, without a record",
+];
+
+/** A key's whole recorded story, oldest first; undefined when the key is not live. */
+export async function keyStory(
+  store: KeyTable | ShardedKeyTables,
+  ref: KeyRef,
+): Promise<KeyStory | undefined> {
+  const k = await findKey(store, ref);
+  if (!k) return undefined;
+  const table = tableFor(store, k.scope);
+  const t = table.dbTime;
+  const { rows } = await table.db.query<ExtraRow>(
+    `SELECT attempted_at, lookup_failures, needs_review_at FROM ${table.schema}.keys
+      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+      ORDER BY bucket DESC LIMIT 1`,
+    [k.scope, k.key],
+  );
+  const extra = rows[0];
+  const reviews = (await reviewsOf(table, k.scope, k.key)).filter(
+    (r) => Math.abs(r.keyCreatedAt.getTime() - k.createdAt.getTime()) < 1,
+  );
+  const actions = await listActions(table.db, { schema: table.schema, scope: k.scope, key: k.key });
+  const since = (a: AdminAction) => a.at.getTime() >= k.createdAt.getTime() - 1;
+  const timeline: TimelineEvent[] = [
+    {
+      at: k.createdAt,
+      kind: "claimed",
+      text: `claimed${k.claimId ? ` (claim ${k.claimId})` : ""}${k.runner ? ` by runner ${k.runner}` : ""}`,
+      details: { claimId: k.claimId, fingerprint: k.fingerprint },
+    },
+  ];
+  if (k.recoveryPoint !== "done" || k.updatedAt) {
+    timeline.push({
+      at: k.updatedAt,
+      kind: "recovery-point",
+      text: `at recovery point ${k.recoveryPoint}`,
+      details: { recoveryPoint: k.recoveryPoint, phaseData: k.phaseData },
+    });
+  }
+  if (k.lease) {
+    timeline.push({
+      at: k.lease.until,
+      kind: "lease",
+      text: `leased (fencing token ${k.lease.token}) until ${k.lease.until.toISOString()}`,
+      details: k.lease,
+    });
+  }
+  if (extra?.attempted_at) {
+    timeline.push({
+      at: new Date(extra.attempted_at),
+      kind: "call-begun",
+      text: `external call of ${k.recoveryPoint} begun, outcome not recorded yet (looked up before any new call)`,
+    });
+  }
+  if (Number(extra?.lookup_failures ?? 0) > 0) {
+    timeline.push({
+      at: null,
+      kind: "lookups-failed",
+      text: `${extra!.lookup_failures} provider lookup(s) could not tell whether the call took effect`,
+    });
+  }
+  for (const r of reviews) {
+    timeline.push({ at: r.openedAt, kind: "review-opened", text: `sent to review: ${r.reason}` });
+    if (r.settledAt) {
+      timeline.push({
+        at: r.settledAt,
+        kind: "review-settled",
+        text: `settled by ${r.settledBy}: ${r.settlement?.note ?? ""}`,
+        details: r.settlement,
+      });
+    }
+  }
+  if (k.saved) {
+    timeline.push({
+      at: k.updatedAt ?? k.createdAt,
+      kind: "answer-saved",
+      text: `answer saved: ${k.saved.status}, ${k.saved.bodyBytes} bytes`,
+      details: k.saved,
+    });
+  }
+  for (const a of actions.filter(since)) {
+    timeline.push({
+      at: a.at,
+      kind: "action",
+      text: `${a.action} by ${a.actor}${a.reason ? `: ${a.reason}` : ""}`,
+      details: a.details,
+    });
+  }
+  timeline.push({ at: k.expiresAt, kind: "expires", text: "expires: the same key is then new" });
+  const order = (e: TimelineEvent) => (e.kind === "expires" ? Infinity : (e.at?.getTime() ?? Infinity));
+  timeline.sort((a, b) => order(a) - order(b));
+  return { key: k, timeline, reviews, actions, notRecorded: NOT_RECORDED };
+}
+
+/** Live keys (any state) that expire within `withinMs` (default one hour), soonest first. */
+export async function expiringKeys(
+  store: KeyTable | ShardedKeyTables,
+  options: { withinMs?: number; limit?: number } = {},
+): Promise<KeyInspection[]> {
+  const limit = Math.max(1, Math.floor(options.limit ?? 100));
+  const within = Math.max(0, Math.floor(options.withinMs ?? 3_600_000));
+  const out: KeyInspection[] = [];
+  for (const table of tablesOf(store)) {
+    const t = table.dbTime;
+    const { rows } = await table.db.query<{ scope: string; key: string }>(
+      `SELECT scope, key FROM ${table.schema}.keys
+        WHERE NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+          AND created_at <= ${t.oldest} + $1 * interval '1 millisecond'
+        ORDER BY created_at LIMIT $2`,
+      [within, limit],
+    );
+    for (const r of rows) {
+      const k = await inspectKey(table, r.scope, r.key);
+      if (k) out.push(k);
+    }
+  }
+  return out.sort((a, b) => a.expiresAt.getTime() - b.expiresAt.getTime()).slice(0, limit);
+}
+
+/** Thrown by `forgetKey` when forgetting the key could repeat an effect or cut a worker off. */
+export class CannotForgetError extends Error {
+  override name = "CannotForgetError";
+}
+
+/**
+ * Forget a key before it expires, so that the same key is new again (e.g. a customer's retry of an
+ * operation that failed and changed nothing). Refused while the key waits for a person (settle it: its
+ * effect may have happened) and while a worker holds its lease. The key's rows are deleted and the action
+ * recorded (who, why, what the key was) in one transaction. Resolves the forgotten key.
+ */
+export async function forgetKey(
+  store: KeyTable | ShardedKeyTables,
+  ref: KeyRef,
+  by: { actor: string; reason: string },
+): Promise<KeyInspection> {
+  if (!by.reason?.trim()) throw new CannotForgetError("forgetting a key needs a reason (it is recorded)");
+  const k = await findKey(store, ref);
+  if (!k) throw new CannotForgetError("no live key to forget");
+  if (k.state === "needs_review") {
+    throw new CannotForgetError("the key waits for a person: settle it (its effect may have happened)");
+  }
+  const table = tableFor(store, k.scope);
+  const s = table.schema;
+  return table.db.transaction(async (tx) => {
+    const { rows } = await tx.query<{ live: boolean }>(
+      `SELECT lease_until IS NOT NULL AND lease_until > ${table.dbTime.now} AS live FROM ${s}.keys
+        WHERE scope = $1 AND key = $2 AND NOT marker AND claim_id IS NOT DISTINCT FROM $3::uuid
+          AND needs_review_at IS NULL FOR UPDATE`,
+      [k.scope, k.key, k.claimId],
+    );
+    if (rows.length === 0) throw new CannotForgetError("the key changed meanwhile: look again");
+    if (rows.some((r) => r.live)) {
+      throw new CannotForgetError("a worker holds the key's lease: wait until it ends (see the timeline)");
+    }
+    await tx.query(`DELETE FROM ${s}.keys WHERE scope = $1 AND key = $2`, [k.scope, k.key]);
+    await recordAction(
+      tx,
+      {
+        actor: by.actor,
+        action: "key.forget",
+        scope: k.scope,
+        key: k.key,
+        reason: by.reason.trim(),
+        details: {
+          claimId: k.claimId,
+          state: k.state,
+          recoveryPoint: k.recoveryPoint,
+          savedStatus: k.saved?.status ?? null,
+          createdAt: k.createdAt,
+        },
+      },
+      { schema: s },
+    );
+    return k;
+  });
+}
