@@ -1,5 +1,5 @@
 import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
-import { inspectKey, unfinishedKeys } from "../postgres/inspect.ts";
+import { inspectKey, unfinishedKeys } from "../postgres/keys/inspect.ts";
 import {
   NoOpenReviewError,
   openReviews,

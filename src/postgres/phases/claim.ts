@@ -14,19 +14,15 @@ import { randomUUID } from "node:crypto";
 import {
   type AtomicOutcome,
   type Claim,
-  encodeOperationRef,
   KeyInFlightError,
-  KeyMismatchError,
-  OperationUncertainError,
   openJson,
   openPhaseData,
-  openReply,
   RetryableError,
   sealContext,
   sealJson,
 } from "../../core/index.ts";
-import { RECOVERY_DONE } from "../store.ts";
-import { type KeyTable, withPartitions } from "./key-table.ts";
+import { replayOf } from "../keys/row.ts";
+import { type KeyTable, withPartitions } from "../keys/table.ts";
 import { type Lease, retryAfter } from "./lease.ts";
 import { type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
 
@@ -41,31 +37,10 @@ export interface ClaimSettings {
 
 const CONFLICT = Symbol("conflict");
 
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
 /** The live row of a key, read without taking anything. */
 export async function lookupKey(table: KeyTable, scope: string, key: string): Promise<PhaseRow | undefined> {
   const { rows } = await table.db.query<PhaseRow>(phaseSql(table).lookup, [scope, key]);
   return rows[0];
-}
-
-/**
- * What an existing row means for this claim: 422 for another request, the replay of a finished row,
- * 409 operation-uncertain for a row in review, or undefined for an unfinished one.
- */
-export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOutcome | undefined {
-  if (!sameBytes(new Uint8Array(row.fingerprint), claim.fingerprint)) throw new KeyMismatchError();
-  if (row.needs_review_at) throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key));
-  if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
-  return {
-    kind: "replayed",
-    expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
-    response: openReply(table.sealer, row, claim.scope, claim.key),
-  };
 }
 
 /** What a claim statement returns about the row it inserted. */
@@ -117,7 +92,7 @@ export async function acquire<I, D>(
   for (let attempt = 0; ; attempt++) {
     if (row) {
       // Body check BEFORE the lease: a wrong request must not block the real retry for a lease's length.
-      const replay = answerOf(table, claim, row);
+      const replay = replayOf(table, claim, row);
       if (replay) return replay;
       return takeLease(s, table, sql, claim, row, input);
     }
@@ -255,7 +230,7 @@ async function takeLease<I, D>(
   // Another worker took it, finished it or sent it to review between our read and our update.
   const again = await lookupKey(table, claim.scope, claim.key);
   if (again) {
-    const replay = answerOf(table, claim, again);
+    const replay = replayOf(table, claim, again);
     if (replay) return replay;
     throw new KeyInFlightError(retryAfter(again.lease_left_s));
   }

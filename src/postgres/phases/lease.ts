@@ -5,7 +5,7 @@
 
 import type { Claim } from "../../core/index.ts";
 import { LeaseLostError } from "../../core/index.ts";
-import type { KeyTable } from "./key-table.ts";
+import type { KeyTable } from "../keys/table.ts";
 import type { PhaseSql } from "./sql.ts";
 
 /** This worker's hold on one key. */

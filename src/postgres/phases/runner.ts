@@ -25,7 +25,8 @@ import {
   sqlStateOf,
   withGuardedTx,
 } from "../../core/index.ts";
-import { RECOVERY_DONE } from "../store.ts";
+import { RECOVERY_DONE } from "../keys/row.ts";
+import { type PhaseStore, tableFor } from "../keys/table.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
   type CrashInfo,
@@ -35,7 +36,6 @@ import {
   SimulatedCrashError,
 } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
-import { type PhaseStore, tableFor } from "./key-table.ts";
 import { fence, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
