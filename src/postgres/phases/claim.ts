@@ -23,6 +23,7 @@ import {
 } from "../../core/index.ts";
 import { replayOf } from "../keys/row.ts";
 import { type KeyTable, withPartitions } from "../keys/table.ts";
+import { commit, endTx, rollback } from "../tx-end.ts";
 import { type Lease, retryAfter } from "./lease.ts";
 import { type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
 
@@ -34,8 +35,6 @@ export interface ClaimSettings {
   asyncRecoveryPoints: boolean;
   onLeaseTakeover?: (event: { scope: string; key: string; point: string }) => void;
 }
-
-const CONFLICT = Symbol("conflict");
 
 /** The live row of a key, read without taking anything. */
 export async function lookupKey(table: KeyTable, scope: string, key: string): Promise<PhaseRow | undefined> {
@@ -77,14 +76,18 @@ export async function acquire<I, D>(
         claimParams(s, table, claim, token, input),
       ),
     );
-    const got = rows[0]!;
-    if (got.claimed_bucket !== null && got.claimed_bucket !== undefined) {
-      const claimed = { bucket: got.claimed_bucket, created_at: got.claimed_at!, claim_id: got.claimed_id! };
+    const read = rows[0]!;
+    if (read.claimed_bucket !== null && read.claimed_bucket !== undefined) {
+      const claimed = {
+        bucket: read.claimed_bucket,
+        created_at: read.claimed_at!,
+        claim_id: read.claimed_id!,
+      };
       return newLease(table, claim, claimed, token, input, s.first);
     }
     // Not claimed: a live row is there, or a boundary marker is due (claimNew below), or a concurrent
     // claim won the insert (read what it wrote).
-    row = got.found ? got : got.needs_marker ? undefined : await lookupKey(table, claim.scope, claim.key);
+    row = read.found ? read : read.needs_marker ? undefined : await lookupKey(table, claim.scope, claim.key);
   } else {
     row = await lookupKey(table, claim.scope, claim.key);
   }
@@ -165,17 +168,14 @@ async function claimNew<I, D>(
   const token = randomUUID();
   const params = [...claimParams(s, table, claim, token, input), withMarker];
   const claimed = await withPartitions(table, () =>
-    table.db
-      .transaction(async (tx) => {
-        const r = await tx.query<Claimed & { inserted: number; wanted_marker: boolean }>(sql.claim, params);
-        const got = r.rows[0]!;
-        if (Number(got.inserted) !== (got.wanted_marker ? 2 : 1)) throw CONFLICT;
-        return got;
-      })
-      .catch((err) => {
-        if (err === CONFLICT) return undefined;
-        throw err;
-      }),
+    endTx(table.db, async (tx) => {
+      const r = await tx.query<Claimed & { inserted: number; wanted_marker: boolean }>(sql.claim, params);
+      const inserted = r.rows[0]!;
+      // Fewer rows than wanted: someone's row is there; roll back (a marker alone must not stay).
+      return Number(inserted.inserted) === (inserted.wanted_marker ? 2 : 1)
+        ? commit(inserted)
+        : rollback(undefined);
+    }),
   );
   return claimed ? newLease(table, claim, claimed, token, input, s.first) : undefined;
 }
