@@ -8,20 +8,15 @@ import {
   DEFAULT_REPLAYED_HEADERS,
   downstreamKey,
   encodeOperationRef,
-  filterHeaders,
   isDatabaseUnavailable,
   isSaved,
   KeyInFlightError,
   LeaseLostError,
   OperationUncertainError,
-  phaseDataParam,
   RetryableError,
   type SavePolicy,
   SqlState,
   type StoredResponse,
-  sealBytes,
-  sealContext,
-  sealHeaders,
   sqlStateOf,
   withGuardedTx,
 } from "../../core/index.ts";
@@ -37,7 +32,7 @@ import {
   SimulatedCrashError,
 } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
-import { fence, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
+import { advanceParams, fence, finishParams, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
 
@@ -290,13 +285,13 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         await release(lease);
         return this.executed(lease, step.response, false);
       }
-      const r = await db.query(lease.sql.finish, this.finishParams(lease, step));
+      const r = await db.query(lease.sql.finish, finishParams(lease, step, this.replayHeaders));
       if (r.rowCount !== 1) throw new LeaseLostError();
       return this.executed(lease, step.response, true);
     }
     const next = this.nextOf(lease.point, phase, step);
     const advance = this.claimSettings.asyncRecoveryPoints ? lease.sql.advanceAsync : lease.sql.advance;
-    const params = this.advanceParams(lease, next, step?.data);
+    const params = advanceParams(lease, next, step?.data, this.leaseMs);
     if (!this.faults && db.supportsBefore && "local" in this.phases[next]!) {
       // Committed on its own just before the next phase's BEGIN, on its connection: one write for
       // both. Not a weaker recovery point: it still commits before the local phase begins, and a crash
@@ -351,12 +346,12 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           if (!isSaved(step.response.status, this.policy))
             return rollback({ kind: "unsaved", response: step.response });
           await this.crashPoint("before-commit", lease);
-          tx.final(sql.finish, this.finishParams(lease, step));
+          tx.final(sql.finish, finishParams(lease, step, this.replayHeaders));
           return commit({ kind: "finished", response: step.response });
         }
         const next = this.nextOf(lease.point, phase, step);
         await this.crashPoint("before-commit", lease);
-        tx.final(sql.advance, this.advanceParams(lease, next, step?.data));
+        tx.final(sql.advance, advanceParams(lease, next, step?.data, this.leaseMs));
         return commit({ kind: "advanced", next, data: step?.data });
       },
       {
@@ -408,28 +403,6 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     }
     if (!(next in this.phases)) throw new Error(`phases "${this.name}": "${next}" is not a phase`);
     return next;
-  }
-
-  private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
-    // A fresh lease for the next phase: the database's now plus leaseMs.
-    const written = phaseDataParam(lease.table.sealer, lease.claim, lease.data, data);
-    return [...fence(lease), next, written, this.leaseMs];
-  }
-
-  private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
-    const saved = step.response;
-    return [
-      ...fence(lease),
-      saved.status,
-      sealHeaders(
-        lease.table.sealer,
-        filterHeaders(saved.headers, this.replayHeaders),
-        lease.claim.scope,
-        lease.claim.key,
-      ),
-      sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
-      phaseDataParam(lease.table.sealer, lease.claim, lease.data, step.data),
-    ];
   }
 
   private executed(lease: Lease<I, D>, response: StoredResponse, saved: boolean): AtomicOutcome {
