@@ -27,6 +27,8 @@ export default {
     "src/core/sealing.ts",
     "src/core/lifecycle.ts",
     "src/postgres/store.ts",
+    "src/postgres/atomic/runner.ts",
+    "src/postgres/keys/row.ts",
     "src/client/deadline.ts",
     "src/client/retry-after.ts",
     "src/client/budget.ts",

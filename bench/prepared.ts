@@ -11,9 +11,11 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import postgres from "postgres";
 import type { Claim, StoredResponse } from "../src/core/index.ts";
+import { lookupQuery } from "../src/postgres/atomic/sql.ts";
 import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { fromPostgresJs } from "../src/postgres/drivers/postgres-js.ts";
+import { type KeyRow, replayOf } from "../src/postgres/keys/row.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
@@ -80,8 +82,9 @@ export async function preparedBench(): Promise<PreparedRow[]> {
         "replay read without lock or transaction",
         async (store, db) => {
           const c = any();
-          const row = await store.lookup(db, c.scope, c.key);
-          if (!row || !store.replayOf(c, row)) throw new Error("no replay");
+          const q = lookupQuery(store, c.scope, c.key);
+          const row = (await db.query<KeyRow>(q.text, q.params)).rows[0];
+          if (!row || row.bucket === null || !replayOf(store, c, row)) throw new Error("no replay");
         },
       ],
     ];

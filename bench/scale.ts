@@ -20,6 +20,7 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import type { Claim } from "../src/core/index.ts";
+import { lookupQuery } from "../src/postgres/atomic/sql.ts";
 import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
@@ -154,9 +155,9 @@ async function keyCounts(url: string): Promise<SizeRow[]> {
     for (const st of setups) {
       const walFirst = await walPerInsert(db, true, st.keyInsert);
       const walSecond = await walPerInsert(db, false, st.keyInsert);
-      const miss = st.store.lookupQuery("acct_nobody", randomUUID());
+      const miss = lookupQuery(st.store, "acct_nobody", randomUUID());
       const hitClaim = st.replayOf(0);
-      const hit = st.store.lookupQuery(hitClaim.scope, hitClaim.key);
+      const hit = lookupQuery(st.store, hitClaim.scope, hitClaim.key);
       const sizes = await keysTotal(db, st.schema);
       const row: SizeRow = {
         keys: st.size,

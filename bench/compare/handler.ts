@@ -14,7 +14,10 @@ export const PAYMENTS_DDL = `
     currency text NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
   );
-  CREATE INDEX payments_idem_key ON payments (idem_key);`;
+  CREATE INDEX payments_idem_key ON payments (idem_key);
+  -- The hand-written variants' keys and replies (hand.ts).
+  CREATE TABLE hand_keys (key text PRIMARY KEY, status integer, body text);
+  CREATE TABLE hand_replies (key text PRIMARY KEY, status integer NOT NULL, body text NOT NULL);`;
 
 export const PATH = "/v1/payments";
 export const BODY = JSON.stringify({ amount_cents: 5000, currency: "eur" });

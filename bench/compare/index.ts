@@ -34,7 +34,7 @@ import { PAYMENTS_DDL } from "./handler.ts";
 import { checkRedis, REDIS_URL, redisCleanup } from "./redis.ts";
 import { send } from "./requests.ts";
 import { FROM_SOURCE, type RunningServer, startServer } from "./spawn.ts";
-import { bareOf, type Framework, POOL_SIZE, VARIANTS, type Variant } from "./variants.ts";
+import { bareOf, chosenVariants, type Framework, POOL_SIZE, type Variant } from "./variants.ts";
 import { checkWrk, type Mode, wrk } from "./wrk.ts";
 
 const BASE = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
@@ -90,6 +90,8 @@ export interface CompareRow {
   modes: Partial<Record<Mode, ModeStats>>;
   keyedRatio?: Ratio;
   replayRatio?: Ratio;
+  /** idem's keyed first-time over the hand-written transaction's (hand-tx), round by round. */
+  handRatio?: Ratio;
   sameKey?: SameKey;
   sameKeyVerdict?: string;
   crash?: Crash;
@@ -151,6 +153,7 @@ async function start(name: string, env: Record<string, string>): Promise<Running
 export async function compareBench(options: { quick?: boolean } = {}): Promise<Comparison> {
   const t0 = performance.now();
   const settings = settingsFor(options.quick ?? false);
+  const variants = chosenVariants();
   await checkWrk();
   await checkRedis();
   if (!FROM_SOURCE) {
@@ -174,15 +177,15 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     await pool.end();
 
     const env = { DATABASE_URL: db.url, REDIS_URL, BENCH_RUN: run, NODE_ENV: "production" };
-    for (const s of await Promise.all(VARIANTS.map((v) => start(v.name, env)))) servers.set(s.name, s);
+    for (const s of await Promise.all(variants.map((v) => start(v.name, env)))) servers.set(s.name, s);
     const since = () => `${((performance.now() - t0) / 1000).toFixed(0)} s`;
     console.log(`  ${servers.size} servers listening (${since()})`);
     const redisPid = findProcess("redis-server");
-    const keyed = VARIANTS.filter((v) => v.kind !== "bare");
+    const keyed = variants.filter((v) => v.kind !== "bare");
     const replayPrefix = (v: Variant) => `${run}-${v.name}-r`;
 
     // Warm-up (JIT, connections, plan caches), then the keys the replay slices replay.
-    for (const v of VARIANTS) {
+    for (const v of variants) {
       const url = servers.get(v.name)!.url;
       const prefix = `${run}-${v.name}-warm`;
       if (settings.quick) {
@@ -288,7 +291,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       }
     }
 
-    const rows: CompareRow[] = VARIANTS.map((v) => {
+    const rows: CompareRow[] = variants.map((v) => {
       const row: CompareRow = {
         name: v.name,
         label: v.label,
@@ -306,13 +309,22 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         row.keyedRatio = spread(r.keyed);
         row.replayRatio = spread(r.replay);
       }
+      // Keyed first-time over hand-tx's keyed, each round's slices (issue 30's yardstick).
+      const hand = samples.get("hand-tx/keyed");
+      const mine = samples.get(`${v.name}/keyed`);
+      if (hand && mine && v.kind === "idem") {
+        row.handRatio = spread(mine.map((s) => s.rps / hand.find((h) => h.round === s.round)!.rps));
+      }
       return row;
     });
 
     console.log(`  rounds done (${since()})`);
     // Correctness: 50 at once per key, on the servers above (idem's variants and the peers, and the bare
     // Express handler to show that the check can fail).
-    const checked = VARIANTS.filter((v) => v.kind !== "bare" || v.name === "bare-express");
+    // (The hand-written variants are yardsticks of cost: they are not checked.)
+    const checked = variants.filter(
+      (v) => v.kind === "idem" || v.kind === "peer" || v.name === "bare-express",
+    );
     // The instances that take over after the crashes below start meanwhile.
     const replacing = Promise.all(checked.map((v) => start(v.name, env)));
     replacing.catch(() => {});

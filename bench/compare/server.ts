@@ -14,6 +14,8 @@ if (!url) throw new Error("DATABASE_URL is required");
 const port =
   v.kind === "peer"
     ? await (await import("./peers.ts")).startPeer(v, url)
-    : await (await import("./frameworks.ts")).startFramework(v, url);
+    : v.kind === "hand"
+      ? await (await import("./hand.ts")).startHand(v, url)
+      : await (await import("./frameworks.ts")).startFramework(v, url);
 console.log(`listening http://127.0.0.1:${port}`);
 process.on("SIGTERM", () => process.exit(0));

@@ -12,8 +12,11 @@ export interface Variant {
   /** As shown in the chart. */
   short: string;
   framework: Framework;
-  /** bare: no middleware, the INSERT autocommitted; idem: atomic mode on the pg pipeline driver; peer: from npm. */
-  kind: "bare" | "idem" | "peer";
+  /**
+   * bare: no middleware, the INSERT autocommitted; idem: atomic mode on the pg pipeline driver; hand: a
+   * hand-written keyed handler (hand.ts), the yardstick; peer: from npm.
+   */
+  kind: "bare" | "idem" | "hand" | "peer";
   /** What holds a key claimed by a request that crashed, from the peer's documentation. */
   stuckUntil?: string;
 }
@@ -58,6 +61,20 @@ export const VARIANTS: readonly Variant[] = [
   },
   { name: "idem-node", short: "idem/node", label: "idem/node, pg pipeline", framework: "node", kind: "idem" },
   {
+    name: "hand-tx",
+    short: "hand-tx",
+    label: "hand-written transaction, node:http, pg pipeline",
+    framework: "node",
+    kind: "hand",
+  },
+  {
+    name: "hand-cte",
+    short: "hand-cte",
+    label: "hand-written single statement, node:http",
+    framework: "node",
+    kind: "hand",
+  },
+  {
     name: "express-idempotency",
     short: "express-idempotency",
     label: "express-idempotency + Redis",
@@ -82,6 +99,19 @@ export const VARIANTS: readonly Variant[] = [
     stuckUntil: "the in-progress expiry, 10 s",
   },
 ];
+
+/**
+ * The variants a run measures: all, or those named in BENCH_COMPARE_ONLY (comma-separated; the bare
+ * handlers of their frameworks and hand-tx come with them).
+ */
+export function chosenVariants(): readonly Variant[] {
+  const only = process.env.BENCH_COMPARE_ONLY?.split(",").filter(Boolean);
+  if (!only?.length) return VARIANTS;
+  const named = VARIANTS.filter((v) => only.includes(v.name) || v.name === "hand-tx");
+  return VARIANTS.filter(
+    (v) => named.includes(v) || (v.kind === "bare" && named.some((n) => n.framework === v.framework)),
+  );
+}
 
 export function variant(name: string): Variant {
   const v = VARIANTS.find((x) => x.name === name);

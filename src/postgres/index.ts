@@ -22,6 +22,7 @@ export {
   isDirectPostgresJs,
   type PostgresJsLike,
 } from "./drivers/postgres-js.ts";
+export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
 export {
   type MigrateOptions,
   type MigrateResult,
@@ -68,10 +69,5 @@ export {
 } from "./phases/index.ts";
 export { SEALING_READER_LIVE_MS, SealingKeyPromotionError } from "./sealing-keys.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
-export {
-  CompactWithoutRebuildError,
-  type KeyRow,
-  PostgresStore,
-  type PostgresStoreOptions,
-} from "./store.ts";
+export { PostgresStore, type PostgresStoreOptions } from "./store.ts";
 export { uuidv7 } from "./uuid7.ts";

@@ -10,8 +10,8 @@
  */
 import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
 import { type AdminAction, listActions, recordAction } from "./admin-actions.ts";
-import { inspectKey } from "./inspect.ts";
-import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "./phases/key-table.ts";
+import { inspectKey } from "./keys/inspect.ts";
+import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "./keys/table.ts";
 import { type Review, reviewsOf } from "./phases/review.ts";
 
 /** A key named by its scope and key, or by the `operation_ref` a client was given. */

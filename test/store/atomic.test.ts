@@ -4,6 +4,7 @@
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
+import { lookupQuery } from "../../src/postgres/atomic/sql.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
@@ -38,7 +39,7 @@ async function charge(
 
 /** The keys partitions a lookup of `key` reads (EXPLAIN ANALYZE: pruned when the statement starts). */
 async function partitionsRead(db: Db, s: PostgresStore, key: string): Promise<Set<string>> {
-  const { text, params } = s.lookupQuery("acct_1", key);
+  const { text, params } = lookupQuery(s, "acct_1", key);
   const { rows } = await db.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${text}`, params);
   return new Set(JSON.stringify(rows).match(/keys_b\d+/g));
 }

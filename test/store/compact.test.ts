@@ -7,8 +7,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type CompactOptions, fingerprint, type StoredResponse } from "../../src/core/index.ts";
 import { idempotency } from "../../src/http/hono.ts";
 import type { Tx } from "../../src/postgres/db.ts";
+import { CompactWithoutRebuildError } from "../../src/postgres/keys/row.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
-import { CompactWithoutRebuildError, PostgresStore } from "../../src/postgres/store.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 
 const enc = new TextEncoder();

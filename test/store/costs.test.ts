@@ -38,11 +38,14 @@ const mustNotRun = async (): Promise<never> => {
 /** A user's own `Db` over the real one: counts reads outside a transaction, and transactions. */
 function counting(db: Db) {
   const seen = { reads: 0, transactions: 0 };
+  /** Reads outside a transaction under way at once: now, and the most there were. */
+  const overlap = { now: 0, max: 0 };
   const wrapped: Db = {
     driver: "counting",
-    query(sql, params) {
+    query<R>(sql: string, params?: readonly unknown[]) {
       seen.reads++;
-      return db.query(sql, params);
+      overlap.max = Math.max(overlap.max, ++overlap.now);
+      return db.query<R>(sql, params).finally(() => overlap.now--);
     },
     exec: (sql) => db.exec(sql),
     close: async () => {},
@@ -64,8 +67,9 @@ function counting(db: Db) {
   const reset = () => {
     seen.reads = 0;
     seen.transactions = 0;
+    overlap.max = 0;
   };
-  return { db: wrapped, seen, reset };
+  return { db: wrapped, seen, overlap, reset };
 }
 
 function deferred() {
@@ -196,6 +200,73 @@ describe.each(backends)("what a request costs, on $name", (backend) => {
     expect(b.kind).toBe("replayed");
     expect(Buffer.from(b.response.body)).toEqual(Buffer.from(a.response.body));
     expect(seen).toEqual({ reads: 1, transactions: 0 });
+  });
+
+  it("retries of a finished key are read side by side: none waits behind another", async () => {
+    const { store, seen, overlap, reset } = await stores();
+    const c = claimOf("k-hot");
+    const first = await store.atomic(c, (tx) => charge(tx));
+    reset();
+    const replays = await Promise.all(Array.from({ length: 16 }, () => store.atomic(c, mustNotRun)));
+    for (const r of replays) {
+      expect(r.kind).toBe("replayed");
+      expect(Buffer.from(r.response.body)).toEqual(Buffer.from(first.response.body));
+    }
+    expect(seen).toEqual({ reads: 16, transactions: 0 });
+    expect(overlap.max).toBeGreaterThan(1); // queued one behind another, there would never be two at once
+  });
+
+  it("duplicates waiting in memory read the replay side by side once the first finishes", async () => {
+    const { store, seen, overlap, reset } = await stores();
+    const c = claimOf("k-many-waiting");
+    const go = deferred();
+    const running = deferred();
+    const first = store.atomic(c, async (tx) => {
+      const r = await charge(tx);
+      running.resolve();
+      await go.promise;
+      return r;
+    });
+    await running.promise;
+    reset();
+    const dups = Array.from({ length: 8 }, () => store.atomic(c, mustNotRun));
+    await sleep(50);
+    expect(seen).toEqual({ reads: 0, transactions: 0 });
+    go.resolve();
+    const answers = await Promise.all(dups);
+    expect(answers.map((a) => a.kind)).toEqual(Array(8).fill("replayed"));
+    expect((await first).kind).toBe("executed");
+    expect(seen).toEqual({ reads: 8, transactions: 0 });
+    expect(overlap.max).toBeGreaterThan(1);
+  });
+
+  it("when the first answer is not saved, one waiting duplicate runs the work and the others replay it", async () => {
+    const { store, seen, reset } = await stores();
+    const c = claimOf("k-handed-over");
+    const go = deferred();
+    const running = deferred();
+    const first = store.atomic(c, async (tx) => {
+      const r = await charge(tx, 503);
+      running.resolve();
+      await go.promise;
+      return r;
+    });
+    await running.promise;
+    reset();
+    let runs = 0;
+    const dups = Array.from({ length: 4 }, () =>
+      store.atomic(c, (tx) => {
+        runs++;
+        return charge(tx);
+      }),
+    );
+    go.resolve();
+    expect(await first).toMatchObject({ kind: "executed", saved: false });
+    const answers = await Promise.all(dups);
+    expect(runs).toBe(1);
+    expect(answers.filter((a) => a.kind === "executed")).toHaveLength(1);
+    expect(answers.filter((a) => a.kind === "replayed")).toHaveLength(3);
+    expect(seen.transactions).toBe(1); // the others never opened one
   });
 });
 

@@ -14,19 +14,16 @@ import { randomUUID } from "node:crypto";
 import {
   type AtomicOutcome,
   type Claim,
-  encodeOperationRef,
   KeyInFlightError,
-  KeyMismatchError,
-  OperationUncertainError,
   openJson,
   openPhaseData,
-  openReply,
   RetryableError,
   sealContext,
   sealJson,
 } from "../../core/index.ts";
-import { RECOVERY_DONE } from "../store.ts";
-import { type KeyTable, withPartitions } from "./key-table.ts";
+import { replayOf } from "../keys/row.ts";
+import { type KeyTable, withPartitions } from "../keys/table.ts";
+import { commit, endTx, rollback } from "../tx-end.ts";
 import { type Lease, retryAfter } from "./lease.ts";
 import { type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
 
@@ -39,33 +36,10 @@ export interface ClaimSettings {
   onLeaseTakeover?: (event: { scope: string; key: string; point: string }) => void;
 }
 
-const CONFLICT = Symbol("conflict");
-
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
 /** The live row of a key, read without taking anything. */
 export async function lookupKey(table: KeyTable, scope: string, key: string): Promise<PhaseRow | undefined> {
   const { rows } = await table.db.query<PhaseRow>(phaseSql(table).lookup, [scope, key]);
   return rows[0];
-}
-
-/**
- * What an existing row means for this claim: 422 for another request, the replay of a finished row,
- * 409 operation-uncertain for a row in review, or undefined for an unfinished one.
- */
-export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOutcome | undefined {
-  if (!sameBytes(new Uint8Array(row.fingerprint), claim.fingerprint)) throw new KeyMismatchError();
-  if (row.needs_review_at) throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key));
-  if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
-  return {
-    kind: "replayed",
-    expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
-    response: openReply(table.sealer, row, claim.scope, claim.key),
-  };
 }
 
 /** What a claim statement returns about the row it inserted. */
@@ -102,14 +76,18 @@ export async function acquire<I, D>(
         claimParams(s, table, claim, token, input),
       ),
     );
-    const got = rows[0]!;
-    if (got.claimed_bucket !== null && got.claimed_bucket !== undefined) {
-      const claimed = { bucket: got.claimed_bucket, created_at: got.claimed_at!, claim_id: got.claimed_id! };
+    const read = rows[0]!;
+    if (read.claimed_bucket !== null && read.claimed_bucket !== undefined) {
+      const claimed = {
+        bucket: read.claimed_bucket,
+        created_at: read.claimed_at!,
+        claim_id: read.claimed_id!,
+      };
       return newLease(table, claim, claimed, token, input, s.first);
     }
     // Not claimed: a live row is there, or a boundary marker is due (claimNew below), or a concurrent
     // claim won the insert (read what it wrote).
-    row = got.found ? got : got.needs_marker ? undefined : await lookupKey(table, claim.scope, claim.key);
+    row = read.found ? read : read.needs_marker ? undefined : await lookupKey(table, claim.scope, claim.key);
   } else {
     row = await lookupKey(table, claim.scope, claim.key);
   }
@@ -117,7 +95,7 @@ export async function acquire<I, D>(
   for (let attempt = 0; ; attempt++) {
     if (row) {
       // Body check BEFORE the lease: a wrong request must not block the real retry for a lease's length.
-      const replay = answerOf(table, claim, row);
+      const replay = replayOf(table, claim, row);
       if (replay) return replay;
       return takeLease(s, table, sql, claim, row, input);
     }
@@ -190,17 +168,14 @@ async function claimNew<I, D>(
   const token = randomUUID();
   const params = [...claimParams(s, table, claim, token, input), withMarker];
   const claimed = await withPartitions(table, () =>
-    table.db
-      .transaction(async (tx) => {
-        const r = await tx.query<Claimed & { inserted: number; wanted_marker: boolean }>(sql.claim, params);
-        const got = r.rows[0]!;
-        if (Number(got.inserted) !== (got.wanted_marker ? 2 : 1)) throw CONFLICT;
-        return got;
-      })
-      .catch((err) => {
-        if (err === CONFLICT) return undefined;
-        throw err;
-      }),
+    endTx(table.db, async (tx) => {
+      const r = await tx.query<Claimed & { inserted: number; wanted_marker: boolean }>(sql.claim, params);
+      const inserted = r.rows[0]!;
+      // Fewer rows than wanted: someone's row is there; roll back (a marker alone must not stay).
+      return Number(inserted.inserted) === (inserted.wanted_marker ? 2 : 1)
+        ? commit(inserted)
+        : rollback(undefined);
+    }),
   );
   return claimed ? newLease(table, claim, claimed, token, input, s.first) : undefined;
 }
@@ -255,7 +230,7 @@ async function takeLease<I, D>(
   // Another worker took it, finished it or sent it to review between our read and our update.
   const again = await lookupKey(table, claim.scope, claim.key);
   if (again) {
-    const replay = answerOf(table, claim, again);
+    const replay = replayOf(table, claim, again);
     if (replay) return replay;
     throw new KeyInFlightError(retryAfter(again.lease_left_s));
   }

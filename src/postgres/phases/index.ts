@@ -42,22 +42,23 @@
  *              and is rethrown; a crash (faults.ts in tests) leaves the lease to expire.
  *   review.ts  a call to a system without idempotency whose outcome nothing can establish: the key
  *              waits for a person (`idem keys settle`).
- *   key-table.ts  the narrow view of the store all of this uses, per scope (so sharding works).
+ *   ../keys/table.ts  the narrow view of the store all of this uses, per scope (so sharding works).
  */
-export { answerOf, lookupKey } from "./claim.ts";
-export {
-  type CrashInfo,
-  type CrashPointName,
-  type PhaseFaults,
-  SimulatedCrashError,
-} from "./faults.ts";
+
 export {
   type KeyTable,
   type PhaseStore,
   type ShardedKeyTables,
   tableFor,
   tablesOf,
-} from "./key-table.ts";
+} from "../keys/table.ts";
+export { lookupKey } from "./claim.ts";
+export {
+  type CrashInfo,
+  type CrashPointName,
+  type PhaseFaults,
+  SimulatedCrashError,
+} from "./faults.ts";
 export { MAX_IN_FLIGHT_RETRY_AFTER_S } from "./lease.ts";
 export {
   NoOpenReviewError,

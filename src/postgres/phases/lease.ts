@@ -3,9 +3,16 @@
  * call runs, and the fence (`AND lease_token = mine`) every write carries.
  */
 
-import type { Claim } from "../../core/index.ts";
-import { LeaseLostError } from "../../core/index.ts";
-import type { KeyTable } from "./key-table.ts";
+import type { Claim, StoredResponse } from "../../core/index.ts";
+import {
+  filterHeaders,
+  LeaseLostError,
+  phaseDataParam,
+  sealBytes,
+  sealContext,
+  sealHeaders,
+} from "../../core/index.ts";
+import type { KeyTable } from "../keys/table.ts";
 import type { PhaseSql } from "./sql.ts";
 
 /** This worker's hold on one key. */
@@ -53,6 +60,39 @@ export function retryAfter(leftSeconds: number | null | undefined): number {
 /** $1..$4 of every fenced statement: the row, and our token. */
 export function fence(lease: Lease<unknown, unknown>): [string, string, number, string] {
   return [lease.claim.scope, lease.claim.key, lease.bucket, lease.token];
+}
+
+/** The parameters of `advance`: the fence, the next phase, the data written, a fresh lease (the database's now plus `leaseMs`). */
+export function advanceParams(
+  lease: Lease<unknown, unknown>,
+  next: string,
+  data: object | undefined,
+  leaseMs: number,
+): unknown[] {
+  return [
+    ...fence(lease),
+    next,
+    phaseDataParam(lease.table.sealer, lease.claim, lease.data as object, data),
+    leaseMs,
+  ];
+}
+
+/** The parameters of `finish`: the fence, the saved reply (its allow-listed headers), the data written. */
+export function finishParams(
+  lease: Lease<unknown, unknown>,
+  step: { response: StoredResponse; data?: object },
+  replayHeaders: readonly string[],
+): unknown[] {
+  const { sealer } = lease.table;
+  const { scope, key } = lease.claim;
+  const saved = step.response;
+  return [
+    ...fence(lease),
+    saved.status,
+    sealHeaders(sealer, filterHeaders(saved.headers, replayHeaders), scope, key),
+    sealBytes(sealer, saved.body, sealContext(scope, key, "body")),
+    phaseDataParam(sealer, lease.claim, lease.data as object, step.data),
+  ];
 }
 
 /** Free the lease at once (a retry need not wait for it to expire). */

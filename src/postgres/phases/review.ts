@@ -19,8 +19,8 @@ import {
   sealHeaders,
 } from "../../core/index.ts";
 import type { Tx } from "../db.ts";
-import type { KeyTable, ShardedKeyTables } from "./key-table.ts";
-import { tableFor, tablesOf } from "./key-table.ts";
+import type { KeyTable, ShardedKeyTables } from "../keys/table.ts";
+import { tableFor, tablesOf } from "../keys/table.ts";
 import { fence, type Lease } from "./lease.ts";
 import { mergePhaseData } from "./sql.ts";
 

@@ -8,24 +8,21 @@ import {
   DEFAULT_REPLAYED_HEADERS,
   downstreamKey,
   encodeOperationRef,
-  filterHeaders,
   isDatabaseUnavailable,
   isSaved,
   KeyInFlightError,
   LeaseLostError,
   OperationUncertainError,
-  phaseDataParam,
   RetryableError,
   type SavePolicy,
   SqlState,
   type StoredResponse,
-  sealBytes,
-  sealContext,
-  sealHeaders,
   sqlStateOf,
   withGuardedTx,
 } from "../../core/index.ts";
-import { RECOVERY_DONE } from "../store.ts";
+import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
+import { type PhaseStore, tableFor } from "../keys/table.ts";
+import { commit, endTx, rollback } from "../tx-end.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
   type CrashInfo,
@@ -35,8 +32,7 @@ import {
   SimulatedCrashError,
 } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
-import { type PhaseStore, tableFor } from "./key-table.ts";
-import { fence, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
+import { advanceParams, fence, finishParams, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
 
@@ -47,10 +43,14 @@ import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesO
  */
 export const DEFAULT_LEASE_MS = 10_000;
 
-/** Carries an unsaved answer out of a local transaction, rolling it back. */
-class Unsaved {
-  constructor(readonly response: StoredResponse) {}
-}
+/** How a local phase's transaction ended. */
+type LocalEnd<D> =
+  /** Committed at the next phase, with the data it recorded. */
+  | { kind: "advanced"; next: string; data: Partial<D> | undefined }
+  /** Committed with the key's final answer, saved. */
+  | { kind: "finished"; response: StoredResponse }
+  /** Rolled back: the answer is not final (the save policy), and is given to this caller only. */
+  | { kind: "unsaved"; response: StoredResponse };
 
 /** Options of one `run`. */
 export interface RunOptions {
@@ -122,9 +122,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
     const started = performance.now();
     const table = tableFor(this.store, claim.scope);
-    const got = await acquire<I, D>(this.claimSettings, table, claim, input, options.signal);
-    if ("kind" in got) return got;
-    const driving = this.drive(got);
+    const acquired = await acquire<I, D>(this.claimSettings, table, claim, input, options.signal);
+    if ("kind" in acquired) return acquired;
+    const driving = this.drive(acquired);
     const bound = options.answerWithinMs ?? this.answerWithinMs;
     if (!(bound < Number.POSITIVE_INFINITY)) return driving;
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -202,12 +202,12 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     lost: AbortController,
   ): Promise<AtomicOutcome | undefined> {
     // A system without idempotency keys: never call it twice blindly.
-    const careful = !(phase.idempotent ?? phase.lookup === undefined);
-    if (careful && lease.attempted) {
+    const notIdempotent = !(phase.idempotent ?? phase.lookup === undefined);
+    if (notIdempotent && lease.attempted) {
       const found = await this.lookUp(phase, lease, ctx, "a call may have reached the provider");
       if (found) return this.record(phase, lease, found);
     }
-    if (careful) {
+    if (notIdempotent) {
       // Durable (never asynchronous): a crash must not forget that a call may have begun.
       const r = await lease.table.db.query(lease.sql.attempt, fence(lease));
       if (r.rowCount !== 1) throw new LeaseLostError();
@@ -219,7 +219,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       step = await phase.external(ctx);
     } catch (err) {
       if (lost.signal.aborted) throw new LeaseLostError();
-      if (!careful) throw err;
+      if (!notIdempotent) throw err;
       // The outcome is unknown (a timeout may come after the provider acted): look before anything else.
       const found = await this.lookUp(
         phase,
@@ -285,13 +285,13 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         await release(lease);
         return this.executed(lease, step.response, false);
       }
-      const r = await db.query(lease.sql.finish, this.finishParams(lease, step));
+      const r = await db.query(lease.sql.finish, finishParams(lease, step, this.replayHeaders));
       if (r.rowCount !== 1) throw new LeaseLostError();
       return this.executed(lease, step.response, true);
     }
     const next = this.nextOf(lease.point, phase, step);
     const advance = this.claimSettings.asyncRecoveryPoints ? lease.sql.advanceAsync : lease.sql.advance;
-    const params = this.advanceParams(lease, next, step?.data);
+    const params = advanceParams(lease, next, step?.data, this.leaseMs);
     if (!this.faults && db.supportsBefore && "local" in this.phases[next]!) {
       // Committed on its own just before the next phase's BEGIN, on its connection: one write for
       // both. Not a weaker recovery point: it still commits before the local phase begins, and a crash
@@ -318,61 +318,59 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     // The recovery point an external phase left to go out with this transaction (see `record`).
     const before = lease.unrecorded;
     lease.unrecorded = undefined;
-    let result: { next: string; data: Partial<D> | undefined } | { response: StoredResponse };
-    try {
-      result = await table.db.transaction(
-        async (tx) => {
-          // The fence: lock our key row only if the token is still ours. A stale worker stops here,
-          // before its business writes count; a takeover that comes later waits for this commit.
-          const held = tx.query(sql.lock, fence(lease)).then((locked) => {
-            if (locked.rows.length === 0) throw new LeaseLostError();
-          });
-          let step: PhaseStep<D> | undefined;
-          if (tx.pipelined) {
-            // The phase's first statement leaves with BEGIN and the lock; it is answered only once the
-            // fence held (FencedTx), and the fence's error wins over whatever the phase made of it.
-            const running = withGuardedTx(new FencedTx(tx, held), (fenced) => phase.local(ctx, fenced));
-            running.catch(() => {});
-            await held;
-            step = await running;
-          } else {
-            await held;
-            // Fenced: what the phase keeps past its return fails at once (guarded-tx.ts).
-            step = await withGuardedTx(tx, (guarded) => phase.local(ctx, guarded));
-          }
-          // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
-          // (one round trip on a pipelining driver), still fenced by the token.
-          if (step?.response) {
-            if (!isSaved(step.response.status, this.policy)) throw new Unsaved(step.response);
-            await this.crashPoint("before-commit", lease);
-            tx.final(sql.finish, this.finishParams(lease, step));
-            return { response: step.response };
-          }
-          const next = this.nextOf(lease.point, phase, step);
+    const result = await endTx<LocalEnd<D>>(
+      table.db,
+      async (tx) => {
+        // The fence: lock our key row only if the token is still ours. A stale worker stops here,
+        // before its business writes count; a takeover that comes later waits for this commit.
+        const held = tx.query(sql.lock, fence(lease)).then((locked) => {
+          if (locked.rows.length === 0) throw new LeaseLostError();
+        });
+        let step: PhaseStep<D> | undefined;
+        if (tx.pipelined) {
+          // The phase's first statement leaves with BEGIN and the lock; it is answered only once the
+          // fence held (FencedTx), and the fence's error wins over whatever the phase made of it.
+          const running = withGuardedTx(new FencedTx(tx, held), (fenced) => phase.local(ctx, fenced));
+          running.catch(() => {});
+          await held;
+          step = await running;
+        } else {
+          await held;
+          // Fenced: what the phase keeps past its return fails at once (guarded-tx.ts).
+          step = await withGuardedTx(tx, (guarded) => phase.local(ctx, guarded));
+        }
+        // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
+        // (one round trip on a pipelining driver), still fenced by the token.
+        if (step?.response) {
+          // Not a final answer: the phase's writes roll back.
+          if (!isSaved(step.response.status, this.policy))
+            return rollback({ kind: "unsaved", response: step.response });
           await this.crashPoint("before-commit", lease);
-          tx.final(sql.advance, this.advanceParams(lease, next, step?.data));
-          return { next, data: step?.data };
-        },
-        {
-          begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(table.lockTimeoutMs))}ms'`,
-          batch: true,
-          before,
-        },
-      );
-    } catch (err) {
-      if (!(err instanceof Unsaved)) throw err;
-      // Not a final answer: the phase's writes rolled back; free the lease and answer this caller only.
+          tx.final(sql.finish, finishParams(lease, step, this.replayHeaders));
+          return commit({ kind: "finished", response: step.response });
+        }
+        const next = this.nextOf(lease.point, phase, step);
+        await this.crashPoint("before-commit", lease);
+        tx.final(sql.advance, advanceParams(lease, next, step?.data, this.leaseMs));
+        return commit({ kind: "advanced", next, data: step?.data });
+      },
+      {
+        begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(table.lockTimeoutMs))}ms'`,
+        batch: true,
+        before,
+      },
+    );
+    if (result.kind === "unsaved") {
+      // Free the lease and answer this caller only.
       await release(lease);
-      return this.executed(lease, err.response, false);
+      return this.executed(lease, result.response, false);
     }
     await this.crashPoint("after-commit", lease);
-    if ("response" in result) return this.executed(lease, result.response, true);
+    if (result.kind === "finished") return this.executed(lease, result.response, true);
     lease.point = result.next;
     Object.assign(lease.data, result.data);
     return undefined;
   }
-
-  // ---- helpers -------------------------------------------------------------------------------------
 
   private context(lease: Lease<I, D>, signal: AbortSignal): PhaseContext<I, D> {
     const { scope, key } = lease.claim;
@@ -407,34 +405,12 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     return next;
   }
 
-  private advanceParams(lease: Lease<I, D>, next: string, data: Partial<D> | undefined): unknown[] {
-    // A fresh lease for the next phase: the database's now plus leaseMs.
-    const written = phaseDataParam(lease.table.sealer, lease.claim, lease.data, data);
-    return [...fence(lease), next, written, this.leaseMs];
-  }
-
-  private finishParams(lease: Lease<I, D>, step: { response: StoredResponse; data?: Partial<D> }): unknown[] {
-    const saved = step.response;
-    return [
-      ...fence(lease),
-      saved.status,
-      sealHeaders(
-        lease.table.sealer,
-        filterHeaders(saved.headers, this.replayHeaders),
-        lease.claim.scope,
-        lease.claim.key,
-      ),
-      sealBytes(lease.table.sealer, saved.body, sealContext(lease.claim.scope, lease.claim.key, "body")),
-      phaseDataParam(lease.table.sealer, lease.claim, lease.data, step.data),
-    ];
-  }
-
   private executed(lease: Lease<I, D>, response: StoredResponse, saved: boolean): AtomicOutcome {
     return {
       kind: "executed",
       response,
       saved,
-      expiresAt: new Date(lease.createdAt.getTime() + lease.table.retentionMs),
+      expiresAt: expiryOf(lease.table, { created_at: lease.createdAt }),
     };
   }
 }

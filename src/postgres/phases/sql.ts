@@ -13,8 +13,8 @@
  * worker whose lease was taken over changes nothing.
  */
 import { DbTime } from "../db-time.ts";
-import type { KeyRow } from "../store.ts";
-import type { KeyTable } from "./key-table.ts";
+import type { KeyRow } from "../keys/row.ts";
+import type { KeyTable } from "../keys/table.ts";
 
 /** A key row as phases mode reads it. */
 export interface PhaseRow extends KeyRow {

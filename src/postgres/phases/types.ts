@@ -1,8 +1,8 @@
 /** What a phases runner is made of: phases, what they see, what they return, and its options. */
 import type { SavePolicy, StoredResponse } from "../../core/index.ts";
 import type { Tx } from "../db.ts";
+import type { PhaseStore } from "../keys/table.ts";
 import type { PhaseFaults } from "./faults.ts";
-import type { PhaseStore } from "./key-table.ts";
 
 /** What a phase hands back. */
 export type PhaseStep<D> =

@@ -9,8 +9,8 @@ import {
   openPhaseData,
   plainLength,
   SealedValueError,
-} from "../core/index.ts";
-import type { KeyTable } from "./phases/key-table.ts";
+} from "../../core/index.ts";
+import type { KeyTable } from "./table.ts";
 
 interface InspectRow {
   created_at: Date;

@@ -1,13 +1,13 @@
 /**
- * What phases mode needs of a store: the keys table of the database a scope's keys live in. A
- * `PostgresStore` is one such table; a `ShardedStore` routes each scope to one of its shards'. The
- * runner and the completer reach the store through this interface only.
+ * The keys table as both modes and the operator tools see it: the table of the database a scope's keys
+ * live in. A `PostgresStore` is one such table; a `ShardedStore` routes each scope to one of its
+ * shards'. The phases runner, the completer and inspection reach the store through this interface only.
  */
 import { type AtomicStore, isMissingPartition, type Sealer } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import type { DbTime } from "../db-time.ts";
 
-/** One database's keys table, as phases mode uses it (a `PostgresStore` is one). */
+/** One database's keys table (a `PostgresStore` is one). */
 export interface KeyTable {
   readonly db: Db;
   readonly schema: string;

@@ -1,0 +1,121 @@
+/**
+ * What a careful engineer would write by hand for the keyed handler, on node:http, as the yardstick of
+ * idem's keyed path (issue 30): the same one-INSERT payment, one key per request, the reply saved.
+ *
+ *   hand-tx   BEGIN; INSERT key ON CONFLICT DO NOTHING; INSERT payment  (one write, pipelined)
+ *             UPDATE key SET reply; COMMIT                               (one write)
+ *             a key already there: ROLLBACK and read its reply (409 while it has none)
+ *   hand-cte  one autocommitted statement: claim the key, INSERT the payment only if claimed, save the
+ *             reply, and read the saved reply of a key claimed before
+ *
+ * Neither has a fingerprint, retention, bounded waits that free the connection, or sealing: they
+ * price the statements, not the guarantees.
+ */
+import { createServer, type IncomingMessage } from "node:http";
+import type { AddressInfo } from "node:net";
+import type pg from "pg";
+import { pool } from "./frameworks.ts";
+import { CREATED, type Payment } from "./handler.ts";
+import type { Variant } from "./variants.ts";
+
+const INSERT =
+  "INSERT INTO payments (idem_key, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id, amount_cents, currency";
+const CLAIM = "INSERT INTO hand_keys (key) VALUES ($1) ON CONFLICT DO NOTHING";
+const SAVE = "UPDATE hand_keys SET status = $2, body = $3 WHERE key = $1";
+const READ = "SELECT status, body FROM hand_keys WHERE key = $1";
+const CTE = `WITH k AS (INSERT INTO hand_keys (key) VALUES ($1) ON CONFLICT DO NOTHING RETURNING key),
+  p AS (INSERT INTO payments (idem_key, amount_cents, currency) SELECT key, $2, $3 FROM k
+        RETURNING id, amount_cents, currency),
+  r AS (INSERT INTO hand_replies (key, status, body)
+        SELECT $1, 201, json_build_object('id', p.id::text, 'amount_cents', p.amount_cents, 'currency', p.currency)::text
+          FROM p RETURNING body)
+  SELECT (SELECT body FROM r) AS body, (SELECT body FROM hand_replies WHERE key = $1) AS saved`;
+
+interface Reply {
+  status: number;
+  body: string;
+}
+const IN_FLIGHT: Reply = { status: 409, body: '{"error":"in flight"}' };
+
+type Wire = { cork(): void; uncork(): void };
+const wireOf = (c: pg.PoolClient) => (c as unknown as { connection: { stream: Wire } }).connection.stream;
+
+async function handTx(db: pg.Pool, key: string, p: Payment): Promise<Reply> {
+  const client = await db.connect();
+  const wire = wireOf(client);
+  try {
+    wire.cork();
+    const begin = client.query("BEGIN");
+    const claimed = client.query(CLAIM, [key]);
+    const paid = client.query(INSERT, [key, p.amount_cents, p.currency]);
+    wire.uncork();
+    paid.catch(() => {});
+    await begin;
+    if ((await claimed).rowCount === 0) {
+      await paid.catch(() => {});
+      wire.cork();
+      const rolledBack = client.query("ROLLBACK");
+      const saved = client.query(READ, [key]);
+      wire.uncork();
+      await rolledBack;
+      const row = (await saved).rows[0];
+      return row?.status ? { status: row.status, body: row.body } : IN_FLIGHT;
+    }
+    const body = JSON.stringify((await paid).rows[0]);
+    wire.cork();
+    const save = client.query(SAVE, [key, CREATED, body]);
+    const commit = client.query("COMMIT");
+    wire.uncork();
+    await save;
+    await commit;
+    return { status: CREATED, body };
+  } catch (err) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw err;
+  } finally {
+    client.release();
+  }
+}
+
+async function handCte(db: pg.Pool, key: string, p: Payment): Promise<Reply> {
+  const { rows } = await db.query(CTE, [key, p.amount_cents, p.currency]);
+  const r = rows[0]!;
+  const body = r.body ?? r.saved;
+  return body ? { status: CREATED, body } : IN_FLIGHT;
+}
+
+function readJson(req: IncomingMessage): Promise<Payment> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      try {
+        resolve(JSON.parse(Buffer.concat(chunks).toString()));
+      } catch (err) {
+        reject(err);
+      }
+    });
+    req.on("error", reject);
+  });
+}
+
+export function startHand(v: Variant, url: string): Promise<number> {
+  const db = pool(url, v.name === "hand-tx");
+  const run = v.name === "hand-tx" ? handTx : handCte;
+  const server = createServer((req, res) => {
+    const key = req.headers["idempotency-key"];
+    if (typeof key !== "string") {
+      res.writeHead(400).end();
+      return;
+    }
+    readJson(req)
+      .then((body) => run(db, key, body))
+      .then((reply) => {
+        res.writeHead(reply.status, { "content-type": "application/json" }).end(reply.body);
+      })
+      .catch(() => res.writeHead(500).end());
+  });
+  return new Promise((resolve) => {
+    server.listen(0, "127.0.0.1", () => resolve((server.address() as AddressInfo).port));
+  });
+}

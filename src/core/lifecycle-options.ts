@@ -1,0 +1,80 @@
+/**
+ * What a route tells the request lifecycle (lifecycle.ts): the request as the lifecycle reads it, the
+ * route's options, compact storage, and what a phases route needs of its runner.
+ */
+import type { RequestBody } from "./body.ts";
+import type { OutcomeEvent } from "./outcome.ts";
+import type { SavePolicy, StoredResponse } from "./response.ts";
+import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
+
+/** A request as the lifecycle sees it; each adapter builds one from its framework's request. */
+export interface IdemRequest {
+  method: string;
+  /** Path with query string. */
+  path: string;
+  header(name: string): string | null | undefined;
+}
+
+export interface LifecycleOptions<Tx> extends SavePolicy {
+  /** Where keys, saved responses and (in atomic mode) the work's transaction live. Required. */
+  store: AtomicStore<Tx>;
+  /** Answer 400 when a request has no `Idempotency-Key`. Default: `true`. */
+  required?: boolean;
+  /**
+   * How requests are compared: by default SHA-256 over method, path and the body as read. Pass
+   * `{ fields: ["amount_cents", "currency"] }` to compare selected body fields only, or a function.
+   */
+  fingerprint?: { fields: readonly string[] } | ((req: IdemRequest, body: RequestBody) => Uint8Array);
+  /**
+   * Form fields that may be sent more than once (their value is then an array, whose order counts).
+   * Any other repeated form field, and any duplicate JSON key, is answered 400 before anything is
+   * claimed. Default: none.
+   */
+  repeatable?: readonly string[];
+  /** Response headers replayed with a saved response. Default: `DEFAULT_REPLAYED_HEADERS`. Never Set-Cookie. */
+  replayHeaders?: readonly string[];
+  /** Called once per request with how it ended (for metrics and logs). Default: none. */
+  onOutcome?: (event: OutcomeEvent) => void;
+  /**
+   * Compact storage for this route (atomic mode): save the status and the created resource's id instead
+   * of the whole reply, and rebuild the reply from them on replay. Replays are then no longer byte for
+   * byte: they are whatever `rebuild` makes of the resource now. Default: none (replies saved in full).
+   */
+  compact?: CompactOptions<Tx>;
+  /**
+   * Promise that the handler's only effects are its statements on the request's transaction (no call
+   * to another system, no message sent, no file written before the work returns): then its first
+   * statement is sent with the key's claim, in one round trip, instead of after the claim answered.
+   * When the key turns out to be taken, those statements roll back, the handler's statements reject
+   * with `AbandonedWorkError`, and the key's answer (a replay, 409 or 422) is given. Needs a pipelining
+   * driver (`fromPg` on a `pg.Pool` made with `pipeline: true`); others run as without it. Not used
+   * with `compact`. Default: `false`.
+   */
+  effectsInTxOnly?: boolean;
+}
+
+/** How a route saves its replies in compact form and rebuilds them (see `LifecycleOptions.compact`). */
+export interface CompactOptions<Tx> {
+  /**
+   * The id of the resource a saved reply created (e.g. the payment id), or undefined to save this
+   * reply in full (e.g. a 402 decline that created nothing). Runs inside the work's transaction: if it
+   * throws, the work rolls back.
+   */
+  id: (response: StoredResponse) => string | undefined;
+  /**
+   * The reply to replay for a key saved in compact form, from its status and resource id. Runs in the
+   * replay's transaction (`tx`), so it may read the resource. The replay keeps the saved status and
+   * only allow-listed headers, plus `Idempotent-Replayed: true`.
+   */
+  rebuild: (saved: CompactSaved, tx: Tx) => StoredResponse | Promise<StoredResponse>;
+}
+
+/** What a phases route needs of its runner (`definePhases` from `idem/postgres` returns one). */
+export interface PhasesRunnerLike<I> {
+  run(claim: Claim, input: I, options?: { signal?: HangUp; answerWithinMs?: number }): Promise<AtomicOutcome>;
+  /** The runner's key store; when it can `inspect(scope, key)`, `authorizeReplay` runs before a resume. */
+  readonly store?: unknown;
+}
+
+/** The options of a phases route's lifecycle: the runner holds the store, and a key is always required. */
+export type PhasesLifecycleOptions = Omit<LifecycleOptions<unknown>, "store" | "required" | "compact">;

@@ -1,0 +1,414 @@
+/**
+ * Atomic mode: the work runs in the transaction that claims its key, and the key row is written with
+ * the reply, as the transaction's last statement.
+ *
+ * Timeline of two duplicates A and B:
+ *   A: BEGIN + lock(scope, key) + lookup (nothing)  -> work -> INSERT key row with response + COMMIT
+ *   B: BEGIN + lock(scope, key) ... waits for A's transaction to end
+ *   A: COMMIT (the lock goes with it)
+ *   B: lookup, a new statement with a new snapshot -> sees A's row -> replays A's saved response
+ * Had A rolled back, B's lookup would find nothing and B would run the work itself. If A holds the
+ * lock past lockTimeoutMs, B answers 409 with Retry-After instead of waiting on.
+ *
+ * Why a lock rather than claiming with an early INSERT: the keys table is partitioned by time, and
+ * PostgreSQL's unique indexes are per partition, so two duplicates on either side of a partition
+ * boundary would not meet on one index. The lock is per key whatever the partition (`lockSql`), and the
+ * key row is written once, with its response, instead of inserted and then updated. The primary key
+ * still backs it up: a duplicate row in one partition fails and rolls the whole transaction back.
+ *
+ * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
+ * and [INSERT key row, COMMIT].
+ *
+ * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
+ * take the whole pool from every other account):
+ *   - in this process, a duplicate waits in memory behind the call in flight (`InFlight`): when that
+ *     call finished the key, every waiter reads the replay at once, side by side; otherwise the key is
+ *     handed to the first waiter only;
+ *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
+ *     the transaction ends, the connection goes back, and the duplicate sleeps and tries again.
+ * A key known finished (`finished`) is read without a lock or a transaction, one statement, and never
+ * waits behind anyone. Past `lockTimeoutMs` in all: 409 with Retry-After.
+ *
+ * Every attempt ends in a value (`Attempt`), applied in one place (`atomic`); a throw is a real error.
+ */
+import {
+  type AtomicOutcome,
+  type AtomicRunOptions,
+  type Claim,
+  isMissingPartition,
+  KeyInFlightError,
+  RetryableError,
+  SqlState,
+  type StoredResponse,
+  sealBytes,
+  sealContext,
+  sealHeaders,
+  sqlStateOf,
+  type WorkResult,
+  withGuardedTx,
+} from "../../core/index.ts";
+import type { Db, Tx } from "../db.ts";
+import {
+  CompactWithoutRebuildError,
+  expiryOf,
+  type KeyRow,
+  type ReplaySource,
+  replayOf,
+  sameRequest,
+} from "../keys/row.ts";
+import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
+import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
+import type { AtomicSql } from "./sql.ts";
+
+/** What the runner needs of its store. */
+export interface AtomicHost extends ReplaySource {
+  readonly db: Db;
+  readonly lockTimeoutMs: number;
+  /** The statements, with the store's current time shift. */
+  readonly sql: AtomicSql;
+  /** The SQL, sent with BEGIN, that serialises every request for one (scope, key). */
+  lockSql(scope: string, key: string): string;
+  /** This process's estimate of the database's time (a hint, never a decision). */
+  estimatedNowMs(): number;
+  /** Make the partitions of now when this process's hint says they may be missing (undefined: none due). */
+  ensureCurrentPartitions(): Promise<void> | undefined;
+  /** The key row's partition was missing at the insert: make the partitions again. */
+  remakePartitions(): Promise<void>;
+}
+
+/** How one locked attempt ended. */
+type Attempt =
+  /** The key's answer: a replay, or this request's executed work (saved or not). */
+  | { kind: "answer"; outcome: AtomicOutcome }
+  /** Another transaction held the key's lock past LOCK_WAIT_MS: sleep without a connection, try again. */
+  | { kind: "busy" }
+  /** The work (or a compact reply's rebuild) threw: everything rolled back, and its error is rethrown. */
+  | { kind: "failed"; error: unknown };
+
+/** How a wait behind this process's call in flight ended. */
+type Woken = "finished" | "yours" | "timeout";
+
+/** A call in flight in this process for one key, and the duplicates waiting behind it. */
+interface InFlight {
+  waiters: Array<(woken: Woken) => void>;
+}
+
+export class AtomicRunner {
+  /** This process's atomic calls in progress, by (scope, key). */
+  private readonly inFlight = new Map<string, InFlight>();
+  /**
+   * Keys this process saw finished (saved or replayed), with when they expire: a retry of one is read
+   * first without a lock or a transaction, one statement (a finished key never changes). A hint only:
+   * a key swept, expired or unknown here takes the locked path. Bounded; the oldest go first.
+   */
+  private readonly finished = new Map<string, number>();
+
+  constructor(private readonly host: AtomicHost) {}
+
+  async atomic(
+    claim: Claim,
+    work: (tx: Tx) => Promise<WorkResult>,
+    options: AtomicRunOptions<Tx> = {},
+  ): Promise<AtomicOutcome> {
+    const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    if (this.knownFinished(id)) {
+      const answer = await this.replayWithoutLock(id, claim);
+      if (answer) return answer;
+    }
+    const deadline = Date.now() + this.host.lockTimeoutMs;
+    let waited = false;
+    let entry = this.inFlight.get(id);
+    while (entry) {
+      waited = true;
+      const woken = await waitBehind(entry, deadline);
+      if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
+      if (woken === "yours") break; // handed over: the entry is this call's now
+      const answer = await this.replayWithoutLock(id, claim);
+      if (answer) return answer;
+      entry = this.inFlight.get(id);
+    }
+    if (!entry) {
+      entry = { waiters: [] };
+      this.inFlight.set(id, entry);
+    }
+    let finished = false;
+    // A speculative work started once lives on across attempts: its handler cannot be run twice.
+    const spec: Speculation = {};
+    try {
+      // Past the partitions made so far (no sweep ran lately): make them before the work runs, so the
+      // key row has somewhere to go (else the request would be answered 503 after its work had run).
+      const due = this.host.ensureCurrentPartitions();
+      if (due) await due;
+      for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
+        if (waited) {
+          const answer = await this.replayWithoutLock(id, claim);
+          if (answer) {
+            finished = true;
+            return answer;
+          }
+        }
+        const attempt = await this.attempt(claim, work, options, spec);
+        if (attempt.kind === "failed") throw attempt.error;
+        if (attempt.kind === "answer") {
+          const out = attempt.outcome;
+          finished = out.kind === "replayed" || out.saved;
+          if (finished && !options.rebuild) this.rememberFinished(id, out.expiresAt);
+          return out;
+        }
+        waited = true;
+        const left = deadline - Date.now();
+        if (left <= 0) throw new KeyInFlightError(RETRY_AFTER_S);
+        await new Promise((r) => setTimeout(r, Math.min(left, pause * (0.5 + Math.random()))));
+      }
+    } finally {
+      if (spec.gate?.abandon()) {
+        // Answered otherwise (409, a replay read after a wait, an error) while the work still waited for
+        // its key: it has been told, and its adapter's error path ends before the answer is written
+        // (bounded: an error handler that never answers must not hold this request).
+        await settlesBefore(spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS);
+      }
+      this.handOver(id, entry, finished);
+    }
+  }
+
+  /** The call in flight ended: every waiter reads a finished key; otherwise the first one takes it. */
+  private handOver(id: string, entry: InFlight, finished: boolean): void {
+    if (finished || entry.waiters.length === 0) {
+      this.inFlight.delete(id);
+      for (const wake of entry.waiters.splice(0)) wake("finished");
+    } else entry.waiters.shift()!("yours");
+  }
+
+  private knownFinished(id: string): boolean {
+    const until = this.finished.get(id);
+    if (until === undefined) return false;
+    if (until > this.host.estimatedNowMs()) return true; // a hint: the lookup decides whether it expired
+    this.finished.delete(id);
+    return false;
+  }
+
+  private rememberFinished(id: string, expiresAt: Date): void {
+    this.finished.delete(id); // re-inserted last: the map's order is the eviction order
+    this.finished.set(id, expiresAt.getTime());
+    if (this.finished.size > FINISHED_HINTS) this.finished.delete(this.finished.keys().next().value!);
+  }
+
+  /**
+   * The answer a finished key gives, read without a lock or a transaction (a done row never changes
+   * until it expires): its replay, or `KeyMismatchError` for another request. Undefined when there is
+   * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
+   */
+  private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
+    const { rows } = await this.host.db.query<KeyRow>(this.host.sql.lookup, [claim.scope, claim.key]);
+    const row = rows[0]!;
+    const answer =
+      row.bucket === null || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
+    if (answer) this.rememberFinished(id, answer.expiresAt);
+    else this.finished.delete(id);
+    return answer;
+  }
+
+  /** One locked attempt. */
+  private async attempt(
+    claim: Claim,
+    work: (tx: Tx) => Promise<WorkResult>,
+    options: AtomicRunOptions<Tx>,
+    spec: Speculation,
+  ): Promise<Attempt> {
+    try {
+      return await endTx(this.host.db, (tx) => this.inTx(tx, claim, work, options, spec), {
+        begin: this.host.lockSql(claim.scope, claim.key),
+        batch: options.speculate === true,
+      });
+    } catch (err) {
+      // The work's errors are values (`failed`): a lock timeout here is the key's lock's.
+      if (sqlStateOf(err) === SqlState.LockNotAvailable) return { kind: "busy" };
+      if (isMissingPartition(err)) {
+        // The key row's partition went away under this store (a sweep elsewhere with a shorter
+        // retention): everything rolled back. The work has run, and an adapter's handler cannot run
+        // twice, so the partition is made again (or PartitionMissingError, 503, for a role that may
+        // not) and the caller retries: the key is still free.
+        await this.host.remakePartitions();
+        throw new RetryableError(
+          "the key's partition was missing; it has been made again, retry the request",
+          {
+            cause: err,
+          },
+        );
+      }
+      throw err;
+    }
+  }
+
+  private async inTx(
+    tx: Tx,
+    claim: Claim,
+    work: (tx: Tx) => Promise<WorkResult>,
+    { signal, rebuild, speculate }: AtomicRunOptions<Tx>,
+    spec: Speculation,
+  ): Promise<TxEnd<Attempt>> {
+    const lookup = this.lookupIn(tx, claim);
+    let result: WorkResult;
+    let expiresAt: Date;
+    if (speculate && tx.pipelined && !rebuild) {
+      // The work starts now, and its first statement leaves with BEGIN, the lock and the lookup, in
+      // one write. The lookup answers first (statements answer in order), and the work sees its own
+      // statement's answer only once the lookup said the key is free.
+      //
+      // When the key's lock was busy (55P03, the key in flight elsewhere), this transaction was
+      // aborted before anything of the work ran; the work is not told, and its waiting statements
+      // are sent again in the next attempt's transaction (an adapter cannot run its handler twice).
+      let gate = spec.gate;
+      let running = spec.running;
+      if (gate?.waiting && running) gate.retryOn(tx);
+      else {
+        gate = spec.gate = new SpeculativeTx(tx);
+        // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
+        running = spec.running = withGuardedTx(gate, work);
+        running.catch(() => {}); // abandoned below when the key is taken
+      }
+      let existing: KeyRow | undefined;
+      try {
+        ({ row: existing, expiresAt } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
+      } catch (err) {
+        if (sqlStateOf(err) !== SqlState.LockNotAvailable) gate.abandon();
+        throw err;
+      }
+      if (existing) {
+        // The key was taken (or finished) meanwhile: roll the work's statements back, then answer.
+        gate.abandon();
+        return rollback(await this.answerInTx(claim, existing, tx, undefined));
+      }
+      gate.free();
+      try {
+        result = await running;
+      } catch (error) {
+        return rollback({ kind: "failed", error });
+      }
+    } else {
+      const { row: existing, expiresAt: fresh } = await lookup;
+      if (existing) {
+        const answer = await this.answerInTx(claim, existing, tx, rebuild);
+        return answer.kind === "failed" ? rollback(answer) : commit(answer);
+      }
+      expiresAt = fresh;
+      try {
+        // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
+        result = await withGuardedTx(tx, work);
+      } catch (error) {
+        return rollback({ kind: "failed", error });
+      }
+    }
+    // Not saved (the save policy), or the client hung up: roll the work back, answer this caller only.
+    if (!result.save || signal?.aborted) return rollback(this.unsaved(result.response));
+    const saved = result.save;
+    const compact = result.compactId !== undefined;
+    // Its bucket and created_at are the database's now (this transaction's start, the instant the
+    // lookup read), whatever this process's clock says.
+    tx.final(this.host.sql.insertDone, [
+      claim.scope,
+      claim.key,
+      claim.fingerprint,
+      saved.status,
+      compact ? null : sealHeaders(this.host.sealer, saved.headers, claim.scope, claim.key),
+      compact ? null : sealBytes(this.host.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
+      compact ? result.compactId : null,
+    ]);
+    return commit({
+      kind: "answer",
+      outcome: { kind: "executed", response: result.response, saved: true, expiresAt },
+    });
+  }
+
+  private unsaved(response: StoredResponse): Attempt {
+    const expiresAt = new Date(this.host.estimatedNowMs());
+    return { kind: "answer", outcome: { kind: "executed", response, saved: false, expiresAt } };
+  }
+
+  /**
+   * The live row of a key, and when a key saved in this transaction expires: the database's now (the
+   * transaction's start, which the saved row's created_at will be) plus the retention.
+   */
+  private async lookupIn(tx: Tx, claim: Claim): Promise<{ row: KeyRow | undefined; expiresAt: Date }> {
+    const { rows } = await tx.query<KeyRow & { new_expires_at: Date }>(this.host.sql.lookup, [
+      claim.scope,
+      claim.key,
+    ]);
+    const r = rows[0]!;
+    return { row: r.bucket === null ? undefined : r, expiresAt: new Date(r.new_expires_at) };
+  }
+
+  /**
+   * What an existing row means for this claim, in the locked transaction: its replay (a row saved in
+   * compact form rebuilt through `rebuild`, in this transaction), 422 for another request, or 409 for
+   * an unfinished row (thrown: they are the caller's answers, and nothing here is kept).
+   */
+  private async answerInTx(
+    claim: Claim,
+    row: KeyRow,
+    tx: Tx,
+    rebuild: AtomicRunOptions<Tx>["rebuild"],
+  ): Promise<Attempt> {
+    if (row.resource_id != null && row.status !== null && sameRequest(claim, row)) {
+      if (!rebuild) throw new CompactWithoutRebuildError();
+      try {
+        const response = await rebuild({ status: row.status, id: row.resource_id }, tx);
+        return {
+          kind: "answer",
+          outcome: { kind: "replayed", expiresAt: expiryOf(this.host, row), response },
+        };
+      } catch (error) {
+        return { kind: "failed", error };
+      }
+    }
+    const replay = replayOf(this.host, claim, row);
+    if (!replay) throw new KeyInFlightError(RETRY_AFTER_S);
+    // A done row never changes: its answer is final, and the transaction has nothing left to do.
+    tx.readOnlyDone?.();
+    return { kind: "answer", outcome: replay };
+  }
+}
+
+/** Wait behind this process's call in flight for the key, until `deadline` (epoch ms). */
+function waitBehind(entry: InFlight, deadline: number): Promise<Woken> {
+  return new Promise<Woken>((resolve) => {
+    const wake = (woken: Woken) => {
+      clearTimeout(timer);
+      resolve(woken);
+    };
+    const timer = setTimeout(
+      () => {
+        const i = entry.waiters.indexOf(wake);
+        if (i >= 0) entry.waiters.splice(i, 1);
+        resolve("timeout");
+      },
+      Math.max(0, deadline - Date.now()),
+    );
+    entry.waiters.push(wake);
+  });
+}
+
+/** Whether `p` settles (either way) before `deadline` (epoch ms). */
+function settlesBefore(p: Promise<unknown>, deadline: number): Promise<boolean> {
+  const left = deadline - Date.now();
+  if (left <= 0) return Promise.resolve(false);
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    p.then(
+      () => true,
+      () => true,
+    ),
+    new Promise<boolean>((r) => {
+      timer = setTimeout(() => r(false), left);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+/** How long an abandoned speculative work may take to end before the key's answer is given anyway. */
+const ABANDON_WAIT_MS = 1_000;
+
+/** How many finished keys a store remembers to read without a lock (about 100 bytes each). */
+const FINISHED_HINTS = 10_000;
+
+/** The Retry-After of a 409 for a key still in flight. */
+const RETRY_AFTER_S = 1;

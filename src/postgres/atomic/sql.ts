@@ -1,0 +1,53 @@
+/**
+ * Atomic mode's statements, with the store's time (db-time.ts): every expiry is the database's.
+ *
+ * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs) and when a key saved in
+ * the statement's transaction expires. `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status,
+ * $5 headers, $6 body, $7 resource id): the key row with its reply, as the transaction's last statement.
+ */
+import type { DbTime } from "../db-time.ts";
+
+export type AtomicSql = ReturnType<typeof atomicSql>;
+
+export function atomicSql(s: string, t: DbTime) {
+  const lookupWhere = `FROM ${s}.keys
+              WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+              ORDER BY bucket DESC LIMIT 1`;
+  return {
+    // Always one row: the key's live row (or NULLs), and when a key saved in this transaction expires.
+    lookup: `SELECT k.*, ${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at
+               FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
+                 SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
+                        claim_id::text AS claim_id ${lookupWhere}
+               ) k ON true`,
+    // The key row with its reply. A row of the same (scope, key) in this bucket that has expired (the
+    // retention is shorter than a partition, so it is still there) is replaced in place, every column
+    // reset; a live one is never touched: the second INSERT then runs and fails on the primary key
+    // (23505), which rolls the transaction back as a duplicate row always did.
+    insertDone: `WITH put AS (
+              INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
+                                     body, resource_id)
+              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7)
+              ON CONFLICT (scope, key, bucket) DO UPDATE
+                 SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
+                     recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,
+                     body = EXCLUDED.body, resource_id = EXCLUDED.resource_id, lease_token = NULL,
+                     lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
+                     attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL,
+                     claim_id = EXCLUDED.claim_id
+               WHERE ${s}.keys.created_at <= ${t.oldest}
+              RETURNING 1
+            )
+            INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
+            SELECT ${t.bucket}, $1, $2, $3, ${t.now} WHERE NOT EXISTS (SELECT 1 FROM put)`,
+  };
+}
+
+/** The statement a lookup of (scope, key) runs, with its parameters (for benchmarks, tests and EXPLAIN). */
+export function lookupQuery(
+  table: { schema: string; dbTime: DbTime },
+  scope: string,
+  key: string,
+): { text: string; params: unknown[] } {
+  return { text: atomicSql(table.schema, table.dbTime).lookup, params: [scope, key] };
+}

@@ -1,0 +1,85 @@
+/**
+ * The key row: its type as read back, and the one place that decides what a row means for a claim
+ * (another request's 422, a replay, a review's 409, or "not finished yet"), for both modes.
+ */
+import {
+  type AtomicOutcome,
+  type Claim,
+  encodeOperationRef,
+  KeyMismatchError,
+  OperationUncertainError,
+  openReply,
+  type Sealer,
+} from "../../core/index.ts";
+
+/** A key row as read back. */
+export interface KeyRow {
+  bucket: number;
+  fingerprint: Uint8Array;
+  created_at: Date;
+  recovery_point: string;
+  status: number | null;
+  headers: Array<[string, string]> | null;
+  body: Uint8Array | null;
+  /** The key row's claim identity (sql/0008; null for rows claimed before it). */
+  claim_id?: string | null;
+  /** Compact storage (atomic-mode lookups only): the created resource's id; `headers` and `body` are NULL. */
+  resource_id?: string | null;
+  /** Phases mode: the outcome is unknown and waits for a person (`idem keys settle`). */
+  needs_review_at?: Date | null;
+}
+
+/** The recovery point of a finished key (its reply saved). */
+export const RECOVERY_DONE = "done";
+
+/** What building a replay needs of the key's table. */
+export interface ReplaySource {
+  readonly retentionMs: number;
+  readonly sealer?: Sealer;
+}
+
+export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/** Whether `row` was claimed by the same request as `claim` (its fingerprint). */
+export function sameRequest(claim: Claim, row: KeyRow): boolean {
+  const fp = row.fingerprint;
+  return sameBytes(fp instanceof Uint8Array ? fp : new Uint8Array(fp), claim.fingerprint);
+}
+
+/** When a key row expires: its creation (by the database's clock) plus the retention. */
+export function expiryOf(table: ReplaySource, row: { created_at: Date }): Date {
+  return new Date(new Date(row.created_at).getTime() + table.retentionMs);
+}
+
+/**
+ * What an existing row means for this claim: `KeyMismatchError` (422) for another request under the
+ * key, `OperationUncertainError` (409) for a key in review, the replay of a finished row, or undefined
+ * for a row that is not finished yet. The fingerprint is checked first, so a wrong request never gets
+ * further (in phases mode: never takes the lease). A row saved in compact form cannot be replayed from
+ * the row alone (`CompactWithoutRebuildError`): the atomic runner rebuilds it in a transaction.
+ */
+export function replayOf(table: ReplaySource, claim: Claim, row: KeyRow): AtomicOutcome | undefined {
+  if (!sameRequest(claim, row)) throw new KeyMismatchError();
+  if (row.needs_review_at) throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key));
+  if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
+  if (row.resource_id != null) throw new CompactWithoutRebuildError();
+  return {
+    kind: "replayed",
+    expiresAt: expiryOf(table, row),
+    response: openReply(table.sealer, row, claim.scope, claim.key),
+  };
+}
+
+/** A key saved in compact form was looked up by a route that cannot rebuild its reply. */
+export class CompactWithoutRebuildError extends Error {
+  override name = "CompactWithoutRebuildError";
+  constructor() {
+    super(
+      "this key was saved in compact form (status and resource id): replay it through a route with `compact.rebuild`",
+    );
+  }
+}
