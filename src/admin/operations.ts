@@ -16,7 +16,6 @@ import {
 import { type AdminAction, listActions, recordAction } from "../postgres/admin-actions.ts";
 import { type AuditCheck, type AuditResult, audit, builtinChecks } from "../postgres/audit.ts";
 import type { Db } from "../postgres/db.ts";
-import { unfinishedKeys } from "../postgres/keys/inspect.ts";
 import {
   expiringKeys,
   findKey,
@@ -26,6 +25,7 @@ import {
   keyStory,
   resolveKeyRef,
 } from "../postgres/key-admin.ts";
+import { unfinishedKeys } from "../postgres/keys/inspect.ts";
 import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "../postgres/keys/table.ts";
 import { openReviews, type Review, type Settlement, settleKey } from "../postgres/phases/review.ts";
 
