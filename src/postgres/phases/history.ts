@@ -12,7 +12,17 @@
  * partition when its retention ends (partitions.ts makes and drops both together).
  */
 import type { Db } from "../db.ts";
-import type { Lease } from "./lease.ts";
+import type { KeyTable } from "./key-table.ts";
+
+/** What the history needs of a lease (lease.ts's `Lease`; not imported: sql.ts imports this file). */
+interface Holder {
+  table: KeyTable;
+  claim: { scope: string; key: string };
+  bucket: number;
+  claimId: string | null;
+  token: string;
+  point: string;
+}
 
 /** What an event says happened. */
 export type KeyEventKind =
@@ -50,11 +60,7 @@ export function appendEvents(schema: string): string {
 }
 
 /** Append one event for the key under `lease`, on its own (off the hot path). Never throws. */
-async function note(
-  lease: Lease<unknown, unknown>,
-  kind: KeyEventKind,
-  details: Record<string, unknown>,
-): Promise<void> {
+async function note(lease: Holder, kind: KeyEventKind, details: Record<string, unknown>): Promise<void> {
   const { table, claim } = lease;
   await table.db
     .query(
@@ -68,16 +74,13 @@ async function note(
  * Record what a provider lookup of the current phase's call found, and pass `found` on (one that could
  * not tell is recorded by the `lookupFailed` statement).
  */
-export async function noteLookup<T>(
-  lease: Lease<unknown, unknown>,
-  found: T | undefined,
-): Promise<T | undefined> {
+export async function noteLookup<T>(lease: Holder, found: T | undefined): Promise<T | undefined> {
   await note(lease, "lookup", { point: lease.point, found: found === undefined ? "not-found" : "found" });
   return found;
 }
 
 /** This worker's write was refused by the fence (`LeaseLostError`): another worker holds the key. */
-export function noteFencingRefused(lease: Lease<unknown, unknown>): Promise<void> {
+export function noteFencingRefused(lease: Holder): Promise<void> {
   return note(lease, "fencing-refused", { point: lease.point });
 }
 
