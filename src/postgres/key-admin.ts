@@ -3,15 +3,17 @@
  * by the `operation_ref` a customer pastes, its story as the records tell it, the keys about to expire,
  * and forgetting a key early.
  *
- * The story is what the key row, its reviews and the actions table record: the claim (and its claim id),
- * the current recovery point and lease (its token is the fencing token), an external call begun and not
- * yet resolved, failed lookups, the review and its settlement, the saved answer, the expiry. Earlier
- * phases and earlier leases (takeovers) are not kept: a key row holds its latest state only.
+ * The story is what the key row, its history, its reviews and the actions table record: the claim (and
+ * its claim id), in phases mode every recovery point, lease taken and takeover with their fencing tokens,
+ * external call begun, provider lookup and fenced write refused (`key_events`, phases/history.ts), the
+ * current lease, the review and its settlement, the saved answer, the expiry. A key with no history
+ * (atomic mode, or claimed before sql/0014) shows its row's latest state only.
  */
 import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
 import { type AdminAction, listActions, recordAction } from "./admin-actions.ts";
 import { inspectKey } from "./keys/inspect.ts";
 import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "./keys/table.ts";
+import { type KeyEvent, keyEvents } from "./phases/history.ts";
 import { type Review, reviewsOf } from "./phases/review.ts";
 
 /** A key named by its scope and key, or by the `operation_ref` a client was given. */
@@ -55,6 +57,11 @@ export interface TimelineEvent {
     | "claimed"
     | "recovery-point"
     | "lease"
+    | "lease-taken"
+    | "takeover"
+    | "lease-released"
+    | "lookup"
+    | "fencing-refused"
     | "call-begun"
     | "lookups-failed"
     | "review-opened"
@@ -82,11 +89,82 @@ interface ExtraRow {
   needs_review_at: Date | string | null;
 }
 
+/** What a key with no history (atomic mode, or claimed before sql/0014) does not say. */
 const NOT_RECORDED = [
+  "this key has no recorded history (atomic mode: its claim and saved answer are one transaction; or it was claimed before sql/0014)",
   "earlier recovery points: only the current one is kept (with when it was reached)",
   "earlier leases and takeovers: only the current lease and its fencing token are kept",
-  "successful provider lookups: a lookup that found the effect moves the key on, without a record",
+  "provider lookups: only the count of those that could not tell is kept",
 ];
+/** What a key's history does not say. */
+const NOT_IN_HISTORY = ["lease renewals (heartbeats): only the current lease's expiry is kept"];
+
+/** A recorded event as a timeline entry (the claim is the key row's own entry). */
+function fromHistory(e: KeyEvent, k: KeyInspection): TimelineEvent | undefined {
+  /** Its details, with the fencing token of the worker that wrote it. */
+  const d: Record<string, unknown> = { ...e.details, token: e.token };
+  const at = `at recovery point ${String(d.point)}`;
+  const token = `fencing token ${e.token}`;
+  switch (e.kind) {
+    case "claimed":
+      return undefined;
+    case "recovery-point":
+      return {
+        at: e.at,
+        kind: e.kind,
+        text: `reached recovery point ${String(d.point)} (${token})`,
+        details: d,
+      };
+    case "lease-taken":
+      return { at: e.at, kind: e.kind, text: `lease taken, free (${token}), ${at}`, details: d };
+    case "takeover":
+      return {
+        at: e.at,
+        kind: e.kind,
+        text: `lease taken over (${token}) from the expired fencing token ${String(d.replaced)}, ${at}`,
+        details: d,
+      };
+    case "lease-released":
+      return { at: e.at, kind: e.kind, text: `lease freed by its holder (${token}), ${at}`, details: d };
+    case "call-begun":
+      return {
+        at: e.at,
+        kind: e.kind,
+        text: `external call of ${String(d.point)} may begin (${token})`,
+        details: d,
+      };
+    case "lookup": {
+      const found =
+        d.found === "found"
+          ? "found the effect"
+          : d.found === "not-found"
+            ? "found no effect"
+            : "could not tell";
+      return {
+        at: e.at,
+        kind: e.kind,
+        text: `provider lookup for ${String(d.point)}: ${found} (${token})`,
+        details: d,
+      };
+    }
+    case "fencing-refused":
+      return {
+        at: e.at,
+        kind: e.kind,
+        text: `a write by ${token} was refused: its lease had been taken over (it stopped, changing nothing)`,
+        details: d,
+      };
+    case "saved":
+      return {
+        at: e.at,
+        kind: "answer-saved",
+        text: `answer saved: ${String(d.status)}${k.saved ? `, ${k.saved.bodyBytes} bytes` : ""} (${token})`,
+        details: { ...k.saved, ...d },
+      };
+    default:
+      return { at: e.at, kind: "action", text: `${String(e.kind)} (${token})`, details: d };
+  }
+}
 
 /** A key's whole recorded story, oldest first; undefined when the key is not live. */
 export async function keyStory(
@@ -109,15 +187,22 @@ export async function keyStory(
   );
   const actions = await listActions(table.db, { schema: table.schema, scope: k.scope, key: k.key });
   const since = (a: AdminAction) => a.at.getTime() >= k.createdAt.getTime() - 1;
+  const history = k.claimId ? await keyEvents(table.db, table.schema, { ...k, claimId: k.claimId }) : [];
+  const recorded = history.length > 0;
+  const first = history.find((e) => e.kind === "claimed");
   const timeline: TimelineEvent[] = [
     {
       at: k.createdAt,
       kind: "claimed",
-      text: `claimed${k.claimId ? ` (claim ${k.claimId})` : ""}${k.runner ? ` by runner ${k.runner}` : ""}`,
-      details: { claimId: k.claimId, fingerprint: k.fingerprint },
+      text: `claimed${k.claimId ? ` (claim ${k.claimId})` : ""}${k.runner ? ` by runner ${k.runner}` : ""}${first ? ` with a lease (fencing token ${first.token})` : ""}`,
+      details: { claimId: k.claimId, fingerprint: k.fingerprint, token: first?.token },
     },
   ];
-  if (k.recoveryPoint !== "done" || k.updatedAt) {
+  for (const e of history) {
+    const entry = fromHistory(e, k);
+    if (entry) timeline.push(entry);
+  }
+  if (!recorded && (k.recoveryPoint !== "done" || k.updatedAt)) {
     timeline.push({
       at: k.updatedAt,
       kind: "recovery-point",
@@ -133,14 +218,14 @@ export async function keyStory(
       details: k.lease,
     });
   }
-  if (extra?.attempted_at) {
+  if (!recorded && extra?.attempted_at) {
     timeline.push({
       at: new Date(extra.attempted_at),
       kind: "call-begun",
       text: `external call of ${k.recoveryPoint} begun, outcome not recorded yet (looked up before any new call)`,
     });
   }
-  if (Number(extra?.lookup_failures ?? 0) > 0) {
+  if (!recorded && Number(extra?.lookup_failures ?? 0) > 0) {
     timeline.push({
       at: null,
       kind: "lookups-failed",
@@ -158,7 +243,7 @@ export async function keyStory(
       });
     }
   }
-  if (k.saved) {
+  if (k.saved && !history.some((e) => e.kind === "saved")) {
     timeline.push({
       at: k.updatedAt ?? k.createdAt,
       kind: "answer-saved",
@@ -177,7 +262,7 @@ export async function keyStory(
   timeline.push({ at: k.expiresAt, kind: "expires", text: "expires: the same key is then new" });
   const order = (e: TimelineEvent) => (e.kind === "expires" ? Infinity : (e.at?.getTime() ?? Infinity));
   timeline.sort((a, b) => order(a) - order(b));
-  return { key: k, timeline, reviews, actions, notRecorded: NOT_RECORDED };
+  return { key: k, timeline, reviews, actions, notRecorded: recorded ? NOT_IN_HISTORY : NOT_RECORDED };
 }
 
 /** Live keys (any state) that expire within `withinMs` (default one hour), soonest first. */

@@ -190,7 +190,8 @@ async function checkRole(db: Db, role: string): Promise<void> {
 /**
  * What idem's running code needs, and no more: USAGE on the schema; SELECT on `settings` and
  * `migrations`; SELECT, INSERT, UPDATE, DELETE on every other table (keys, outbox, inbox and their
- * partitions, reviews); SELECT and INSERT only on `admin_actions` (the people's actions, append-only);
+ * partitions, reviews); SELECT and INSERT only on `admin_actions` (the people's actions) and
+ * `key_events` (the keys' history), which are append-only;
  * its sequences; and the same on tables and sequences the granting role creates later in the schema
  * (new partitions, new migrations). No CREATE, TRUNCATE, REFERENCES or TRIGGER.
  */
@@ -200,7 +201,7 @@ export function runtimeGrants(schema: string, role: string): string {
   return `GRANT USAGE ON SCHEMA ${s} TO ${r};
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ${s} TO ${r};
     REVOKE INSERT, UPDATE, DELETE ON ${s}.settings, ${s}.migrations FROM ${r};
-    REVOKE UPDATE, DELETE ON ${s}.admin_actions FROM ${r};
+    REVOKE UPDATE, DELETE ON ${s}.admin_actions, ${s}.key_events FROM ${r};
     GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ${s} TO ${r};
     ALTER DEFAULT PRIVILEGES IN SCHEMA ${s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO ${r};
     ALTER DEFAULT PRIVILEGES IN SCHEMA ${s} GRANT USAGE, SELECT ON SEQUENCES TO ${r};`;

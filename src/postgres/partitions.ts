@@ -81,7 +81,17 @@ export class PartitionWidthError extends Error {
   }
 }
 
-/** Bucket arithmetic and partition upkeep for a table partitioned by `bucket`: keys, or the inbox. */
+/**
+ * Tables partitioned in step with another: partition `b` of each is made and dropped with the table's
+ * own partition `b`. A key's history (`key_events`, sql/0014) is placed by its key's bucket, so it goes
+ * exactly when the key's retention goes.
+ */
+const IN_STEP: Readonly<Record<string, readonly string[]>> = { keys: ["key_events"] };
+
+/**
+ * Bucket arithmetic and partition upkeep for a table partitioned by `bucket`: keys (and with them their
+ * history, `key_events`), or the inbox.
+ */
 export class Partitions {
   constructor(
     private readonly db: Db,
@@ -100,8 +110,9 @@ export class Partitions {
     return bucket * this.widthMs;
   }
 
-  private nameOf(bucket: number): string {
-    return `${this.table}_b${bucket}`;
+  /** The table and those partitioned in step with it (`IN_STEP`). */
+  private get family(): string[] {
+    return [this.table, ...(IN_STEP[this.table] ?? [])];
   }
 
   /**
@@ -139,10 +150,14 @@ export class Partitions {
   }
 
   private async create(b: number): Promise<void> {
-    const table = `${this.schema}.${this.nameOf(b)}`;
+    for (const parent of this.family) await this.createOf(parent, b);
+  }
+
+  private async createOf(parent: string, b: number): Promise<void> {
+    const table = `${this.schema}.${parent}_b${b}`;
     try {
       await this.db.exec(
-        `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.${this.table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+        `CREATE TABLE IF NOT EXISTS ${table} (LIKE ${this.schema}.${parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
       );
     } catch (err) {
       // Another instance created it at the same moment: IF NOT EXISTS does not cover a concurrent
@@ -158,7 +173,7 @@ export class Partitions {
     }
     try {
       await this.db.exec(
-        `ALTER TABLE ${this.schema}.${this.table} ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
+        `ALTER TABLE ${this.schema}.${parent} ATTACH PARTITION ${table} FOR VALUES FROM (${b}) TO (${b + 1})`,
       );
     } catch (err) {
       // 42809: already a partition (attached earlier, or by another instance just now).
@@ -181,7 +196,7 @@ export class Partitions {
    * whose detach was interrupted (`pending`), and detached ones a crash left behind between detach and
    * drop (`attached` false).
    */
-  async tables(): Promise<{ bucket: number; attached: boolean; pending: boolean }[]> {
+  async tables(parent = this.table): Promise<{ bucket: number; attached: boolean; pending: boolean }[]> {
     const { rows } = await this.db.query<{ name: string; attached: boolean; pending: boolean }>(
       `SELECT c.relname AS name, i.inhrelid IS NOT NULL AS attached,
               coalesce(i.inhdetachpending, false) AS pending
@@ -189,20 +204,27 @@ export class Partitions {
          JOIN pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
         WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ ('^' || $2 || '_b-?[0-9]+$')`,
-      [this.schema, this.table],
+      [this.schema, parent],
     );
     return rows
       .map((r) => ({
-        bucket: Number(r.name.slice(this.table.length + 2)),
+        bucket: Number(r.name.slice(parent.length + 2)),
         attached: r.attached,
         pending: r.pending,
       }))
       .sort((a, b) => a.bucket - b.bucket);
   }
 
-  /** The buckets that have a partition, oldest first. */
+  /** The buckets that have a partition (of the table and of those in step with it), oldest first. */
   async list(): Promise<number[]> {
-    return (await this.tables()).filter((t) => t.attached && !t.pending).map((t) => t.bucket);
+    const attached = async (parent: string) =>
+      (await this.tables(parent)).filter((t) => t.attached && !t.pending).map((t) => t.bucket);
+    let buckets = await attached(this.table);
+    for (const parent of this.family.slice(1)) {
+      const theirs = new Set(await attached(parent));
+      buckets = buckets.filter((b) => theirs.has(b));
+    }
+    return buckets;
   }
 
   /**
@@ -218,13 +240,22 @@ export class Partitions {
    */
   async dropExpired(nowMs: number, retentionMs: number): Promise<number[]> {
     const dropped: number[] = [];
-    for (const t of await this.tables()) {
+    // Those in step first: a key's history never outlives its key (and is dropped even if the key's
+    // partition went before, e.g. a sweep interrupted between the two).
+    for (const parent of this.family.slice(1)) await this.dropOf(parent, nowMs, retentionMs);
+    dropped.push(...(await this.dropOf(this.table, nowMs, retentionMs)));
+    return dropped;
+  }
+
+  private async dropOf(parent: string, nowMs: number, retentionMs: number): Promise<number[]> {
+    const dropped: number[] = [];
+    for (const t of await this.tables(parent)) {
       if (this.startOf(t.bucket + 1) + retentionMs > nowMs) break;
-      const table = `${this.schema}.${this.nameOf(t.bucket)}`;
+      const table = `${this.schema}.${parent}_b${t.bucket}`;
       if (t.attached) {
         // Its own statement, outside any transaction block (CONCURRENTLY requires it).
         await this.db.exec(
-          `ALTER TABLE ${this.schema}.${this.table} DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
+          `ALTER TABLE ${this.schema}.${parent} DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
         );
       }
       await this.db.exec(`DROP TABLE IF EXISTS ${table}`);

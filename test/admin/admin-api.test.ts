@@ -127,7 +127,9 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     expect(kinds[0]).toBe("claimed");
     expect(kinds).toContain("answer-saved");
     expect(kinds.at(-1)).toBe("expires");
-    expect(byRef.body.notRecorded.join(" ")).toMatch(/takeovers/);
+    // Phases mode records the key's history: the claim's lease, the call, the recovery point, the answer.
+    expect(kinds).toEqual(["claimed", "call-begun", "recovery-point", "answer-saved", "expires"]);
+    expect(byRef.body.notRecorded.join(" ")).not.toMatch(/takeovers/);
 
     const stuck = await get("/keys/find?scope=acct&key=stuck");
     const lease = stuck.body.timeline.find((e: { kind: string }) => e.kind === "lease");
@@ -281,5 +283,67 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
       { actor: "alice", action: "inbox.unpark" },
       { actor: "bob", action: "audit.run" },
     ]);
+  });
+
+  it("shows a takeover: both leases with their fencing tokens, the lookup, the refused stale write", async () => {
+    const key = "taken-over";
+    const c = claimOf("acct", key, PAY);
+    const before = w.now.ms;
+    let b: Promise<unknown> | undefined;
+    // Worker A charges, then stalls past its lease; worker B takes the key over, looks the charge up
+    // and finishes; A wakes up and its write is refused by the fence.
+    const stalling = {
+      at: async (info: { point: string; phase: string }) => {
+        if (info.point !== "after-external" || b) return false;
+        w.now.ms += LEASE_MS + 1;
+        b = w.runner({ noIdempotency: "search" }).run(c, PAY);
+        await b;
+        return false;
+      },
+    };
+    await expect(w.runner({ noIdempotency: "search", faults: stalling }).run(c, PAY)).rejects.toMatchObject({
+      name: "LeaseLostError",
+    });
+    expect(await b).toMatchObject({ kind: "executed", response: { status: 201 } });
+    w.now.ms = before; // the other tests' leases and expiries as they were
+    expect(await w.counts(key)).toMatchObject({ charges: 1, payments: 1 }); // B found A's charge
+
+    const story = await get(`/keys/find?ref=${encodeOperationRef("acct", key)}`);
+    expect(story.status).toBe(200);
+    const timeline = story.body.timeline as { at: string; kind: string; text: string; details: any }[];
+    expect(timeline.map((e) => e.kind)).toEqual([
+      "claimed",
+      "call-begun",
+      "takeover",
+      "lookup",
+      "recovery-point",
+      "answer-saved",
+      "fencing-refused",
+      "expires",
+    ]);
+    const [claimed, begun, takeover, lookup, point, saved, refused] = timeline;
+    const a = claimed!.details.token as string;
+    const bToken = takeover!.details.token as string;
+    expect(a).toMatch(/^[0-9a-f-]{36}$/);
+    expect(bToken).not.toBe(a);
+    // Each entry names the fencing token of the worker that wrote it; the takeover names both.
+    expect(claimed!.text).toContain(a);
+    expect(begun!.text).toContain(a);
+    expect(takeover!.text).toContain(bToken);
+    expect(takeover!.text).toContain(a);
+    expect(takeover!.details).toMatchObject({ point: "started", replaced: a });
+    expect(lookup!.details).toMatchObject({ point: "started", found: "found" });
+    expect(lookup!.details.token).toBe(bToken);
+    expect(point!.details).toMatchObject({ point: "charged" });
+    expect(point!.details.token).toBe(bToken);
+    expect(saved!.details.token).toBe(bToken);
+    expect(saved!.details).toMatchObject({ status: 201 });
+    expect(refused!.details.token).toBe(a);
+    expect(refused!.text).toContain(a);
+    // In time order, the takeover a lease after the claim.
+    const at = timeline.slice(0, -1).map((e) => Date.parse(e.at));
+    expect(at).toEqual([...at].sort((x, y) => x - y));
+    expect(at[2]! - at[0]!).toBeGreaterThanOrEqual(LEASE_MS);
+    expect(story.body.notRecorded.join(" ")).toMatch(/heartbeats/);
   });
 });

@@ -13,11 +13,13 @@ import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { AppSchemaBehindError, ensureSchema, prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
+import { fingerprint } from "../../src/core/index.ts";
 import { listActions, recordAction } from "../../src/postgres/admin-actions.ts";
 import { openDatabaseUrl } from "../../src/postgres/connect.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { SchemaBehindError } from "../../src/postgres/migrate.ts";
 import { PartitionMissingError } from "../../src/postgres/partitions.ts";
+import { definePhases, jsonResponse } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { pay } from "../app/service.ts";
 import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
@@ -131,6 +133,60 @@ describe.skipIf(!DATABASE_URL)("the service as a role without CREATE", () => {
     } finally {
       time.offsetMs = 0;
     }
+  });
+
+  it("records a phases key's history, append-only, in the partition the owner's sweep made", async () => {
+    const runner = definePhases<{ n: number }>({
+      store,
+      name: "history",
+      phases: {
+        first: { external: async () => ({ data: { seen: true } }), next: "second" },
+        second: { local: async () => ({ response: jsonResponse(201, { ok: true }) }) },
+      },
+    });
+    const claim = (key: string) => ({
+      scope: "acct_history",
+      key,
+      fingerprint: fingerprint({
+        method: "POST",
+        path: "/h",
+        contentType: "application/json",
+        body: new Uint8Array(),
+      }),
+    });
+    const kinds = async (key: string) =>
+      (
+        await runtime.query<{ kind: string }>(
+          "SELECT kind FROM idem.key_events WHERE scope = 'acct_history' AND key = $1 ORDER BY at",
+          [key],
+        )
+      ).rows.map((r) => r.kind);
+    time.offsetMs = 20 * DAY; // past every partition made so far, keys' and history's
+    try {
+      const key = randomUUID();
+      await expect(runner.run(claim(key), { n: 1 })).rejects.toBeInstanceOf(PartitionMissingError);
+      const partitions = async (table: string) =>
+        (
+          await owner.query<{ b: string }>(
+            `SELECT substring(relname FROM '_b(-?[0-9]+)$') AS b FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+              WHERE i.inhparent = $1::regclass ORDER BY 1`,
+            [`idem.${table}`],
+          )
+        ).rows.map((r) => r.b);
+      const old = await partitions("key_events");
+      await (await PostgresStore.open(owner, { timeShift: time })).sweep();
+      // The history's partitions are made and dropped with the keys': today's went with its keys.
+      expect(await partitions("key_events")).toEqual(await partitions("keys"));
+      expect(await partitions("key_events")).not.toContain(old[0]);
+      expect(await runner.run(claim(key), { n: 1 })).toMatchObject({ kind: "executed" });
+      expect(await kinds(key)).toEqual(["claimed", "recovery-point", "saved"]);
+    } finally {
+      time.offsetMs = 0;
+    }
+    await expect(runtime.query("UPDATE idem.key_events SET kind = 'x'")).rejects.toMatchObject({
+      code: "42501",
+    });
+    await expect(runtime.query("DELETE FROM idem.key_events")).rejects.toMatchObject({ code: "42501" });
   });
 
   it("refuses to start on a schema behind, naming the command to run", async () => {

@@ -32,6 +32,7 @@ import {
   SimulatedCrashError,
 } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
+import { noteFencingRefused, noteLookup } from "./history.ts";
 import { advanceParams, fence, finishParams, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
@@ -165,6 +166,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         if (outcome) return outcome;
       }
     } catch (err) {
+      if (err instanceof LeaseLostError) await noteFencingRefused(lease);
       // A crash frees nothing (a dead process cannot); a lost lease is not ours to free; a key sent to
       // review has no lease left.
       if (
@@ -252,7 +254,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   ): Promise<PhaseStep<D> | undefined> {
     if (!phase.lookup) return this.toReview(lease, `${why}; the phase has no lookup`);
     try {
-      return (await phase.lookup(ctx)) ?? undefined;
+      return await noteLookup(lease, (await phase.lookup(ctx)) ?? undefined);
     } catch (err) {
       const message = String((err as Error)?.message ?? err);
       const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, fence(lease));

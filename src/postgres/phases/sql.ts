@@ -11,10 +11,15 @@
  * $6 lease length in ms, $7 runner name, $8 input (JSON text). The fenced statements take: $1 scope,
  * $2 key, $3 bucket, $4 our lease token; every write they make ends in `AND lease_token = $4`, so a
  * worker whose lease was taken over changes nothing.
+ *
+ * Each statement that changes a key also appends its event to the key's history (history.ts) with a
+ * data-modifying CTE: a fenced write is then `WITH u AS (UPDATE ...) INSERT INTO key_events ...`, whose
+ * count is the UPDATE's (1: done; 0: the fence refused it).
  */
 import { DbTime } from "../db-time.ts";
 import type { KeyRow } from "../keys/row.ts";
 import type { KeyTable } from "../keys/table.ts";
+import { appendEvents } from "./history.ts";
 
 /** A key row as phases mode reads it. */
 export interface PhaseRow extends KeyRow {
@@ -98,6 +103,11 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
                needs_review_at = NULL, claim_id = excluded.claim_id
          WHERE k.created_at <= ${t.oldest}`;
   const claimedCols = "bucket, created_at, claim_id::text AS claim_id, marker";
+  /** Append an event per row of `from` (its bucket and claim_id) to the history, at the database's now. */
+  const logged = (from: string, kind: string, token: string, details: string) =>
+    `${appendEvents(s)} SELECT bucket, claim_id::uuid, $1, $2, ${NOW}, ${kind}, ${token}, ${details} FROM ${from}`;
+  const claimEvent = (from: string) =>
+    `history AS (${logged(`${from} WHERE NOT marker`, "'claimed'", "$5::uuid", "jsonb_build_object('point', $4::text, 'runner', $7::text)")})`;
   // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row and
   // no boundary marker is due (that claim takes `claim`, in a transaction).
   const lookupOrClaim = (asyncCommit: boolean) => `WITH found AS (${found(live("$1", "$2"))}),
@@ -108,17 +118,22 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
             WHERE NOT p.marker AND NOT EXISTS (SELECT 1 FROM found)
            ${replaceExpired}
            RETURNING ${claimedCols}
-         )
+         ),
+         ${claimEvent("claimed")}
     SELECT f.*, f.bucket IS NOT NULL AS found, p.marker AS needs_marker, c.bucket AS claimed_bucket,
            c.created_at AS claimed_at, c.claim_id AS claimed_id
            ${asyncCommit ? ", set_config('synchronous_commit', 'off', true) AS async_commit" : ""}
       FROM place p LEFT JOIN found f ON true LEFT JOIN claimed c ON true`;
 
   const fence = "scope = $1 AND key = $2 AND bucket = $3 AND NOT marker AND lease_token = $4::uuid";
+  /** A fenced UPDATE (`also`: more of its WHERE) that appends its event to the key's history. */
+  const fenced = (update: string, kind: string, details: string, also = "") =>
+    `WITH u AS (${update} WHERE ${fence}${also} RETURNING bucket, claim_id, recovery_point)
+     ${logged("u", kind, "$4::uuid", details)}`;
   const advance = `UPDATE ${s}.keys
         SET recovery_point = $5, ${mergePhaseData("$6")},
-            lease_until = ${leaseUntil("$7")}, updated_at = ${NOW}, attempted_at = NULL, lookup_failures = 0
-      WHERE ${fence}`;
+            lease_until = ${leaseUntil("$7")}, updated_at = ${NOW}, attempted_at = NULL, lookup_failures = 0`;
+  const pointEvent = "jsonb_build_object('point', recovery_point)";
   return {
     lookup: found(live("$1", "$2")),
     lookupOrClaim: lookupOrClaim(false),
@@ -132,33 +147,60 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
              FROM place p, (VALUES (0), (1)) AS m (back) WHERE m.back = 0 OR p.marker
            ${replaceExpired}
            RETURNING ${claimedCols}
-         )
+         ),
+         ${claimEvent("ins")}
     SELECT (SELECT count(*) FROM ins)::int AS inserted, p.marker AS wanted_marker, i.bucket, i.created_at,
            i.claim_id
       FROM place p LEFT JOIN ins i ON NOT i.marker`,
     // Free, or the holder's lease ran out, by the database's clock: two workers whose own clocks
     // disagree by hours still agree here. Never a finished row, never one waiting for a person.
     // Returns what a resumed worker needs, the first request's input included.
-    takeLease: `UPDATE ${s}.keys SET lease_token = $4::uuid, lease_until = ${leaseUntil("$5")}, updated_at = ${NOW}
+    // The token it replaces (read locked, in the same statement) tells a takeover from a free lease.
+    takeLease: `WITH taken AS (
+           UPDATE ${s}.keys SET lease_token = $4::uuid, lease_until = ${leaseUntil("$5")}, updated_at = ${NOW}
+             FROM (SELECT lease_token AS replaced FROM ${s}.keys
+                    WHERE scope = $1 AND key = $2 AND bucket = $3 AND NOT marker FOR UPDATE) p
                  WHERE scope = $1 AND key = $2 AND bucket = $3 AND NOT marker
                    AND recovery_point <> 'done' AND needs_review_at IS NULL
                    AND (lease_until IS NULL OR lease_until <= ${NOW})
-             RETURNING recovery_point, phase_data, request, attempted_at, lookup_failures`,
-    advance,
+             RETURNING recovery_point, phase_data, request, attempted_at, lookup_failures, bucket, claim_id,
+                       p.replaced
+         ),
+         history AS (${logged("taken", "CASE WHEN replaced IS NULL THEN 'lease-taken' ELSE 'takeover' END", "$4::uuid", "jsonb_build_object('point', recovery_point, 'replaced', replaced)")})
+    SELECT recovery_point, phase_data, request, attempted_at, lookup_failures FROM taken`,
+    advance: fenced(advance, "'recovery-point'", pointEvent),
     // Only the row that passes the fence gets here, so only its commit is asynchronous.
-    advanceAsync: `${advance} AND set_config('synchronous_commit', 'off', true) IS NOT NULL`,
-    finish: `UPDATE ${s}.keys
+    advanceAsync: fenced(
+      advance,
+      "'recovery-point'",
+      pointEvent,
+      " AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
+    ),
+    finish: fenced(
+      `UPDATE ${s}.keys
         SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
             ${mergePhaseData("$8")},
-            lease_token = NULL, lease_until = NULL, updated_at = ${NOW}, attempted_at = NULL
-      WHERE ${fence}`,
+            lease_token = NULL, lease_until = NULL, updated_at = ${NOW}, attempted_at = NULL`,
+      "'saved'",
+      "jsonb_build_object('status', $5::int)",
+    ),
     lock: `SELECT 1 AS held FROM ${s}.keys WHERE ${fence} FOR UPDATE`,
     renew: `UPDATE ${s}.keys SET lease_until = ${leaseUntil("$5")} WHERE ${fence}`,
-    release: `UPDATE ${s}.keys SET lease_token = NULL, lease_until = NULL, updated_at = ${NOW} WHERE ${fence}`,
+    release: fenced(
+      `UPDATE ${s}.keys SET lease_token = NULL, lease_until = NULL, updated_at = ${NOW}`,
+      "'lease-released'",
+      pointEvent,
+    ),
     // Before the external call of a phase whose provider does not dedup: "a call may have begun".
-    attempt: `UPDATE ${s}.keys SET attempted_at = ${NOW}, updated_at = ${NOW} WHERE ${fence}`,
-    lookupFailed: `UPDATE ${s}.keys SET lookup_failures = lookup_failures + 1, updated_at = ${NOW}
-                    WHERE ${fence} RETURNING lookup_failures`,
+    attempt: fenced(
+      `UPDATE ${s}.keys SET attempted_at = ${NOW}, updated_at = ${NOW}`,
+      "'call-begun'",
+      pointEvent,
+    ),
+    lookupFailed: `WITH u AS (UPDATE ${s}.keys SET lookup_failures = lookup_failures + 1, updated_at = ${NOW}
+                    WHERE ${fence} RETURNING bucket, claim_id, recovery_point, lookup_failures),
+         history AS (${logged("u", "'lookup'", "$4::uuid", "jsonb_build_object('point', recovery_point, 'found', 'unknown', 'failures', lookup_failures)")})
+    SELECT lookup_failures FROM u`,
   };
 }
 
