@@ -6,7 +6,8 @@
  *   end to end           a backlog drained by relay and consumer running together
  *   latency              events written at a steady rate; from the outbox row's commit to its effect's
  *                        commit, p50 and p99
- *   ordered backlog      10,000 events over 40 aggregates waiting in the outbox, drained by a relay with
+ *   ordered backlog      10,000 events over 40 aggregates waiting in the outbox, taken to the broker by
+ *                        a relay alone, then another drained end to end by a relay with
  *                        `orderByAggregate` and a consumer applying one transaction at a time (which
  *                        keeps the order); each applied once and in order, checked (issue 16)
  *
@@ -269,11 +270,13 @@ async function runBroker(make: () => Promise<Broker>, style: EffectStyle): Promi
 }
 
 /**
- * Issue 16: a backlog of 10,000 events over 40 aggregates (no new commits) drained end to end by an
- * ordered relay and a consumer running one transaction at a time (which keeps each aggregate's order).
+ * Issue 16: a backlog of 10,000 events over 40 aggregates (no new commits) taken to the broker by an
+ * ordered relay alone (no consumer), then another drained end to end by the ordered relay and a
+ * consumer running one transaction at a time (which keeps each aggregate's order). `pipeline`: the
+ * relay sends each batch in one call instead of a chain of confirms per aggregate (issue 33).
  * Throws if an event was lost, applied twice or out of order.
  */
-async function orderedDrain(make: () => Promise<Broker>): Promise<MessagingRow> {
+async function orderedDrain(make: () => Promise<Broker>, pipeline: boolean): Promise<MessagingRow> {
   const n = 10_000;
   const fresh = await freshBenchDatabase();
   const pool = benchPool(fresh.url, { max: 24, pipeline: true });
@@ -282,18 +285,34 @@ async function orderedDrain(make: () => Promise<Broker>): Promise<MessagingRow> 
   try {
     await migrate(db);
     await prepareOrdered(db);
+    const publisher = broker.publisher();
+    const relayOptions = {
+      db,
+      publisher,
+      topics: [broker.topic],
+      orderByAggregate: true,
+      pipeline,
+      pollMs: 5_000,
+    };
+    // 1. the relay alone
+    await writeBacklog(db, broker.topic, n, 40);
+    let relay = new Relay(relayOptions);
+    let t0 = performance.now();
+    await relay.start();
+    await waitFor(async () => relay.stats.published >= n, "the ordered relay");
+    const publishRate = n / ((performance.now() - t0) / 1000);
+    await relay.stop();
+    await broker.reset();
+    // 2. end to end
     await writeBacklog(db, broker.topic, n, 40);
     const consumer = await broker.consume(db, "drain", {
       batchHandler: orderedEffect("drain"),
       batchSize: 500,
       concurrency: 1,
     });
-    const publisher = broker.publisher();
-    const relay = new Relay({ db, publisher, topics: [broker.topic], orderByAggregate: true, pollMs: 5_000 });
-    const t0 = performance.now();
+    relay = new Relay(relayOptions);
+    t0 = performance.now();
     await relay.start();
-    await waitFor(async () => relay.stats.published >= n, "the ordered relay");
-    const publishRate = n / ((performance.now() - t0) / 1000);
     await waitFor(async () => consumer.stats.applied >= n, "the ordered drain");
     const endToEndRate = n / ((performance.now() - t0) / 1000);
     await relay.stop();
@@ -305,7 +324,7 @@ async function orderedDrain(make: () => Promise<Broker>): Promise<MessagingRow> 
     }
     return {
       broker: broker.name,
-      scenario: `${broker.name}: ordered backlog of ${n.toLocaleString("en")} over 40 aggregates, drained`,
+      scenario: `${broker.name}: ordered backlog of ${n.toLocaleString("en")} over 40 aggregates${pipeline ? ", pipelined" : ""}`,
       effect: "batch",
       publishRate,
       consumeRate: Number.NaN,
@@ -347,9 +366,14 @@ export function printMessagingRows(all: MessagingRow[]): void {
   for (const r of drains) {
     // Against the same broker's unordered end to end with a batch effect, measured in this run.
     const unordered = rows.find((u) => u.broker === r.broker && u.effect === "batch");
-    const ratio = unordered ? `, ${(r.endToEndRate / unordered.endToEndRate).toFixed(2)} of unordered` : "";
+    let ratio = unordered ? `, ${(r.endToEndRate / unordered.endToEndRate).toFixed(2)} of unordered` : "";
+    // A pipelined drain against the chained one just before it (same broker, same round).
+    const chained = drains[drains.indexOf(r) - 1];
+    if (r.scenario!.endsWith("pipelined") && chained?.broker === r.broker) {
+      ratio += `, x${(r.publishRate / chained.publishRate).toFixed(2)} relay alone and x${(r.endToEndRate / chained.endToEndRate).toFixed(2)} end to end against chains`;
+    }
     console.log(
-      `${r.scenario}: relay ${Math.round(r.publishRate)} events/s, end to end ${Math.round(r.endToEndRate)} events/s${ratio} (order kept, each once)`,
+      `${r.scenario}: relay alone ${Math.round(r.publishRate)} events/s, end to end ${Math.round(r.endToEndRate)} events/s${ratio} (order kept, each once)`,
     );
   }
   console.log("goal: end-to-end >= 5,000 events/s on this machine");
@@ -361,7 +385,13 @@ export async function messagingBench(): Promise<MessagingRow[]> {
   for (const make of [rabbit, nats]) {
     for (const style of STYLES) rows.push(await runBroker(make, style));
   }
-  if (process.env.BENCH_DRAIN !== "0") for (const make of [rabbit, nats]) rows.push(await orderedDrain(make));
+  // Chains and pipelined, interleaved (BENCH_DRAIN_ROUNDS rounds, default 1), so ratios compare like with like.
+  const rounds = process.env.BENCH_DRAIN === "0" ? 0 : Number(process.env.BENCH_DRAIN_ROUNDS ?? 1);
+  for (let i = 0; i < rounds; i++) {
+    for (const make of [rabbit, nats]) {
+      for (const pipeline of [false, true]) rows.push(await orderedDrain(make, pipeline));
+    }
+  }
   printMessagingRows(rows);
   return rows;
 }

@@ -14,7 +14,8 @@
  *              PROVIDER_RETENTION_MS, default 60 s: a compressed day), 32 at a time.
  *
  * SOAK_PART=messaging|service (default both), SOAK_BROKERS=rabbitmq,nats, SOAK_SERVICE_SECONDS (stop the
- * service part after this long and report what was done). Needs PostgreSQL
+ * service part after this long and report what was done), SOAK_SAMPLE_EVERY (payments between two
+ * service samples, default a twentieth), SOAK_SERVICE_CONCURRENCY (payments at a time, default 32). Needs PostgreSQL
  * (DATABASE_URL, a database of its own is created and dropped), RabbitMQ (AMQP_URL) and NATS (NATS_URL).
  * Heap growth is given per event (or payment) from the sample at 10% to the last (warm-up excluded),
  * and as a least-squares slope over the samples from 10% on.
@@ -398,7 +399,8 @@ export async function soakBench(): Promise<SoakResult[]> {
   if (part !== "messaging") {
     const r = await soakService({
       payments,
-      sampleEvery: Math.max(1_000, Math.round(payments / 20)),
+      sampleEvery: Number(process.env.SOAK_SAMPLE_EVERY ?? Math.max(1_000, Math.round(payments / 20))),
+      concurrency: Number(process.env.SOAK_SERVICE_CONCURRENCY ?? 32),
       maxSeconds: process.env.SOAK_SERVICE_SECONDS ? Number(process.env.SOAK_SERVICE_SECONDS) : undefined,
       log: console.log,
     });

@@ -20,6 +20,7 @@ or SIGTERM (or, with --once, until nothing is left to publish now). Several rela
   --batch-size N       rows claimed per batch (default 500)
   --concurrency N      batches in flight (default 1)
   --ordered            publish each aggregate's events in the order written
+  --pipeline           with --ordered: send a batch in one go, not one confirm per event (AMQP, NATS)
   --max-attempts N     failures before a row is parked (default 10)
   --retention-hours H  delete published rows after H hours, 0 keeps them (default 24)
   --once               publish what is pending now, then exit
@@ -116,6 +117,7 @@ export async function relayCommand(argv: string[]): Promise<number> {
       "batch-size": { type: "string" },
       concurrency: { type: "string" },
       ordered: { type: "boolean" },
+      pipeline: { type: "boolean" },
       "max-attempts": { type: "string" },
       "retention-hours": { type: "string" },
       once: { type: "boolean" },
@@ -135,6 +137,9 @@ export async function relayCommand(argv: string[]): Promise<number> {
   const schema = values.schema ?? "idem";
   const dbUrl = values["database-url"] ?? process.env.DATABASE_URL;
   const kind = values["requeue-parked"] ? undefined : brokerKind(values);
+  if (values.pipeline && (!values.ordered || kind === "webhook")) {
+    throw new CliError("--pipeline goes with --ordered, to RabbitMQ or NATS", EXIT.usage);
+  }
   const { Relay, requeueParked, outboxCounts } = await import("../messaging/relay.ts");
 
   const listenUrl = values["listen-database-url"] ?? (process.env.IDEM_LISTEN_DATABASE_URL || undefined);
@@ -166,6 +171,7 @@ export async function relayCommand(argv: string[]): Promise<number> {
       concurrency,
       maxAttempts,
       orderByAggregate: values.ordered ?? false,
+      pipeline: values.pipeline ?? false,
       retentionMs: retentionHours * 3_600_000,
       ...(values.topic ? { topics: values.topic } : {}),
       listen: values.once ? undefined : listen,

@@ -96,6 +96,8 @@ function lostConnection(err: Error, channelRefused: boolean): Error {
 /** Publishes outbox batches to RabbitMQ with publisher confirms. */
 export class AmqpPublisher implements Publisher {
   readonly name = "amqp";
+  /** One confirm channel (one connection) carries a call's messages in order. */
+  readonly keepsOrder = true;
   readonly #options: AmqpPublisherOptions;
   #link: Promise<Link> | undefined;
 

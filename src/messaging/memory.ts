@@ -96,6 +96,7 @@ export class MemoryBroker {
     const timeoutMs = this.#options.confirmTimeoutMs ?? 10_000;
     return {
       name: "memory",
+      keepsOrder: true,
       publish: async (messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> =>
         Promise.all(
           messages.map((m): Promise<PublishOutcome> => {

@@ -124,6 +124,8 @@ export interface NatsPublisherOptions {
 /** Publishes outbox batches to JetStream, all messages of a batch in flight at once. */
 export class NatsPublisher implements Publisher {
   readonly name = "nats";
+  /** One connection carries a call's messages to the stream in order (no client-side retries). */
+  readonly keepsOrder = true;
   readonly #options: NatsPublisherOptions;
   #conn: Promise<{ nc: NatsConnection; js: JetStreamClient; owned: boolean }> | undefined;
 

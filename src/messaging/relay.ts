@@ -29,6 +29,7 @@ import type { Db } from "../core/db.ts";
 import { schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
 import { Alarms, marker, publishBatch } from "./relay-batch.ts";
+import { pipelined } from "./relay-pipeline.ts";
 import { type Row, statements, toMessage } from "./relay-sql.ts";
 import {
   errorOf,
@@ -65,6 +66,8 @@ export interface RelayOptions {
    * Events without an aggregate id are unaffected. Default false.
    */
   orderByAggregate?: boolean;
+  /** With `orderByAggregate`: a batch in one call, not a confirm per event (see relay-pipeline.ts). */
+  pipeline?: boolean;
   /** Only these topics (so one relay can serve RabbitMQ and another webhooks). Default: every topic. */
   topics?: readonly string[];
   /** Failed publishes after which a row is parked with its last error. Default 10. */
@@ -106,6 +109,7 @@ export interface RelayStats {
   /** Batches in which the broker could not be reached or lost messages (put back, no attempt counted). */
   unavailable: number;
   deleted: number;
+  reordered: number; // with `pipeline`: stored after an earlier event of their aggregate was refused
 }
 
 /** Thrown inside a relay loop by a test's crash point; the loop stops dead. */
@@ -133,6 +137,7 @@ export class Relay {
     parked: 0,
     unavailable: 0,
     deleted: 0,
+    reordered: 0,
   };
   readonly #db: Db;
   readonly #publisher: Publisher;
@@ -140,6 +145,7 @@ export class Relay {
   readonly #channel: string;
   readonly #topics: string | undefined;
   readonly #ordered: boolean;
+  readonly #pipelined: ReturnType<typeof pipelined>;
   readonly #batchSize: number;
   readonly #concurrency: number;
   readonly #leaseMs: number;
@@ -171,6 +177,7 @@ export class Relay {
     this.#publisher = options.publisher;
     this.#topics = options.topics ? JSON.stringify(options.topics) : undefined;
     this.#ordered = options.orderByAggregate ?? false;
+    this.#pipelined = pipelined(options, this.stats);
     this.#sql = statements(schema, this.#ordered, this.#topics !== undefined);
     this.#channel = `${schema}_outbox`;
     this.#batchSize = positive(options.batchSize ?? 500, "batchSize");
@@ -260,7 +267,9 @@ export class Relay {
         return !this.#crashed;
       },
     );
-    const end = await publishBatch(this.#publisher, batch, this.#ordered, marks.sink);
+    const end = this.#pipelined
+      ? await this.#pipelined(batch, marks.sink)
+      : await publishBatch(this.#publisher, batch, this.#ordered, marks.sink);
     const lost = await marks.settled(); // throws a database error
     if (this.#crashed) throw new RelayCrash("after-publish");
     if (end.unavailable) {

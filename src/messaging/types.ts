@@ -45,6 +45,11 @@ export interface Publisher {
   readonly name: string;
   publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]>;
   close(): Promise<void>;
+  /**
+   * True when the messages of one `publish` call reach the broker, and are stored, in the call's order
+   * (one connection, one channel). Lets an ordered relay `pipeline` an aggregate's events.
+   */
+  readonly keepsOrder?: boolean;
 }
 
 /** A message as a consumer receives it, whichever broker brought it. */

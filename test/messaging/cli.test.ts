@@ -28,7 +28,13 @@ describe("idem relay", () => {
   });
 
   it("refuses bad options and a missing broker with exit 2 and a one-line fix", async () => {
-    for (const argv of [["--batch-size", "0"], ["--amqp", "amqp://x", "--nats", "nats://y"], ["--bogus"]]) {
+    for (const argv of [
+      ["--batch-size", "0"],
+      ["--amqp", "amqp://x", "--nats", "nats://y"],
+      ["--bogus"],
+      ["--amqp", "amqp://x", "--pipeline"], // without --ordered
+      ["--webhook", "http://x", "--ordered", "--pipeline"], // a webhook keeps no order
+    ]) {
       const err = await relayCommand(argv).catch((e) => e);
       expect(err).toBeInstanceOf(CliError);
       expect(err.exitCode).toBe(2);
