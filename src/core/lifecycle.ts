@@ -16,10 +16,10 @@
  * returned here back into their framework's response, and hand the same `body` value to the handler.
  */
 import { type RequestBody, readRequestBody } from "./body.ts";
-import { IdemError, isIdemError, KeyMissingError, RetryableError } from "./errors.ts";
+import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
-import { encodeOperationRef } from "./operation-ref.ts";
+import { encodeOperationRef, OPERATION_REF_HEADER } from "./operation-ref.ts";
 import {
   ANSWER_WITHIN_HEADER,
   EXPIRES_HEADER,
@@ -314,7 +314,8 @@ export class Lifecycle<Tx> {
   failure(err: unknown, begun?: Begun): StoredResponse | undefined {
     const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
     let response: StoredResponse;
-    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed, this.phasesMode));
+    const claimId = err instanceof KeyInFlightError ? err.claimId : undefined;
+    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed, this.phasesMode, claimId));
     else if (isDatabaseUnavailable(err)) {
       // Nothing can have committed when no connection was had; a connection lost later (even during
       // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
@@ -338,6 +339,7 @@ export class Lifecycle<Tx> {
       response = errorResponse(retry, this.errorContext(keyed, true));
     } else return undefined;
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    if (keyed) response.headers.push(refHeader(keyed, claimId));
     return response;
   }
 
@@ -359,6 +361,7 @@ export class Lifecycle<Tx> {
       { operation },
     );
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    if (keyed) response.headers.push(refHeader(keyed));
     return response;
   }
 
@@ -366,9 +369,9 @@ export class Lifecycle<Tx> {
    * `claimed`: whether the key row may exist unfinished. An idem error in atomic mode rolled the claim back
    * with the work; a phases key may stay claimed and unfinished.
    */
-  private errorContext(claim: Claim | undefined, claimed: boolean): ErrorContext {
+  private errorContext(claim: Claim | undefined, claimed: boolean, claimId?: string | null): ErrorContext {
     if (!claim) return {};
-    return { ref: encodeOperationRef(claim.scope, claim.key), claimed };
+    return { ref: encodeOperationRef(claim.scope, claim.key, claimId), claimed };
   }
 
   /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
@@ -429,6 +432,7 @@ export class Lifecycle<Tx> {
         [REPLAYED_HEADER, "true"],
         [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
         this.answerWithin,
+        refHeader(claim, outcome.claimId),
       ];
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);
       return this.report(claim, {
@@ -438,7 +442,7 @@ export class Lifecycle<Tx> {
         executed: false,
       });
     }
-    const headers = [...r.headers, this.answerWithin];
+    const headers = [...r.headers, this.answerWithin, refHeader(claim, outcome.claimId)];
     if (outcome.saved) {
       headers.push([EXPIRES_HEADER, outcome.expiresAt.toUTCString()]);
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);
@@ -460,6 +464,11 @@ function unavailable(cause: unknown): RetryableError {
     cause,
     retryAfterSeconds: 1,
   });
+}
+
+/** Every keyed answer names its operation (the claim, when known), for `GET /v1/operations/{ref}`. */
+function refHeader(claim: Claim, claimId?: string | null): [string, string] {
+  return [OPERATION_REF_HEADER, encodeOperationRef(claim.scope, claim.key, claimId)];
 }
 
 /** A saved 4xx is a final "not applied": say so, unless the answer already states it itself. */

@@ -6,7 +6,7 @@
  * by the timeline comment above `atomic`; split across files it could no longer be checked in one read.
  * Phases mode lives in ./phases/, the partitions in ./partitions.ts, inspection in ./inspect.ts.
  */
-import { hash } from "node:crypto";
+import { hash, randomUUID } from "node:crypto";
 import {
   AbandonedWorkError,
   type AtomicOutcome,
@@ -335,6 +335,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       kind: "replayed",
       expiresAt: this.expiresAt(row),
       response: openReply(this.sealer, row, claim.scope, claim.key),
+      claimId: row.claim_id ?? null,
     };
   }
 
@@ -356,7 +357,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       } catch (err) {
         throw new WorkError(err);
       }
-      return { kind: "replayed", expiresAt: this.expiresAt(row), response };
+      return { kind: "replayed", expiresAt: this.expiresAt(row), response, claimId: row.claim_id ?? null };
     }
     const replay = this.replayOf(claim, row);
     if (!replay) throw new KeyInFlightError(1);
@@ -595,6 +596,7 @@ export class PostgresStore implements AtomicStore<Tx> {
         if (signal?.aborted) throw new Rollback(result.response); // the client hung up: save nothing
         const saved = result.save;
         const compact = result.compactId !== undefined;
+        const claimId = randomUUID(); // given here, so the answer can name its claim without a read
         // Its bucket and created_at are the database's now (this transaction's start, the instant the
         // lookup read), whatever this process's clock says.
         tx.final(this.sql.insertDone, [
@@ -605,12 +607,14 @@ export class PostgresStore implements AtomicStore<Tx> {
           compact ? null : sealHeaders(this.sealer, saved.headers, claim.scope, claim.key),
           compact ? null : sealBytes(this.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
           compact ? result.compactId : null,
+          claimId,
         ]);
         return {
           kind: "executed",
           response: result.response,
           saved: true,
           expiresAt: expiresAt!,
+          claimId,
         };
       },
       { begin: this.lockSql(claim.scope, claim.key), batch: speculate === true },
@@ -784,8 +788,8 @@ function statements(s: string, t: DbTime) {
     // (23505), which rolls the transaction back as a duplicate row always did.
     insertDone: `WITH put AS (
               INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
-                                     body, resource_id)
-              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7)
+                                     body, resource_id, claim_id)
+              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid)
               ON CONFLICT (scope, key, bucket) DO UPDATE
                  SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
                      recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,

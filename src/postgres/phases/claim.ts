@@ -59,12 +59,15 @@ export async function lookupKey(table: KeyTable, scope: string, key: string): Pr
  */
 export function answerOf(table: KeyTable, claim: Claim, row: PhaseRow): AtomicOutcome | undefined {
   if (!sameBytes(new Uint8Array(row.fingerprint), claim.fingerprint)) throw new KeyMismatchError();
-  if (row.needs_review_at) throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key));
+  if (row.needs_review_at) {
+    throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key, row.claim_id));
+  }
   if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
   return {
     kind: "replayed",
     expiresAt: new Date(new Date(row.created_at).getTime() + table.retentionMs),
     response: openReply(table.sealer, row, claim.scope, claim.key),
+    claimId: row.claim_id ?? null,
   };
 }
 
@@ -215,7 +218,7 @@ async function takeLease<I, D>(
   input: I,
 ): Promise<AtomicOutcome | Lease<I, D>> {
   if (row.lease_token && Number(row.lease_left_s) > 0) {
-    throw new KeyInFlightError(retryAfter(row.lease_left_s));
+    throw new KeyInFlightError(retryAfter(row.lease_left_s), row.claim_id);
   }
   // Open the stored input BEFORE taking the lease: one that cannot be opened (a dropped key, an altered
   // value) fails this request without leaving a lease nobody holds.
@@ -257,7 +260,7 @@ async function takeLease<I, D>(
   if (again) {
     const replay = answerOf(table, claim, again);
     if (replay) return replay;
-    throw new KeyInFlightError(retryAfter(again.lease_left_s));
+    throw new KeyInFlightError(retryAfter(again.lease_left_s), again.claim_id);
   }
   throw new KeyInFlightError(1);
 }
