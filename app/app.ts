@@ -6,6 +6,7 @@ import type { ApiKeys } from "./accounts.ts";
 import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { openApiDocument } from "./openapi.ts";
+import { operationRoutes } from "./operations.ts";
 import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
@@ -93,6 +94,7 @@ export function createApp(deps: AppDeps): Hono {
     app.route("/", paymentRoutes(deps));
   }
   app.route("/", patternRoutes(deps));
+  app.route("/", operationRoutes(deps));
   const phases = (deps.paymentsMode ?? "phases") === "phases";
   const openapi = openApiDocument({
     ...deps,

@@ -15,6 +15,8 @@
  *   - an unfinished one (or one in review): 200 `application/json` with `operation_state`
  *     (`in_progress`, `uncertain`) and its timestamps; `?wait=SECONDS` holds the request (at most
  *     `maxWaitSeconds`) until it finishes;
+ *   - by key: `GET /v1/operations` with the request's `Idempotency-Key` instead of a reference (a
+ *     client whose reply was lost never saw the reference): the caller's live claim of that key;
  *   - 404, the same bytes, for a reference that is not the caller's, unknown, expired or of an older
  *     claim of the key: it is no oracle for other accounts' keys. The scope comes from authentication,
  *     never from the reference.
@@ -22,12 +24,14 @@
 import {
   decodeOperationRef,
   EXPIRES_HEADER,
+  encodeOperationRef,
   isDatabaseUnavailable,
   OPERATION_REF_HEADER,
   OPERATION_STATE_HEADER,
   type OperationReader,
   type OperationRecord,
   type OperationState,
+  parseIdempotencyKey,
   problemResponse,
   REPLAYED_HEADER,
   type StoredResponse,
@@ -45,7 +49,9 @@ export interface OperationLookupOptions<C = unknown> {
   authorizeReplay?: (request: Request, context: C) => boolean | Promise<boolean>;
   /**
    * The reference from the request. Default: the last segment of the URL's path
-   * (`/v1/operations/op_...`).
+   * (`/v1/operations/op_...`). A request without one that sends `Idempotency-Key` looks up the
+   * caller's live claim of that key (`GET /v1/operations` with the key, as a client that lost the
+   * reply, and with it the reference, asks).
    */
   ref?: (request: Request, context: C) => string | undefined;
   /** The longest `?wait=` honoured, in seconds (a longer one is cut to it). Default: 20. */
@@ -85,13 +91,24 @@ export function operationLookup<C = unknown>(
       return send(problemResponse(401, "unauthorized", "Authenticate to look an operation up."), request);
     }
     const raw = options.ref ? options.ref(request, context) : lastSegment(url.pathname);
-    const ref = raw === undefined ? undefined : decodeOperationRef(raw);
+    let ref = raw === undefined ? undefined : decodeOperationRef(raw);
+    if (ref === undefined) {
+      // No reference: the caller's own key (`Idempotency-Key`), for a client whose reply was lost
+      // before it saw one. The scope is the caller's, so it names nothing of anyone else's.
+      let key: string | undefined;
+      try {
+        key = parseIdempotencyKey(request.headers.get("idempotency-key"));
+      } catch {
+        key = undefined;
+      }
+      if (key !== undefined) ref = { scope, key };
+    }
     // Another scope's reference is read like an unknown one (under the caller's own scope), so that
     // neither the answer nor its timing tells them apart.
     const owned = ref !== undefined && ref.scope === scope;
     const key = ref?.key ?? "";
     const matches = (op: OperationRecord | undefined): op is OperationRecord =>
-      op !== undefined && owned && (ref.claimId === undefined || ref.claimId === op.claimId);
+      op !== undefined && owned && (ref!.claimId === undefined || ref!.claimId === op.claimId);
     try {
       const deadline = Date.now() + Math.min(waitS, maxWait) * 1000;
       let op = await options.read(scope, key);
@@ -102,7 +119,8 @@ export function operationLookup<C = unknown>(
         op = await options.read(scope, key);
       }
       if (!matches(op)) return send(NOT_FOUND(), request);
-      return send(await answerOf(op, raw!, request, context, options), request);
+      const named = encodeOperationRef(scope, key, op.claimId);
+      return send(await answerOf(op, named, request, context, options), request);
     } catch (err) {
       if (!isDatabaseUnavailable(err)) throw err;
       return send(

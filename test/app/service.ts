@@ -40,6 +40,8 @@ export async function startService(
     providerIdempotency?: boolean;
     /** The store's retention (default 24 h). */
     retentionMs?: number;
+    /** Added latency of every provider charge, in ms (phases mode; default 0). */
+    providerLatencyMs?: number;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
@@ -54,6 +56,7 @@ export async function startService(
           host: "127.0.0.1",
           declineCards: [DECLINED_TEST_CARD],
           idempotency: options.providerIdempotency,
+          latencyMs: options.providerLatencyMs,
         })
       : undefined;
   const app = createApp({
