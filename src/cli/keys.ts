@@ -77,6 +77,13 @@ export async function keysCommand(argv: string[]): Promise<number> {
           `no live key ${JSON.stringify(target!.key)} of ${JSON.stringify(target!.scope)} on ${where}`,
         );
       }
+      const named = target!.claimId;
+      if (named !== undefined && named !== k.claimId) {
+        // The reference names one claim of the key; the key was claimed again since (a new operation).
+        console.error(
+          `note: --ref names claim ${named}, which has expired; the key shown is a later claim (a new operation)`,
+        );
+      }
       if (values.json) printJson(k);
       else console.log(describe(k));
       return EXIT.ok;
@@ -115,7 +122,7 @@ export async function keysCommand(argv: string[]): Promise<number> {
   }
 }
 
-function keyOf(values: Values, args: string[]): { scope: string; key: string } {
+function keyOf(values: Values, args: string[]): { scope: string; key: string; claimId?: string } {
   if (values.ref !== undefined) {
     const decoded = decodeOperationRef(values.ref);
     if (!decoded)
