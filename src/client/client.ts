@@ -51,6 +51,8 @@ import {
 const NO_POST_OPTIONS: RequestOptions & { intent?: IntentRef } = NO_OPTIONS as RequestOptions;
 /** How long `resume()` lets the server hold its lookup of an operation still in progress, in seconds. */
 const RESUME_WAIT_S = 5;
+/** What a held lookup's attempt gets past the wait, before the client stops waiting for it. */
+const LOOKUP_MARGIN_MS = 2_000;
 
 export class IdemClient {
   readonly store: IntentStore;
@@ -208,7 +210,12 @@ export class IdemClient {
     const url = lookupUrlOf(request.url, path, ref, options.waitSeconds);
     const headers: Record<string, string> = {};
     if (!ref) headers["idempotency-key"] = this.#settings.quoteKey ? `"${record.key}"` : record.key;
-    const { waitSeconds: _, ...callOpts } = options;
+    const { waitSeconds, ...callOpts } = options;
+    if (waitSeconds !== undefined && waitSeconds > 0) {
+      // The server holds the GET up to the wait: give the attempt that long, plus a margin.
+      const atLeast = waitSeconds * 1000 + LOOKUP_MARGIN_MS;
+      callOpts.perTryTimeoutMs = Math.max(callOpts.perTryTimeoutMs ?? this.#settings.perTryMs, atLeast);
+    }
     const response = await this.requestWithoutKey(url, { ...callOpts, headers });
     const known = await readLookup(response, url);
     if (known.finished) {

@@ -160,3 +160,40 @@ describe(`the client asks the operation lookup before resending (service on ${ba
     expect(proxy.counts.size).toBe(0);
   });
 });
+
+describe(`resume() while the payment is still being made (phases, 1.5 s charge, ${backend.name})`, () => {
+  let svc: RunningService;
+  let proxy: Proxy;
+  beforeAll(async () => {
+    svc = await startService(backend, { paymentsMode: "phases", providerLatencyMs: 1_500 });
+    proxy = await startProxy(svc.url);
+  });
+  afterAll(async () => {
+    proxy?.server.closeAllConnections();
+    await new Promise<void>((r) => (proxy ? proxy.server.close(() => r()) : r()));
+    await svc?.stop();
+  });
+
+  it("the lookup holds the GET until the charge ends: one GET, no POST, the 201", async () => {
+    const client = createClient({
+      baseUrl: proxy.url,
+      headers: { authorization: `Bearer ${KEY_1}` },
+      retry: { maxAttempts: 1 },
+      perTryTimeoutMs: 300, // the client stops waiting while the service charges
+      operationsPath: "/v1/operations",
+    });
+    await expect(
+      client.post("/v1/payments", { amount_cents: 4500, currency: "eur" }, { intent: "slow-1" }),
+    ).rejects.toThrow();
+    proxy.counts.clear();
+    const t = performance.now();
+    const res = await client.resume("slow-1");
+    const ms = performance.now() - t;
+    expect(res.status).toBe(201);
+    expect(((await res.json()) as { amount_cents: number }).amount_cents).toBe(4500);
+    expect(Object.fromEntries(proxy.counts)).toEqual({ "GET /v1/operations": 1 });
+    expect(ms).toBeLessThan(4_000); // answered when the charge ended, within resume()'s 5 s wait
+    expect(await svc.count("SELECT count(*)::int AS n FROM payments WHERE amount_cents = 4500")).toBe(1);
+    console.log(`resume(): one GET held ${Math.round(ms)} ms until the charge ended`);
+  });
+});
