@@ -19,7 +19,7 @@ import { type RequestBody, readRequestBody } from "./body.ts";
 import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
-import { encodeOperationRef, OPERATION_REF_HEADER } from "./operation-ref.ts";
+import { encodeOperationRef, operationRefHeader as refHeader } from "./operation-ref.ts";
 import {
   ANSWER_WITHIN_HEADER,
   EXPIRES_HEADER,
@@ -464,11 +464,6 @@ function unavailable(cause: unknown): RetryableError {
     cause,
     retryAfterSeconds: 1,
   });
-}
-
-/** Every keyed answer names its operation (the claim, when known), for `GET /v1/operations/{ref}`. */
-function refHeader(claim: Claim, claimId?: string | null): [string, string] {
-  return [OPERATION_REF_HEADER, encodeOperationRef(claim.scope, claim.key, claimId)];
 }
 
 /** A saved 4xx is a final "not applied": say so, unless the answer already states it itself. */

@@ -45,3 +45,11 @@ export function decodeOperationRef(ref: string): DecodedOperationRef | undefined
 
 /** The response header that carries a keyed answer's operation reference. */
 export const OPERATION_REF_HEADER = "idempotency-operation-ref";
+
+/** The header every keyed answer carries: its operation (the claim, when known), for the lookup. */
+export function operationRefHeader(
+  claim: { scope: string; key: string },
+  claimId?: string | null,
+): [string, string] {
+  return [OPERATION_REF_HEADER, encodeOperationRef(claim.scope, claim.key, claimId)];
+}
