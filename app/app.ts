@@ -7,6 +7,7 @@ import { adminRoutes } from "./admin.ts";
 import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { openApiDocument } from "./openapi.ts";
+import { operationRoutes } from "./operations.ts";
 import { patternRoutes } from "./patterns.ts";
 import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
@@ -96,6 +97,7 @@ export function createApp(deps: AppDeps): Hono {
     app.route("/", paymentRoutes(deps));
   }
   app.route("/", patternRoutes(deps));
+  app.route("/", operationRoutes(deps));
   const phases = (deps.paymentsMode ?? "phases") === "phases";
   const openapi = openApiDocument({
     ...deps,

@@ -18,6 +18,7 @@ export const OPERATION_STATES = ["none", "in_progress", "done", "failed_not_appl
  */
 const keyedProblemHeaders = (): Json => ({
   "Idempotency-Operation-State": ref("headers", "Idempotency-Operation-State"),
+  "Idempotency-Operation-Ref": ref("headers", "Idempotency-Operation-Ref"),
   "Idempotency-Answer-Within": ref("headers", "Idempotency-Answer-Within"),
 });
 
@@ -54,6 +55,7 @@ export function successWithReplay(description: string, schema: Json, location: b
     "Idempotency-Expires": ref("headers", "Idempotency-Expires"),
     "Idempotent-Replayed": ref("headers", "Idempotent-Replayed"),
     "Idempotency-Answer-Within": ref("headers", "Idempotency-Answer-Within"),
+    "Idempotency-Operation-Ref": ref("headers", "Idempotency-Operation-Ref"),
   };
   if (location) headers.Location = ref("headers", "Location");
   return {
@@ -126,6 +128,12 @@ export function componentHeaders(retention: string): Json {
         "On problem replies of keyed routes: the same `operation_state` as the body, for clients that do " +
         "not read bodies.",
       schema: { type: "string", enum: [...OPERATION_STATES] },
+    },
+    "Idempotency-Operation-Ref": {
+      description:
+        "On every answer to a keyed request: the operation's reference (this claim of the key), to ask " +
+        "`GET /v1/operations/{ref}` what became of it without sending the request again.",
+      schema: { type: "string" },
     },
     "Idempotency-Answer-Within": {
       description:

@@ -8,6 +8,8 @@
  * `{ required, retentionSeconds, replayHeader: "Idempotent-Replayed", answerWithinSeconds }` (all but
  * `required: false` null for operations that need no key because they are safe to repeat as they are).
  */
+
+import { operationPaths } from "./openapi-operations.ts";
 import {
   componentHeaders,
   componentResponses,
@@ -54,6 +56,7 @@ export function openApiDocument(options: OpenApiOptions): Json {
     answerWithinSeconds: Math.ceil((options.answerWithinMs ?? 5_000) / 1000),
     lockSeconds: Math.ceil((options.lockTimeoutMs ?? 5_000) / 1000),
   });
+  Object.assign(paths, operationPaths());
   if (options.playground) Object.assign(paths, playgroundPaths());
 
   return {

@@ -93,6 +93,10 @@ export async function readAnswer(response: Response): Promise<ServerAnswer> {
     }
     if (typeof problem === "object" && problem !== null) readProblem(problem as Problem, answer);
   }
+  if (answer.operationRef === undefined) {
+    const ref = headers.get("idempotency-operation-ref");
+    if (ref !== null) answer.operationRef = ref;
+  }
   if (answer.operationState === undefined) {
     const state = headers.get(OPERATION_STATE_HEADER)?.trim();
     if (state !== undefined && STATES.has(state)) answer.operationState = state as OperationState;

@@ -51,6 +51,7 @@ import {
 import { emit } from "./events.ts";
 import { toHeaderMap } from "./headers.ts";
 import type { IntentLedger } from "./ledger.ts";
+import { lookupUrlOf } from "./operations.ts";
 import { ANSWER_WITHIN_MARGIN_MS, type Settings } from "./options.ts";
 import { retryAfterFrom } from "./retry-after.ts";
 
@@ -277,7 +278,11 @@ export class AttemptLoop {
   async #uncertain(call: Call, response: Response): Promise<never> {
     const written = this.#ledger.uncertain(call, response);
     if (written) await written;
-    const error = new OperationUncertainError({ ...call.details(), lastResponse: await buffer(response) });
+    const details = { ...call.details(), lastResponse: await buffer(response) };
+    const path = this.#s.operationsPath;
+    // Where to ask once a person has settled it (by reference when the server gave one, else by key).
+    if (path !== false) details.lookupUrl = lookupUrlOf(call.url, path, details.operationRef);
+    const error = new OperationUncertainError(details);
     emit(this.#s.on.giveUp, { ...call.info(), attempts: call.attempts, error });
     throw error;
   }

@@ -21,7 +21,13 @@ import {
   POST_OWN_FIELDS,
   prepareCall,
 } from "./call.ts";
-import { IntentHasNoRequestError, IntentNotFoundError, NewKeyNotSafeError } from "./errors.ts";
+import {
+  IntentExpiredError,
+  IntentHasNoRequestError,
+  IntentNotFoundError,
+  NewKeyNotSafeError,
+  OperationUncertainError,
+} from "./errors.ts";
 import { toHeaderMap } from "./headers.ts";
 import {
   type IntentRecord,
@@ -32,7 +38,8 @@ import {
   newIntentRecord,
 } from "./intent-store.ts";
 import { newIdempotencyKey } from "./key.ts";
-import { IntentLedger } from "./ledger.ts";
+import { IntentLedger, originOf } from "./ledger.ts";
+import { DEFAULT_OPERATIONS_PATH, lookupUrlOf, type OperationStatus, readLookup } from "./operations.ts";
 import {
   type CallOptions,
   type ClientOptions,
@@ -42,6 +49,10 @@ import {
 } from "./options.ts";
 
 const NO_POST_OPTIONS: RequestOptions & { intent?: IntentRef } = NO_OPTIONS as RequestOptions;
+/** How long `resume()` lets the server hold its lookup of an operation still in progress, in seconds. */
+const RESUME_WAIT_S = 5;
+/** What a held lookup's attempt gets past the wait, before the client stops waiting for it. */
+const LOOKUP_MARGIN_MS = 2_000;
 
 export class IdemClient {
   readonly store: IntentStore;
@@ -50,6 +61,7 @@ export class IdemClient {
   readonly #baseUrl: string | undefined;
   readonly #ledger: IntentLedger;
   readonly #loop: AttemptLoop;
+  readonly #settings: Settings;
   #lastUrl: string | undefined;
   #lastHref = "";
 
@@ -61,6 +73,12 @@ export class IdemClient {
     this.#baseUrl = options.baseUrl?.toString();
     this.#ledger = new IntentLedger(this.store, settings.keyHeader, settings.keyRetentionMs);
     this.#loop = new AttemptLoop(settings, this.#ledger);
+    this.#settings = settings;
+    const path = settings.operationsPath;
+    if (path !== false) {
+      this.#ledger.lookupUrl = (r) =>
+        r.request ? lookupUrlOf(r.request.url, path, r.lastAnswer?.operationRef) : undefined;
+    }
   }
 
   /**
@@ -151,7 +169,72 @@ export class IdemClient {
   async resume(intent: IntentRef, options: CallOptions = NO_OPTIONS): Promise<Response> {
     const record = await this.#stored(intent);
     const call = this.#replayOf(record, options);
+    if (record.status === IntentStatus.pending && this.#offersLookup(record)) {
+      const expiry = this.#ledger.expiryOf(record);
+      if (Date.now() >= Date.parse(expiry)) throw new IntentExpiredError(record.id, expiry);
+      // Ask first: a finished operation's saved answer comes back without its request being sent.
+      const known = await this.status(record, { ...options, waitSeconds: RESUME_WAIT_S });
+      if (known.finished) return known.response;
+      if (known.state === "uncertain") {
+        throw new OperationUncertainError({
+          intentId: record.id,
+          key: record.key,
+          attempts: 0,
+          lookupUrl: known.lookupUrl,
+          ...(known.operationRef !== undefined && { operationRef: known.operationRef }),
+        });
+      }
+      await known.response.body?.cancel();
+      // In progress past the wait, unknown to the server, or no lookup: sent again with its key.
+    }
     return await this.#loop.run(call, this.#ledger.reopen(record, call));
+  }
+
+  /**
+   * Ask the server what became of an intent's operation, without sending its request: one GET to its
+   * operation lookup (`operationsPath`), by the reference an earlier answer gave, else by the intent's
+   * key. A finished operation comes back with its saved answer (`finished`, `response`, exactly as a
+   * replay), and the intent is recorded done; an uncertain one marks the intent uncertain. While it is
+   * in progress, `waitSeconds` asks the server to hold the request until it finishes (bounded there).
+   * Sent with the client's headers (credentials), retries, deadline and breaker, never with the body.
+   */
+  async status(
+    intent: IntentRef,
+    options: CallOptions & { waitSeconds?: number } = NO_OPTIONS,
+  ): Promise<OperationStatus> {
+    const record = await this.#stored(intent);
+    const request = record.request;
+    if (!request) throw new IntentHasNoRequestError(record.id);
+    const path = this.#settings.operationsPath || DEFAULT_OPERATIONS_PATH;
+    const ref = record.lastAnswer?.operationRef;
+    const url = lookupUrlOf(request.url, path, ref, options.waitSeconds);
+    const headers: Record<string, string> = {};
+    if (!ref) headers["idempotency-key"] = this.#settings.quoteKey ? `"${record.key}"` : record.key;
+    const { waitSeconds, ...callOpts } = options;
+    if (waitSeconds !== undefined && waitSeconds > 0) {
+      // The server holds the GET up to the wait: give the attempt that long, plus a margin.
+      const atLeast = waitSeconds * 1000 + LOOKUP_MARGIN_MS;
+      callOpts.perTryTimeoutMs = Math.max(callOpts.perTryTimeoutMs ?? this.#settings.perTryMs, atLeast);
+    }
+    const response = await this.requestWithoutKey(url, { ...callOpts, headers });
+    const known = await readLookup(response, url);
+    if (known.finished) {
+      await this.#ledger.learned(record, response, "done", known.operationRef);
+    } else if (known.state === "uncertain") {
+      await this.#ledger.learned(record, response, "uncertain", known.operationRef);
+    }
+    return known;
+  }
+
+  /** Whether to ask the lookup before sending an intent again: the server offers it, or it was configured. */
+  #offersLookup(record: IntentRecord): boolean {
+    const s = this.#settings;
+    if (s.operationsPath === false || !record.request) return false;
+    return (
+      s.operationsSet ||
+      record.lastAnswer?.operationRef !== undefined ||
+      this.#ledger.advertised.has(originOf(record.request.url))
+    );
   }
 
   /**

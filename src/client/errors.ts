@@ -67,6 +67,8 @@ export interface GiveUpDetails {
   safeNewKey?: boolean;
   /** The server's reference of the operation, for an operator. */
   operationRef?: string;
+  /** Where the operation can be looked up (`client.status(intent)` asks it), when the server offers it. */
+  lookupUrl?: string;
 }
 
 /**
@@ -180,7 +182,8 @@ export class CallAbortedError extends GiveUpError {
 /**
  * The server answered `operation_state: "uncertain"`: an external call started and whether it took
  * effect cannot be established. The client does not retry it (with this key or a new one) and
- * marks the intent `uncertain`. Hand `operationRef` to a person (`idem keys inspect --ref ...`).
+ * marks the intent `uncertain`. Hand `operationRef` to a person (`idem keys inspect --ref ...`); once a
+ * person has settled it, `lookupUrl` (what `client.status(intent)` asks) gives the outcome.
  * Not a {@link GiveUpError}: resending later is not the fix.
  */
 export class OperationUncertainError extends IdemClientError {
@@ -192,6 +195,11 @@ export class OperationUncertainError extends IdemClientError {
   readonly operationState: OperationState = "uncertain";
   /** The server's reference of the operation (empty when the server sent none). */
   readonly operationRef: string;
+  /**
+   * Where to ask what became of the operation without sending it again (`GET`, with the same
+   * credentials; `client.status(intent)` does it), when the server offers the lookup.
+   */
+  readonly lookupUrl?: string;
   /** The uncertain answer itself (body read into memory). */
   readonly lastResponse?: Response;
   constructor(details: GiveUpDetails) {
@@ -204,6 +212,7 @@ export class OperationUncertainError extends IdemClientError {
     this.key = details.key;
     this.attempts = details.attempts;
     this.operationRef = details.operationRef ?? "";
+    if (details.lookupUrl !== undefined) this.lookupUrl = details.lookupUrl;
     if (details.lastResponse) this.lastResponse = details.lastResponse;
   }
 }

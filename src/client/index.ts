@@ -57,6 +57,13 @@ export {
   type LocalStorageIntentStoreOptions,
   type StorageLike,
 } from "./local-storage-store.ts";
+// The operation lookup (client.status, resume asking first).
+export {
+  DEFAULT_OPERATIONS_PATH,
+  OPERATION_NOT_FOUND,
+  OPERATION_REF_HEADER,
+  type OperationStatus,
+} from "./operations.ts";
 export {
   ANSWER_WITHIN_MARGIN_MS,
   type CallOptions,

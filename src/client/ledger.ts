@@ -25,6 +25,7 @@ import {
   newIntentRecord,
   type StoredRequest,
 } from "./intent-store.ts";
+import { OPERATION_REF_HEADER } from "./operations.ts";
 
 /** Headers never stored with an intent (besides the key header). */
 const NOT_STORED = new Set(["authorization", "cookie", "proxy-authorization"]);
@@ -33,6 +34,13 @@ export class IntentLedger {
   readonly store: IntentStore;
   readonly #keyHeader: string;
   readonly #retentionMs: number;
+  /**
+   * Origins whose answers carried `Idempotency-Operation-Ref`: servers that offer the operation
+   * lookup, asked before an intent's request is sent again (`client.resume`).
+   */
+  readonly advertised = new Set<string>();
+  /** Where a stored uncertain intent's operation is looked up (OperationUncertainError.lookupUrl). */
+  lookupUrl: ((record: IntentRecord) => string | undefined) | undefined;
 
   constructor(store: IntentStore, keyHeader: string, retentionMs: number) {
     this.store = store;
@@ -96,6 +104,7 @@ export class IntentLedger {
   reopen(record: IntentRecord, call: Call): Promise<void> {
     call.attach(record);
     if (record.status === IntentStatus.uncertain) {
+      const lookupUrl = this.lookupUrl?.(record);
       throw new OperationUncertainError({
         intentId: record.id,
         key: record.key,
@@ -103,6 +112,7 @@ export class IntentLedger {
         ...(record.lastAnswer?.operationRef !== undefined && {
           operationRef: record.lastAnswer.operationRef,
         }),
+        ...(lookupUrl !== undefined && { lookupUrl }),
       });
     }
     const expiry = this.expiryOf(record);
@@ -143,6 +153,7 @@ export class IntentLedger {
   finish(call: Call, response: Response): Promise<void> | undefined {
     const record = call.record;
     if (!record) return undefined;
+    if (response.headers.has(OPERATION_REF_HEADER)) this.advertised.add(originOf(call.url));
     if (record.id === record.key) return this.store.delete(record.id);
     record.status = IntentStatus.done;
     record.outcome = { status: response.status };
@@ -156,6 +167,7 @@ export class IntentLedger {
     const record = call.record;
     if (!record || call.counted === 0) return undefined;
     const last = call.lastResponse;
+    if (last?.headers.has(OPERATION_REF_HEADER)) this.advertised.add(originOf(call.url));
     if (last) record.lastAnswer = answerOf(call, last);
     this.#settle(record, call, last);
     return this.store.save(record);
@@ -168,6 +180,26 @@ export class IntentLedger {
     record.status = IntentStatus.uncertain;
     record.lastAnswer = answerOf(call, response);
     this.#settle(record, call, response);
+    return this.store.save(record);
+  }
+
+  /**
+   * The server's lookup said the operation is finished (`response`, its saved answer) or uncertain:
+   * recorded as a call's end would record it. An unnamed intent is deleted once finished, as after a call.
+   */
+  learned(
+    record: IntentRecord,
+    response: Response,
+    state: "done" | "uncertain",
+    ref?: string,
+  ): Promise<void> {
+    if (state === IntentStatus.done && record.id === record.key) return this.store.delete(record.id);
+    record.status = state === "done" ? IntentStatus.done : IntentStatus.uncertain;
+    if (state === "done") record.outcome = { status: response.status };
+    record.lastAnswer = { status: response.status, operationState: state };
+    if (ref !== undefined) record.lastAnswer.operationRef = ref;
+    this.#noteExpiry(record, response);
+    record.updatedAt = isoNow();
     return this.store.save(record);
   }
 
@@ -205,5 +237,16 @@ function answerOf(call: Call, response: Response): IntentAnswer {
     if (a.safeNewKey !== undefined) answer.safeNewKey = a.safeNewKey;
     if (a.operationRef !== undefined) answer.operationRef = a.operationRef;
   }
+  answer.operationRef ??= response.headers.get(OPERATION_REF_HEADER) ?? undefined;
+  if (answer.operationRef === undefined) delete answer.operationRef;
   return answer;
+}
+
+/** The origin of an absolute URL ("" for one that does not parse). */
+export function originOf(url: string): string {
+  try {
+    return new URL(url).origin;
+  } catch {
+    return "";
+  }
 }

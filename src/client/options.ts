@@ -13,6 +13,7 @@ import { RetryBudget, type RetryBudgetOptions } from "./budget.ts";
 import type { ClientHooks } from "./events.ts";
 import { type HeaderMap, toHeaderMap } from "./headers.ts";
 import { type IntentStore, MemoryIntentStore } from "./intent-store.ts";
+import { DEFAULT_OPERATIONS_PATH } from "./operations.ts";
 
 /** What the client needs from `fetch`. The global `fetch` fits, and so do most wrappers of it. */
 export type FetchLike = (url: string, init: RequestInit) => Promise<Response>;
@@ -115,6 +116,13 @@ export interface ClientOptions {
    * Default `"error"` (`"response"` in `withIdempotency`).
    */
   giveUpWith?: "error" | "response";
+  /**
+   * Where the server's operation lookup is (idem's `GET /v1/operations/{ref}`), resolved against each
+   * request's URL; `false`: never ask. `client.status(intent)` asks it; `client.resume(intent)` asks it
+   * before sending the request again when the server offers it (an answer carried
+   * `Idempotency-Operation-Ref`) or when this option is set. Default: `/v1/operations`.
+   */
+  operationsPath?: string | false;
 }
 
 /** Per-call settings, on top of the usual `fetch` init. */
@@ -149,6 +157,9 @@ export class Settings {
   readonly on: ClientHooks;
   readonly giveUpWithResponse: boolean;
   readonly random: () => number;
+  /** The lookup's path (`ClientOptions.operationsPath`), or false; `operationsSet`: given explicitly. */
+  readonly operationsPath: string | false;
+  readonly operationsSet: boolean;
 
   constructor(options: ClientOptions) {
     this.fetch = options.fetch;
@@ -168,6 +179,8 @@ export class Settings {
     this.breaker = own(options.breaker, CircuitBreaker);
     this.on = options.on ?? {};
     this.giveUpWithResponse = options.giveUpWith === "response";
+    this.operationsPath = options.operationsPath ?? DEFAULT_OPERATIONS_PATH;
+    this.operationsSet = options.operationsPath !== undefined;
   }
 }
 

@@ -54,13 +54,16 @@ export class KeyInvalidError extends IdemError {
 export class KeyInFlightError extends IdemError {
   override name = "KeyInFlightError";
   readonly retryAfterSeconds: number;
-  constructor(retryAfterSeconds: number) {
+  /** The claim in progress (`keys.claim_id`), when the thrower knows it: named by the answer's reference. */
+  readonly claimId?: string | null;
+  constructor(retryAfterSeconds: number, claimId?: string | null) {
     super(
       ProblemCode.KeyInFlight,
       409,
       "A request with this Idempotency-Key is still in progress; retry with the same key later.",
     );
     this.retryAfterSeconds = retryAfterSeconds;
+    if (claimId) this.claimId = claimId;
   }
 }
 

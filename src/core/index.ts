@@ -7,6 +7,7 @@ export * from "./guarded-tx.ts";
 export * from "./key.ts";
 export * from "./lifecycle.ts";
 export * from "./lifecycle-options.ts";
+export * from "./operation.ts";
 export * from "./operation-ref.ts";
 export * from "./options.ts";
 export * from "./outcome.ts";

@@ -15,7 +15,7 @@
  * lifecycle-options.ts, bodies, problems and outcomes in their own files.
  */
 import { type RequestBody, readRequestBody } from "./body.ts";
-import { IdemError, isIdemError, KeyMissingError, RetryableError } from "./errors.ts";
+import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
 import type {
@@ -25,8 +25,15 @@ import type {
   PhasesLifecycleOptions,
   PhasesRunnerLike,
 } from "./lifecycle-options.ts";
-import { encodeOperationRef } from "./operation-ref.ts";
-import { ANSWER_WITHIN_HEADER, EXPIRES_HEADER, Outcome, REPLAYED_HEADER, type Settled } from "./outcome.ts";
+import { encodeOperationRef, operationRefHeader as refHeader } from "./operation-ref.ts";
+import {
+  ANSWER_WITHIN_HEADER,
+  EXPIRES_HEADER,
+  Outcome,
+  type OutcomeEvent,
+  REPLAYED_HEADER,
+  type Settled,
+} from "./outcome.ts";
 import {
   type ErrorContext,
   errorResponse,
@@ -240,7 +247,8 @@ export class Lifecycle<Tx> {
   failure(err: unknown, begun?: Begun): StoredResponse | undefined {
     const keyed = begun?.kind === "keyed" ? begun.claim : undefined;
     let response: StoredResponse;
-    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed, this.phasesMode));
+    const claimId = err instanceof KeyInFlightError ? err.claimId : undefined;
+    if (isIdemError(err)) response = errorResponse(err, this.errorContext(keyed, this.phasesMode, claimId));
     else if (isDatabaseUnavailable(err)) {
       // Nothing can have committed when no connection was had; a connection lost later (even during
       // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
@@ -264,6 +272,7 @@ export class Lifecycle<Tx> {
       response = errorResponse(retry, this.errorContext(keyed, true));
     } else return undefined;
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    if (keyed) response.headers.push(refHeader(keyed, claimId));
     return response;
   }
 
@@ -285,6 +294,7 @@ export class Lifecycle<Tx> {
       { operation },
     );
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
+    if (keyed) response.headers.push(refHeader(keyed));
     return response;
   }
 
@@ -292,9 +302,9 @@ export class Lifecycle<Tx> {
    * `claimed`: whether the key row may exist unfinished. An idem error in atomic mode rolled the claim back
    * with the work; a phases key may stay claimed and unfinished.
    */
-  private errorContext(claim: Claim | undefined, claimed: boolean): ErrorContext {
+  private errorContext(claim: Claim | undefined, claimed: boolean, claimId?: string | null): ErrorContext {
     if (!claim) return {};
-    return { ref: encodeOperationRef(claim.scope, claim.key), claimed };
+    return { ref: encodeOperationRef(claim.scope, claim.key, claimId), claimed };
   }
 
   /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
@@ -355,6 +365,7 @@ export class Lifecycle<Tx> {
         [REPLAYED_HEADER, "true"],
         [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
         this.answerWithin,
+        refHeader(claim, outcome.claimId),
       ];
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);
       return this.report(claim, {
@@ -364,7 +375,7 @@ export class Lifecycle<Tx> {
         executed: false,
       });
     }
-    const headers = [...r.headers, this.answerWithin];
+    const headers = [...r.headers, this.answerWithin, refHeader(claim, outcome.claimId)];
     if (outcome.saved) {
       headers.push([EXPIRES_HEADER, outcome.expiresAt.toUTCString()]);
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);

@@ -57,9 +57,17 @@ export interface AtomicRunOptions<Tx> {
 
 export type AtomicOutcome =
   /** This request ran the work. `saved` tells whether its response was saved (and its writes committed). */
-  | { kind: "executed"; response: StoredResponse; saved: boolean; expiresAt: Date }
-  /** A request with this key finished before: its saved response, byte for byte. */
-  | { kind: "replayed"; response: StoredResponse; expiresAt: Date };
+  (
+    | { kind: "executed"; response: StoredResponse; saved: boolean; expiresAt: Date }
+    /** A request with this key finished before: its saved response, byte for byte. */
+    | { kind: "replayed"; response: StoredResponse; expiresAt: Date }
+  ) & {
+    /**
+     * The claim the answer belongs to (`keys.claim_id`), when the store knows it: it goes into the
+     * answer's operation reference. Absent or null: the reference names the key's live claim.
+     */
+    claimId?: string | null;
+  };
 
 /**
  * A store that runs work in the same transaction as the key's claim (atomic mode).

@@ -242,3 +242,10 @@ export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>
     return out.response;
   });
 }
+
+// The operation lookup (GET /v1/operations/{ref}): a Request -> Response handler any adapter mounts.
+export {
+  DEFAULT_MAX_WAIT_SECONDS,
+  type OperationLookupOptions,
+  operationLookup,
+} from "./operations.ts";

@@ -31,6 +31,8 @@ export {
   runtimeGrants,
   SchemaBehindError,
 } from "./migrate.ts";
+// Operation lookup (GET /v1/operations/{ref}): the store-side read.
+export { operationReader, readOperation } from "./operations.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";
 export {
   MAX_LIVE_PARTITIONS,

@@ -42,6 +42,8 @@ export async function startService(
     retentionMs?: number;
     /** IDEM_ADMIN_TOKEN: the operations console at /admin (default: off). */
     adminTokens?: string;
+    /** Added latency of every provider charge, in ms (phases mode; default 0). */
+    providerLatencyMs?: number;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
@@ -56,6 +58,7 @@ export async function startService(
           host: "127.0.0.1",
           declineCards: [DECLINED_TEST_CARD],
           idempotency: options.providerIdempotency,
+          latencyMs: options.providerLatencyMs,
         })
       : undefined;
   const app = createApp({

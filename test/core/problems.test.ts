@@ -252,6 +252,12 @@ describe("operation references", () => {
       const ref = encodeOperationRef(scope, key);
       expect(ref.startsWith("op_")).toBe(true);
       expect(decodeOperationRef(ref)).toEqual({ scope, key });
+      // Naming the claim: a key claimed again after it expired is another operation, another reference.
+      const claimId = "0190f5b2-7c1e-4a8e-9a51-3c2d1e0f9a7b";
+      const named = encodeOperationRef(scope, key, claimId);
+      expect(decodeOperationRef(named)).toEqual({ scope, key, claimId });
+      expect(named).not.toBe(encodeOperationRef(scope, key, "1190f5b2-7c1e-4a8e-9a51-3c2d1e0f9a7b"));
+      expect(encodeOperationRef(scope, key, null)).toBe(ref);
     }
     const b64 = (v: unknown) => `op_${Buffer.from(JSON.stringify(v)).toString("base64url")}`;
     for (const bad of [
@@ -261,6 +267,8 @@ describe("operation references", () => {
       "op_!!!",
       b64(["a"]),
       b64(["a", "b", "c"]),
+      b64(["a", "b", ""]),
+      b64(["a", "b", "0190f5b2-7c1e-4a8e-9a51-3c2d1e0f9a7b", "d"]),
       b64([1, "b"]),
       b64(["a", 2]),
       b64({ 0: "a", 1: "b" }),

@@ -17,7 +17,12 @@ import { connect, createServer, type Server, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { encodeOperationRef, OperationUncertainError, type Tx } from "../../src/core/index.ts";
+import {
+  decodeOperationRef,
+  encodeOperationRef,
+  OperationUncertainError,
+  type Tx,
+} from "../../src/core/index.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { definePhases, jsonResponse, type PhasesRunner } from "../../src/postgres/index.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
@@ -331,6 +336,10 @@ export function paymentsContract(app: AppUnderTest, options: { hangUp?: boolean 
     expect(retry.headers.get("location")).toBe(first.headers.get("location"));
     expect(await retry.text()).toBe(firstBody);
     expect(await app.rows(acct)).toBe(1);
+    // Both name the same operation, this claim of the key (GET /v1/operations/{ref}).
+    const ref = first.headers.get("idempotency-operation-ref");
+    expect(decodeOperationRef(ref ?? "")).toMatchObject({ key, claimId: expect.any(String) });
+    expect(retry.headers.get("idempotency-operation-ref")).toBe(ref);
   });
 
   it("sends Set-Cookie to the first caller and never in a replay", async () => {

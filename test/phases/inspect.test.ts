@@ -37,7 +37,12 @@ describe.each(serverOrEmbedded)("inspect on $name", (backend) => {
     expect(Math.abs(open!.createdAt.getTime() - claimedAt)).toBeLessThan(2_000);
     expect(open!.expiresAt.getTime() - open!.createdAt.getTime()).toBe(DAY);
     expect(open?.lease?.until.getTime()).toBeGreaterThan(w.now.ms);
-    expect(decodeOperationRef(open!.ref)).toEqual({ scope: "acct", key: "inspect-me" });
+    // The reference names this claim of the key (a claim again after expiry is another operation).
+    expect(decodeOperationRef(open!.ref)).toEqual({
+      scope: "acct",
+      key: "inspect-me",
+      claimId: open!.claimId,
+    });
 
     w.now.ms += 31_000;
     const out = await w.runner().run(c, pay);

@@ -108,12 +108,15 @@ describe.each(serverOrEmbedded)("a provider without idempotency keys, on $name",
     for (let i = 0; i < 4; i++) errors.push(await runner.run(c, PAY).catch((e) => e));
     expect(errors.slice(0, 2).every(isRetryableError)).toBe(true);
     expect(errors.slice(2).every(isOperationUncertainError)).toBe(true);
+    // The reference names this claim of the key (the one a person settles).
+    const inspected = await w.store.inspect("acct", key);
     expect(decodeOperationRef((errors[3] as OperationUncertainError).operationRef)).toEqual({
       scope: "acct",
       key,
+      claimId: inspected?.claimId,
     });
     expect(await charges(key)).toHaveLength(1); // charged once, never again while nobody could tell
-    expect(await w.store.inspect("acct", key)).toMatchObject({
+    expect(inspected).toMatchObject({
       state: "needs_review",
       recoveryPoint: "started",
     });

@@ -31,6 +31,7 @@
  *
  * Every attempt ends in a value (`Attempt`), applied in one place (`atomic`); a throw is a real error.
  */
+import { randomUUID } from "node:crypto";
 import {
   type AtomicOutcome,
   type AtomicRunOptions,
@@ -303,6 +304,7 @@ export class AtomicRunner {
     if (!result.save || signal?.aborted) return rollback(this.unsaved(result.response));
     const saved = result.save;
     const compact = result.compactId !== undefined;
+    const claimId = randomUUID(); // given here, so the answer can name its claim without a read
     // Its bucket and created_at are the database's now (this transaction's start, the instant the
     // lookup read), whatever this process's clock says.
     tx.final(this.host.sql.insertDone, [
@@ -313,10 +315,11 @@ export class AtomicRunner {
       compact ? null : sealHeaders(this.host.sealer, saved.headers, claim.scope, claim.key),
       compact ? null : sealBytes(this.host.sealer, saved.body, sealContext(claim.scope, claim.key, "body")),
       compact ? result.compactId : null,
+      claimId,
     ]);
     return commit({
       kind: "answer",
-      outcome: { kind: "executed", response: result.response, saved: true, expiresAt },
+      outcome: { kind: "executed", response: result.response, saved: true, expiresAt, claimId },
     });
   }
 
@@ -355,7 +358,12 @@ export class AtomicRunner {
         const response = await rebuild({ status: row.status, id: row.resource_id }, tx);
         return {
           kind: "answer",
-          outcome: { kind: "replayed", expiresAt: expiryOf(this.host, row), response },
+          outcome: {
+            kind: "replayed",
+            expiresAt: expiryOf(this.host, row),
+            response,
+            claimId: row.claim_id ?? null,
+          },
         };
       } catch (error) {
         return { kind: "failed", error };

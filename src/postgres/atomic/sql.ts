@@ -3,7 +3,7 @@
  *
  * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs) and when a key saved in
  * the statement's transaction expires. `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status,
- * $5 headers, $6 body, $7 resource id): the key row with its reply, as the transaction's last statement.
+ * $5 headers, $6 body, $7 resource id, $8 claim id): the key row with its reply, as the transaction's last statement.
  */
 import type { DbTime } from "../db-time.ts";
 
@@ -26,8 +26,8 @@ export function atomicSql(s: string, t: DbTime) {
     // (23505), which rolls the transaction back as a duplicate row always did.
     insertDone: `WITH put AS (
               INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
-                                     body, resource_id)
-              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7)
+                                     body, resource_id, claim_id)
+              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid)
               ON CONFLICT (scope, key, bucket) DO UPDATE
                  SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
                      recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,

@@ -53,7 +53,7 @@ export async function inspectKey(
   return {
     scope,
     key,
-    ref: encodeOperationRef(scope, key),
+    ref: encodeOperationRef(scope, key, r.claim_id),
     claimId: r.claim_id ?? null,
     state: r.needs_review_at ? "needs_review" : r.recovery_point === "done" ? "done" : "in_progress",
     recoveryPoint: r.recovery_point,

@@ -64,13 +64,15 @@ export function expiryOf(table: ReplaySource, row: { created_at: Date }): Date {
  */
 export function replayOf(table: ReplaySource, claim: Claim, row: KeyRow): AtomicOutcome | undefined {
   if (!sameRequest(claim, row)) throw new KeyMismatchError();
-  if (row.needs_review_at) throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key));
+  if (row.needs_review_at)
+    throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key, row.claim_id));
   if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
   if (row.resource_id != null) throw new CompactWithoutRebuildError();
   return {
     kind: "replayed",
     expiresAt: expiryOf(table, row),
     response: openReply(table.sealer, row, claim.scope, claim.key),
+    claimId: row.claim_id ?? null,
   };
 }
 

@@ -190,7 +190,7 @@ async function takeLease<I, D>(
   input: I,
 ): Promise<AtomicOutcome | Lease<I, D>> {
   if (row.lease_token && Number(row.lease_left_s) > 0) {
-    throw new KeyInFlightError(retryAfter(row.lease_left_s));
+    throw new KeyInFlightError(retryAfter(row.lease_left_s), row.claim_id);
   }
   // Open the stored input BEFORE taking the lease: one that cannot be opened (a dropped key, an altered
   // value) fails this request without leaving a lease nobody holds.
@@ -232,7 +232,7 @@ async function takeLease<I, D>(
   if (again) {
     const replay = replayOf(table, claim, again);
     if (replay) return replay;
-    throw new KeyInFlightError(retryAfter(again.lease_left_s));
+    throw new KeyInFlightError(retryAfter(again.lease_left_s), again.claim_id);
   }
   throw new KeyInFlightError(1);
 }

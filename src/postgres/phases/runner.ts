@@ -136,7 +136,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           driving.catch((err) =>
             this.options.onBackgroundError?.(err, { scope: claim.scope, key: claim.key }),
           );
-          reject(new KeyInFlightError(retryAfter(this.leaseMs / 1000)));
+          reject(new KeyInFlightError(retryAfter(this.leaseMs / 1000), acquired.claimId));
         },
         Math.max(0, bound - (performance.now() - started)),
       );
@@ -272,7 +272,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     if (!(await markForReview(lease as Lease<unknown, unknown>, reason))) throw new LeaseLostError();
     const { scope, key } = lease.claim;
     this.options.onNeedsReview?.({ scope, key, point: lease.point, reason });
-    throw new OperationUncertainError(encodeOperationRef(scope, key));
+    throw new OperationUncertainError(encodeOperationRef(scope, key, lease.claimId));
   }
 
   /** Record what an external phase (or its lookup) returned: the answer, or the next point. */
@@ -413,6 +413,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       response,
       saved,
       expiresAt: expiryOf(lease.table, { created_at: lease.createdAt }),
+      claimId: lease.claimId,
     };
   }
 }

@@ -1,0 +1,63 @@
+/**
+ * The store-side read behind the operation lookup (`GET /v1/operations/{ref}`, src/http/operations.ts):
+ * the live row of one key, its state and timestamps, and its saved answer opened exactly as a replay
+ * opens it. One indexed read of the key's row, like a replay's lookup; no lock, no write.
+ */
+import { type OperationReader, type OperationRecord, openReply } from "../core/index.ts";
+import { type KeyTable, type ShardedKeyTables, tableFor } from "./keys/table.ts";
+
+interface OperationRow {
+  created_at: Date;
+  updated_at: Date | null;
+  recovery_point: string;
+  status: number | null;
+  headers: unknown;
+  body: Uint8Array | null;
+  resource_id: string | null;
+  needs_review_at: Date | null;
+  claim_id: string | null;
+}
+
+/** A reader of operations for the lookup handler, over a `PostgresStore` or a `ShardedStore`. */
+export function operationReader(store: KeyTable | ShardedKeyTables): OperationReader {
+  return (scope, key) => readOperation(tableFor(store, scope), scope, key);
+}
+
+/** The live claim of (scope, key) in one keys table, or undefined. */
+export async function readOperation(
+  table: KeyTable,
+  scope: string,
+  key: string,
+): Promise<OperationRecord | undefined> {
+  const t = table.dbTime;
+  // The body is read only once the row is finished (a CASE, so an unfinished row sends none).
+  const { rows } = await table.db.query<OperationRow>(
+    `SELECT created_at, updated_at, recovery_point, status, headers,
+            CASE WHEN recovery_point = 'done' THEN body END AS body, resource_id, needs_review_at,
+            claim_id::text AS claim_id
+       FROM ${table.schema}.keys
+      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+      ORDER BY bucket DESC LIMIT 1`,
+    [scope, key],
+  );
+  const r = rows[0];
+  if (!r) return undefined;
+  const createdAt = new Date(r.created_at);
+  const done = r.recovery_point === "done" && r.status !== null;
+  const state = r.needs_review_at ? "needs_review" : done ? "done" : "in_progress";
+  let answer: OperationRecord["answer"] = null;
+  if (state === "done") {
+    answer =
+      r.resource_id != null
+        ? { kind: "compact", saved: { status: Number(r.status), id: r.resource_id } }
+        : { kind: "reply", response: openReply(table.sealer, r, scope, key) };
+  }
+  return {
+    claimId: r.claim_id ?? null,
+    state,
+    createdAt,
+    updatedAt: r.updated_at ? new Date(r.updated_at) : null,
+    expiresAt: new Date(createdAt.getTime() + table.retentionMs),
+    answer,
+  };
+}
