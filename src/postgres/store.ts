@@ -30,6 +30,7 @@ import {
   type WorkResult,
   withGuardedTx,
 } from "../core/index.ts";
+import { placedOnCitus, shardLockSql } from "./citus.ts";
 import type { Db, Tx } from "./db.ts";
 import { DbTime, type TimeShift } from "./db-time.ts";
 import { inspectKey } from "./inspect.ts";
@@ -135,6 +136,8 @@ export class PostgresStore implements AtomicStore<Tx> {
   private readonly finished = new Map<string, number>();
   /** The last bucket this store made sure exists: a request past it creates the partitions first. */
   private ensuredThrough = Number.NEGATIVE_INFINITY;
+  /** On Citus (citus.ts): the per-key lock is taken on the key's shard. */
+  private onCitus = false;
 
   private constructor(
     db: Db,
@@ -231,6 +234,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       sealer = promoted;
     }
     const store = new PostgresStore(db, options, seconds * 1000, sealer);
+    store.onCitus = await placedOnCitus(db, schema);
     await store.ensurePartitions(true);
     return store;
   }
@@ -373,6 +377,7 @@ export class PostgresStore implements AtomicStore<Tx> {
    */
   lockSql(scope: string, key: string): string {
     const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
+    if (this.onCitus) return shardLockSql(this.schema, scope, keyLockId(scope, key), wait);
     return (
       `SET LOCAL lock_timeout = '${wait}ms'; ` +
       `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`
@@ -793,7 +798,7 @@ function statements(s: string, t: DbTime) {
                      lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
                      attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL,
                      claim_id = EXCLUDED.claim_id
-               WHERE ${s}.keys.created_at <= ${t.oldest}
+               WHERE ${t.expiredAgainst(`${s}.keys.created_at`, "EXCLUDED.created_at")}
               RETURNING 1
             )
             INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)

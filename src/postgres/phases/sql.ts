@@ -96,7 +96,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
                runner = excluded.runner, request = excluded.request, phase_data = NULL,
                updated_at = excluded.updated_at, attempted_at = NULL, lookup_failures = 0,
                needs_review_at = NULL, claim_id = excluded.claim_id
-         WHERE k.created_at <= ${t.oldest}`;
+         WHERE ${t.expiredAgainst("k.created_at", "excluded.created_at")}`;
   const claimedCols = "bucket, created_at, claim_id::text AS claim_id, marker";
   // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row and
   // no boundary marker is due (that claim takes `claim`, in a transaction).
@@ -145,8 +145,10 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
                    AND (lease_until IS NULL OR lease_until <= ${NOW})
              RETURNING recovery_point, phase_data, request, attempted_at, lookup_failures`,
     advance,
-    // Only the row that passes the fence gets here, so only its commit is asynchronous.
-    advanceAsync: `${advance} AND set_config('synchronous_commit', 'off', true) IS NOT NULL`,
+    // Only the row that passes the fence gets here, so only its commit is asynchronous. set_config is in
+    // RETURNING, not in the WHERE: Citus refuses a VOLATILE function in the WHERE of a modification of
+    // a distributed table (it runs with the UPDATE on the shard's node, whose commit it makes async).
+    advanceAsync: `${advance} RETURNING set_config('synchronous_commit', 'off', true) AS async_commit`,
     finish: `UPDATE ${s}.keys
         SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
             ${mergePhaseData("$8")},
