@@ -11,6 +11,7 @@ import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { Partitions } from "../../src/postgres/partitions.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
+import { pay, startService } from "../app/service.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { DATABASE_URL, type TestBackend } from "../helpers/db.ts";
 import { paymentsContract, useApp } from "../http/contract.ts";
@@ -54,6 +55,17 @@ const onCoordinator: TestBackend = {
     };
   },
 };
+
+/** The database `d` reached through one node (closing it leaves the database). */
+function through(d: CitusDatabase, node: CitusNode): TestBackend {
+  return {
+    name: "pg",
+    async open() {
+      const db = await open(d.url(node));
+      return { db, url: d.url(node), close: () => db.close() };
+    },
+  };
+}
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
@@ -195,4 +207,35 @@ describe.skipIf(why)("idem on Citus", () => {
 describe.skipIf(why)("the protocol suite on a Citus coordinator", () => {
   const app = useApp(onCoordinator, startHono);
   paymentsContract(app);
+});
+
+describe.skipIf(why)("the reference service on a coordinator and a worker", () => {
+  it("atomic mode: answers 50 duplicates sent half to each with one payment and no 5xx", async () => {
+    const d = await citus.database();
+    const a = await startService(through(d, "coordinator"), { paymentsMode: "atomic" });
+    // As app/main.ts starts: the schema is current, so the instance on a worker runs no DDL.
+    const b = await startService(through(d, "worker2"), { paymentsMode: "atomic", ensureSchema: true });
+    try {
+      expect(
+        await a.count(
+          "SELECT count(*) AS n FROM pg_dist_partition WHERE logicalrelid = 'payments'::regclass",
+        ),
+      ).toBe(1);
+      const key = "storm-atomic";
+      const replies = await Promise.all(
+        Array.from({ length: 50 }, (_, i) => pay(i % 2 ? b.url : a.url, { key })),
+      );
+      expect(replies.map((r) => r.status).filter((s) => s !== 201)).toEqual([]);
+      const bodies = new Set(await Promise.all(replies.map((r) => r.text())));
+      expect(bodies.size).toBe(1);
+      expect(await b.count("SELECT count(*) AS n FROM payments")).toBe(1);
+      const again = await pay(b.url, { key });
+      expect(again.headers.get("idempotent-replayed")).toBe("true");
+      expect(await again.text()).toBe([...bodies][0]);
+    } finally {
+      await a.stop();
+      await b.stop();
+      await d.drop();
+    }
+  }, 90_000);
 });
