@@ -8,8 +8,7 @@
  * Accounts and API keys are read by every request and rarely written: reference tables. The receipt
  * worker's `sent_emails` goes with idem's inbox (by `message_id`), written in the same transaction.
  */
-import { isCitus } from "../src/postgres/citus.ts";
-import type { Db } from "../src/postgres/db.ts";
+import { type Db, isCitus } from "idem/postgres";
 
 type Placement =
   | { table: string; reference: true }
