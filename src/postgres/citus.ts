@@ -17,7 +17,8 @@ import type { Db } from "./db.ts";
  *   settings, migrations, sealing_key, sealing_readers, reviews, outbox
  *                   reference tables (a copy on every node): small or rarely written, read from any
  *                   node; the outbox because the relay claims across all events in id order
- *                   (`FOR UPDATE SKIP LOCKED`), which a reference table allows on any node.
+ *                   (`FOR UPDATE SKIP LOCKED`), which a reference table allows on any node (its
+ *                   NOTIFY trigger is dropped: the relay polls).
  *
  * Idempotent: a table already placed is left as it is. Runs once per `migrate` that applied a
  * migration or finds a table not placed (a catalog read otherwise), as the schema's owner.
@@ -71,17 +72,11 @@ export async function placeOnCitus(db: Db, schema: string): Promise<string[]> {
     ]);
     if (!exists.rows[0]?.t) continue; // an older schema without it
     if (p.table === "outbox") {
-      // Citus distributes no table with triggers: the NOTIFY trigger is put back on the reference
-      // table (it then fires on each node's copy, so a relay LISTENing on any node hears it).
+      // Citus distributes no table with triggers, and a NOTIFY in a transaction that writes on more
+      // than one node fails its PREPARE (two-phase commit): the NOTIFY trigger goes. A relay on Citus
+      // finds new events by polling (`pollMs`, 5 s when it has LISTEN, 500 ms without).
       await db.exec(`DROP TRIGGER IF EXISTS outbox_notify ON ${schema}.outbox`);
       await db.query("SELECT create_reference_table($1)", [`${schema}.outbox`]);
-      await db.transaction(async (tx) => {
-        await tx.exec("SET LOCAL citus.enable_unsafe_triggers = on");
-        await tx.exec(
-          `CREATE TRIGGER outbox_notify AFTER INSERT ON ${schema}.outbox
-             FOR EACH STATEMENT EXECUTE FUNCTION ${schema}.outbox_notify()`,
-        );
-      });
     } else if (p.how === "reference") {
       await db.query("SELECT create_reference_table($1)", [`${schema}.${p.table}`]);
     } else {

@@ -145,10 +145,11 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
                    AND (lease_until IS NULL OR lease_until <= ${NOW})
              RETURNING recovery_point, phase_data, request, attempted_at, lookup_failures`,
     advance,
-    // Only the row that passes the fence gets here, so only its commit is asynchronous. set_config is in
-    // RETURNING, not in the WHERE: Citus refuses a VOLATILE function in the WHERE of a modification of
-    // a distributed table (it runs with the UPDATE on the shard's node, whose commit it makes async).
-    advanceAsync: `${advance} RETURNING set_config('synchronous_commit', 'off', true) AS async_commit`,
+    // Only the row that passes the fence gets here, so only its commit is asynchronous. set_config runs
+    // in the SELECT over the UPDATE's rows: Citus refuses a VOLATILE function anywhere in a modification
+    // of a distributed table (WHERE, SET, RETURNING). One row per row updated (the runner counts rows).
+    advanceAsync: `WITH advanced AS (${advance} RETURNING 1)
+      SELECT set_config('synchronous_commit', 'off', true) AS async_commit FROM advanced`,
     finish: `UPDATE ${s}.keys
         SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
             ${mergePhaseData("$8")},
