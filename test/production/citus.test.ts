@@ -6,6 +6,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError, type StoredResponse } from "../../src/core/index.ts";
+import { audit, builtinChecks } from "../../src/postgres/audit.ts";
+import { complete } from "../../src/postgres/complete.ts";
 import { openDatabaseUrl } from "../../src/postgres/connect.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
@@ -149,6 +151,14 @@ describe.skipIf(why)("idem on Citus", () => {
     expect(bodies.size).toBe(1);
     expect(outcomes.filter((o) => o.kind === "executed")).toHaveLength(1);
     expect(outcomes.filter((o) => o.kind === "replayed")).toHaveLength(47);
+    // The operator's tools read across shards: inspect (from a worker), audit, the completer.
+    const inspected = await stores.worker2.inspect(scope, "storm-1");
+    expect(inspected).toBeDefined();
+    const results = await audit(dbs.worker1!, builtinChecks());
+    expect(results.length).toBeGreaterThan(0);
+    expect(results.filter((r) => r.violations > 0).map((r) => r.name)).toEqual([]);
+    const report = await complete({ store: stores.coordinator, runners: [], dryRun: true });
+    expect(report).toBeDefined();
   }, 60_000);
 
   it("a duplicate on another node waits at most lockTimeoutMs, then says in flight", async () => {
