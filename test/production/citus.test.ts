@@ -250,7 +250,10 @@ describe.skipIf(why)("the reference service on a coordinator and a worker", () =
         const bodies = new Set(
           await Promise.all(replies.filter((r) => r.status === 201).map((r) => r.text())),
         );
-        expect(bodies.size).toBe(1);
+        // Phases mode: under load the first one may answer 409 itself once its answer budget ran out
+        // (the payment goes on in the background); whatever answered 201 answered the same bytes.
+        if (mode === "atomic") expect(bodies.size).toBe(1);
+        else expect(bodies.size).toBeLessThanOrEqual(1);
         let again = await pay(b.url, { key });
         for (let i = 0; again.status === 409 && i < 50; i++) {
           await new Promise((r) => setTimeout(r, 200));
@@ -258,7 +261,8 @@ describe.skipIf(why)("the reference service on a coordinator and a worker", () =
         }
         expect(again.status).toBe(201);
         expect(again.headers.get("idempotent-replayed")).toBe("true");
-        expect(await again.text()).toBe([...bodies][0]);
+        const replayed = await again.text();
+        if (bodies.size) expect(replayed).toBe([...bodies][0]);
         expect(await b.count("SELECT count(*) AS n FROM payments")).toBe(1);
       } finally {
         await a.stop();
