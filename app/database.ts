@@ -2,6 +2,7 @@
  * Opens the service's database: the PostgreSQL server at DATABASE_URL, or the embedded PGlite persisted
  * under `.idem/pgdata` (the default for `npm start`, so the service runs with nothing installed).
  */
+
 import { type Listen, listenWithPglite } from "idem/messaging";
 import {
   DatabaseConnectError,
@@ -12,6 +13,7 @@ import {
   pendingMigrations,
   SchemaBehindError,
 } from "idem/postgres";
+import { placeAppOnCitus } from "./citus.ts";
 import { PATTERN_TABLES } from "./patterns.ts";
 import { RECEIPT_TABLES } from "./receipts.ts";
 
@@ -139,6 +141,8 @@ export async function prepareSchema(db: Db, options: { runtimeRole?: string } = 
       );
     }
   });
+  // On Citus: the business tables distributed by account, colocated with idem's keys (app/citus.ts).
+  await placeAppOnCitus(db);
   return runtimeRoleExtras ?? [];
 }
 

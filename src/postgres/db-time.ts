@@ -52,6 +52,16 @@ export class DbTime {
     return `floor(extract(epoch FROM ${at}) * 1000 / ${Math.trunc(this.widthMs)})::int`;
   }
 
+  /**
+   * SQL for an `ON CONFLICT ... DO UPDATE WHERE`: the stored row (`createdAt`) has expired, measured from
+   * the inserted row's `created_at` (`insertedAt`, this store's now) in UTC, so only IMMUTABLE
+   * functions: Citus refuses others there (same answer as `createdAt <= oldest`).
+   */
+  expiredAgainst(createdAt: string, insertedAt: string): string {
+    const back = `interval '${Math.trunc(this.retentionMs)} milliseconds'`;
+    return `(${createdAt} AT TIME ZONE 'UTC') <= (${insertedAt} AT TIME ZONE 'UTC') - ${back}`;
+  }
+
   /** SQL: `at` moved by a number of milliseconds given as a statement parameter (`$n`). */
   static plusMs(at: string, param: string): string {
     return `(${at} + ${param}::float8 * interval '1 millisecond')`;

@@ -1,3 +1,4 @@
+export { isCitus } from "./citus.ts";
 export { type CompleteOptions, type CompleteReport, type CompleteResult, complete } from "./complete.ts";
 export {
   DatabaseConnectError,

@@ -1,5 +1,6 @@
 import { readdir, readFile } from "node:fs/promises";
 import { SqlState, sqlStateOf } from "../core/index.ts";
+import { placeOnCitus } from "./citus.ts";
 import type { Db } from "./db.ts";
 import { minPartitionSeconds, Partitions } from "./partitions.ts";
 
@@ -30,6 +31,8 @@ export interface MigrateOptions {
 export interface MigrateResult {
   /** Migrations applied by this call (names), oldest first. Empty when the schema was up to date. */
   applied: string[];
+  /** On Citus: idem's tables this call distributed or made reference tables (see citus.ts). */
+  citus?: string[];
   /**
    * With `runtimeRole`: what that role can still do beyond DML, which a DBA may want to revoke
    * (e.g. `CREATE on schema public`, `superuser`). Empty when it holds nothing more.
@@ -116,10 +119,12 @@ export async function migrate(db: Db, options: MigrateOptions = {}): Promise<Mig
     () => false, // no schema yet, or not readable: the locked path says what is wrong
   );
   const applied: string[] = current ? [] : await applyMigrations(db, schema, migrations, partitionSeconds);
+  // On Citus: idem's tables distributed (keys by scope) or made reference tables (citus.ts).
+  const citus = await placeOnCitus(db, schema);
   if (applied.length) await makePartitionsAhead(db, schema, options.retentionMs);
-  if (role === undefined) return { applied };
+  if (role === undefined) return citus.length ? { applied, citus } : { applied };
   await db.exec(runtimeGrants(schema, role));
-  return { applied, runtimeRoleExtras: await extrasOf(db, schema, role) };
+  return { applied, ...(citus.length ? { citus } : {}), runtimeRoleExtras: await extrasOf(db, schema, role) };
 }
 
 async function applyMigrations(

@@ -1,4 +1,5 @@
 import { RetryableError, SqlState, sqlStateOf } from "../core/index.ts";
+import { detachOnCitus, isUnsupportedOnCitus } from "./citus.ts";
 import type { Db } from "./db.ts";
 
 /**
@@ -254,9 +255,15 @@ export class Partitions {
       const table = `${this.schema}.${parent}_b${t.bucket}`;
       if (t.attached) {
         // Its own statement, outside any transaction block (CONCURRENTLY requires it).
-        await this.db.exec(
-          `ALTER TABLE ${this.schema}.${parent} DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
-        );
+        await this.db
+          .exec(
+            `ALTER TABLE ${this.schema}.${parent} DETACH PARTITION ${table} ${t.pending ? "FINALIZE" : "CONCURRENTLY"}`,
+          )
+          .catch(async (err) => {
+            // Citus: no CONCURRENTLY on a distributed table (citus.ts).
+            if (!isUnsupportedOnCitus(err)) throw err;
+            await detachOnCitus(this.db, `${this.schema}.${parent}`, table);
+          });
       }
       await this.db.exec(`DROP TABLE IF EXISTS ${table}`);
       dropped.push(t.bucket);

@@ -19,6 +19,7 @@ import {
 } from "../core/index.ts";
 import { AtomicRunner } from "./atomic/runner.ts";
 import { type AtomicSql, atomicSql } from "./atomic/sql.ts";
+import { placedOnCitus, shardLockSql } from "./citus.ts";
 import type { Db, Tx } from "./db.ts";
 import { DbTime, type TimeShift } from "./db-time.ts";
 import { inspectKey } from "./keys/inspect.ts";
@@ -95,6 +96,8 @@ export class PostgresStore implements AtomicStore<Tx> {
   private readonly runner: AtomicRunner;
   /** The last bucket this store made sure exists: a request past it creates the partitions first. */
   private ensuredThrough = Number.NEGATIVE_INFINITY;
+  /** On Citus (citus.ts): the per-key lock is taken on the key's shard. */
+  private onCitus = false;
 
   private constructor(
     db: Db,
@@ -213,6 +216,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       sealer = promoted;
     }
     const store = new PostgresStore(db, options, seconds * 1000, sealer);
+    store.onCitus = await placedOnCitus(db, schema);
     await store.ensurePartitions(true);
     return store;
   }
@@ -294,6 +298,7 @@ export class PostgresStore implements AtomicStore<Tx> {
    */
   lockSql(scope: string, key: string): string {
     const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
+    if (this.onCitus) return shardLockSql(this.schema, scope, keyLockId(scope, key), wait);
     return (
       `SET LOCAL lock_timeout = '${wait}ms'; ` +
       `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`

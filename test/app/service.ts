@@ -5,7 +5,7 @@ import { serve } from "@hono/node-server";
 import type { Logger } from "pino";
 import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
-import { prepareSchema } from "../../app/database.ts";
+import { ensureSchema, prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
 import { DECLINED_TEST_CARD } from "../../app/payments-phases.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -44,10 +44,12 @@ export async function startService(
     adminTokens?: string;
     /** Added latency of every provider charge, in ms (phases mode; default 0). */
     providerLatencyMs?: number;
+    /** Start as app/main.ts does: migrate only when the schema is behind (default: always prepare). */
+    ensureSchema?: boolean;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
-  await prepareSchema(open.db);
+  await (options.ensureSchema ? ensureSchema(open.db) : prepareSchema(open.db));
   await ensureDemoAccounts(open.db);
   const store = await PostgresStore.open(open.db, { retentionMs: options.retentionMs });
   const mode = options.paymentsMode ?? "atomic";

@@ -35,7 +35,7 @@ export function atomicSql(s: string, t: DbTime) {
                      lease_until = NULL, runner = NULL, request = NULL, phase_data = NULL, updated_at = NULL,
                      attempted_at = NULL, lookup_failures = 0, needs_review_at = NULL,
                      claim_id = EXCLUDED.claim_id
-               WHERE ${s}.keys.created_at <= ${t.oldest}
+               WHERE ${t.expiredAgainst(`${s}.keys.created_at`, "EXCLUDED.created_at")}
               RETURNING 1
             )
             INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)

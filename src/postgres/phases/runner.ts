@@ -303,7 +303,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       lease.unrecorded = { sql: advance, params };
     } else {
       const r = await db.query(advance, params);
-      if (r.rowCount !== 1) throw new LeaseLostError();
+      // advanceAsync is a SELECT over the UPDATE's rows (sql.ts): a row each, whatever the driver counts.
+      if (Math.max(r.rowCount, r.rows.length) !== 1) throw new LeaseLostError();
     }
     lease.point = next;
     lease.attempted = false;

@@ -101,7 +101,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
                runner = excluded.runner, request = excluded.request, phase_data = NULL,
                updated_at = excluded.updated_at, attempted_at = NULL, lookup_failures = 0,
                needs_review_at = NULL, claim_id = excluded.claim_id
-         WHERE k.created_at <= ${t.oldest}`;
+         WHERE ${t.expiredAgainst("k.created_at", "excluded.created_at")}`;
   const claimedCols = "bucket, created_at, claim_id::text AS claim_id, marker";
   /** Append an event per row of `from` (its bucket and claim_id) to the history, at the database's now. */
   const logged = (from: string, kind: string, token: string, details: string) =>
@@ -169,13 +169,12 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
          history AS (${logged("taken", "CASE WHEN replaced IS NULL THEN 'lease-taken' ELSE 'takeover' END", "$4::uuid", "jsonb_build_object('point', recovery_point, 'replaced', replaced)")})
     SELECT recovery_point, phase_data, request, attempted_at, lookup_failures FROM taken`,
     advance: fenced(advance, "'recovery-point'", pointEvent),
-    // Only the row that passes the fence gets here, so only its commit is asynchronous.
-    advanceAsync: fenced(
-      advance,
-      "'recovery-point'",
-      pointEvent,
-      " AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
-    ),
+    // Only the row that passes the fence gets here, so only its commit is asynchronous. set_config runs
+    // in the SELECT over the UPDATE's rows: Citus refuses a VOLATILE function anywhere in a modification
+    // of a distributed table (WHERE, SET, RETURNING). One row per row updated (the runner counts rows).
+    advanceAsync: `WITH u AS (${advance} WHERE ${fence} RETURNING bucket, claim_id, recovery_point),
+         history AS (${logged("u", "'recovery-point'", "$4::uuid", pointEvent)})
+    SELECT set_config('synchronous_commit', 'off', true) AS async_commit FROM u`,
     finish: fenced(
       `UPDATE ${s}.keys
         SET recovery_point = 'done', status = $5, headers = $6::text::jsonb, body = $7,
