@@ -19,6 +19,7 @@ import { type RequestBody, readRequestBody } from "./body.ts";
 import { IdemError, isIdemError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
+import { lifecycleObserver } from "./observe.ts";
 import { encodeOperationRef } from "./operation-ref.ts";
 import {
   ANSWER_WITHIN_HEADER,
@@ -200,7 +201,9 @@ export class Lifecycle<Tx> {
         key,
       );
     }
-    return { kind: "keyed", claim: { scope, key, fingerprint: this.fingerprintOf(req, read) }, body: read };
+    const claim = { scope, key, fingerprint: this.fingerprintOf(req, read) };
+    lifecycleObserver()?.begin(claim, req);
+    return { kind: "keyed", claim, body: read };
   }
 
   private answerNow(response: StoredResponse, scope: string | undefined, key: string | undefined): Begun {
@@ -231,11 +234,12 @@ export class Lifecycle<Tx> {
   keyed(begun: Keyed, work: (tx: Tx) => Promise<StoredResponse>, options: RunOptions = {}): Promise<Settled> {
     const compact = this.options.compact;
     const claim = begun.claim;
+    const observer = lifecycleObserver();
     const run = () =>
       this.options.store.atomic(
         claim,
         async (tx) => {
-          const produced = await work(tx);
+          const produced = await (observer ? observer.work(claim, () => work(tx)) : work(tx));
           if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
           const save = {
             status: produced.status,
@@ -251,7 +255,7 @@ export class Lifecycle<Tx> {
           ? { signal: options.signal, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) }
           : { signal: options.signal, speculate: this.options.effectsInTxOnly === true },
       );
-    return this.settle(claim, run, options.authorize);
+    return this.settle(claim, observer ? () => observer.run(claim, "atomic", run) : run, options.authorize);
   }
 
   /**
@@ -279,7 +283,8 @@ export class Lifecycle<Tx> {
     }
     const run = () =>
       runner.run(claim, input, { signal: options.signal, answerWithinMs: this.answerWithinMs });
-    return this.settle(claim, run, authorize);
+    const observer = lifecycleObserver();
+    return this.settle(claim, observer ? () => observer.run(claim, "phases", run) : run, authorize);
   }
 
   /**
@@ -383,6 +388,7 @@ export class Lifecycle<Tx> {
   }
 
   private report(claim: Claim, settled: Settled): Settled {
+    lifecycleObserver()?.settled(claim, settled);
     this.options.onOutcome?.({
       outcome: settled.outcome,
       status: settled.response.status,

@@ -1,0 +1,126 @@
+/**
+ * The server's spans and metrics with the real OpenTelemetry SDK, through the Hono adapter on PGlite:
+ * a new key (claim new -> work -> save), its replay (claim replayed), a mismatch, a request that joins
+ * the caller's trace through its `traceparent` header, and keys exported hashed, never as sent.
+ */
+import { PGlite } from "@electric-sql/pglite";
+import { Hono } from "hono";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";
+import { configureTelemetry } from "../../src/observability/keys.ts";
+import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
+import { migrate } from "../../src/postgres/migrate.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
+import { installSdk, parentOf, type Sdk } from "./sdk.ts";
+
+describe("server spans and metrics (real SDK, PGlite)", () => {
+  let sdk: Sdk;
+  let app: Hono;
+  let close: () => Promise<void>;
+
+  beforeAll(async () => {
+    sdk = installSdk();
+    const db = fromPglite(await PGlite.create());
+    await migrate(db);
+    await db.exec("CREATE TABLE notes (id serial PRIMARY KEY, body text NOT NULL)");
+    const store = await PostgresStore.open(db);
+    app = new Hono();
+    app.post(
+      "/notes",
+      idempotency({ store, scope: (c) => c.req.header("x-account") }),
+      async (c: import("hono").Context<IdempotencyEnv>) => {
+        const { tx } = c.var.idempotency;
+        const { rows } = await tx.query<{ id: number }>("INSERT INTO notes (body) VALUES ('x') RETURNING id");
+        return c.json({ id: rows[0]!.id }, 201);
+      },
+    );
+    close = () => db.close();
+  });
+  afterAll(async () => {
+    await sdk?.uninstall();
+    await close?.();
+  });
+
+  const post = (key: string, body: string, headers: Record<string, string> = {}) =>
+    app.request("/notes", {
+      method: "POST",
+      headers: {
+        "idempotency-key": key,
+        "x-account": "acct_secret_1",
+        "content-type": "application/json",
+        ...headers,
+      },
+      body,
+    });
+
+  it("traces a new key as claim (new) -> work -> save, and its replay as claim (replayed)", async () => {
+    sdk.exporter.reset();
+    expect((await post("key-new-1", '{"a":1}')).status).toBe(201);
+    expect((await post("key-new-1", '{"a":1}')).status).toBe(201);
+    await sdk.flush();
+    const requests = sdk.named("idem.request");
+    expect(requests.map((s) => s.attributes["idempotency.outcome"])).toEqual(["executed", "replayed"]);
+    const [first, second] = requests;
+    const children = (parent: typeof first) =>
+      sdk
+        .spans()
+        .filter((s) => parentOf(s) === parent!.spanContext().spanId)
+        .map((s) => s.name);
+    expect(children(first)).toEqual(["idem.claim", "idem.work", "idem.save"]);
+    expect(children(second)).toEqual(["idem.claim"]);
+    const claims = sdk.named("idem.claim");
+    expect(claims.map((s) => s.attributes["idem.claim.outcome"])).toEqual(["new", "replayed"]);
+    expect(typeof claims[0]!.attributes["idem.claim.wait_ms"]).toBe("number");
+    expect(sdk.named("idem.save")[0]!.attributes["idem.saved"]).toBe(true);
+    expect(first!.attributes["http.response.status_code"]).toBe(201);
+  });
+
+  it("exports the scope and key hashed by default, as a prefix when configured, never as sent", async () => {
+    sdk.exporter.reset();
+    await post("key-secret-42", "{}");
+    configureTelemetry({ keys: { prefix: 4 } });
+    await post("key-secret-43", "{}");
+    configureTelemetry({ keys: "hash" });
+    await sdk.flush();
+    const [hashed, prefixed] = sdk.named("idem.request");
+    expect(hashed!.attributes["idempotency.key"]).toMatch(/^[0-9a-f]{16}$/);
+    expect(hashed!.attributes["idempotency.scope"]).toMatch(/^[0-9a-f]{16}$/);
+    expect(prefixed!.attributes["idempotency.key"]).toBe("key-");
+    const everything = JSON.stringify(sdk.spans().map((s) => s.attributes));
+    expect(everything).not.toContain("key-secret-42");
+    expect(everything).not.toContain("acct_secret_1");
+  });
+
+  it("marks a reused key with another body as claim (mismatch) and counts outcomes", async () => {
+    sdk.exporter.reset();
+    await post("key-mm", '{"a":1}');
+    expect((await post("key-mm", '{"a":2}')).status).toBe(422);
+    await sdk.flush();
+    expect(sdk.named("idem.claim").map((s) => s.attributes["idem.claim.outcome"])).toEqual([
+      "new",
+      "mismatch",
+    ]);
+    const points = await sdk.points("idem.requests");
+    const count = (outcome: string) =>
+      points
+        .filter((p) => p.attributes["idempotency.outcome"] === outcome)
+        .reduce((n, p) => n + Number(p.value), 0);
+    expect(count("mismatch")).toBe(1);
+    expect(count("replayed")).toBe(1);
+    expect(count("executed")).toBeGreaterThanOrEqual(4);
+    expect((await sdk.points("idem.replays"))[0]?.value).toBe(1);
+    const waits = await sdk.points("idem.claim.duration");
+    expect(waits.length).toBeGreaterThan(0);
+    expect((await sdk.points("idem.work.duration")).length).toBe(1);
+  });
+
+  it("continues the caller's trace from its traceparent header", async () => {
+    sdk.exporter.reset();
+    const traceId = "0af7651916cd43dd8448eb211c80319c";
+    await post("key-tp", "{}", { traceparent: `00-${traceId}-b7ad6b7169203331-01` });
+    await sdk.flush();
+    const [request] = sdk.named("idem.request");
+    expect(request!.spanContext().traceId).toBe(traceId);
+    expect(parentOf(request!)).toBe("b7ad6b7169203331");
+  });
+});
