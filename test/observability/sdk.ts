@@ -77,3 +77,20 @@ export function installSdk(processors: SpanProcessor[] = []): Sdk {
 export function parentOf(span: ReadableSpan): string | undefined {
   return span.parentSpanContext?.spanId;
 }
+
+/** The span tree as "name [attr]" lines, children indented, in start order. */
+export function tree(spans: readonly ReadableSpan[], label: (s: ReadableSpan) => string): string[] {
+  const lines: string[] = [];
+  const ids = new Set(spans.map((s) => s.spanContext().spanId));
+  const walk = (parent: string | undefined, depth: number) => {
+    const kids = spans
+      .filter((s) => (parent === undefined ? !ids.has(parentOf(s) ?? "") : parentOf(s) === parent))
+      .sort((a, b) => a.startTime[0] - b.startTime[0] || a.startTime[1] - b.startTime[1]);
+    for (const k of kids) {
+      lines.push(`${"  ".repeat(depth)}${label(k)}`);
+      walk(k.spanContext().spanId, depth + 1);
+    }
+  };
+  walk(undefined, 0);
+  return lines;
+}
