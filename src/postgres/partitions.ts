@@ -1,4 +1,5 @@
 import { RetryableError, SqlState, sqlStateOf } from "../core/index.ts";
+import { traced } from "../observability/phases.ts";
 import type { Db } from "./db.ts";
 
 /**
@@ -216,7 +217,18 @@ export class Partitions {
    * without touching the keys table. A detach interrupted midway is finished (FINALIZE) on the next
    * sweep, and a table detached but not dropped is dropped then.
    */
-  async dropExpired(nowMs: number, retentionMs: number): Promise<number[]> {
+  dropExpired(nowMs: number, retentionMs: number): Promise<number[]> {
+    return traced(
+      "idem.sweep",
+      {},
+      () => this.dropExpiredNow(nowMs, retentionMs),
+      (dropped) => ({
+        "idem.sweep.partitions_dropped": dropped.length,
+      }),
+    );
+  }
+
+  private async dropExpiredNow(nowMs: number, retentionMs: number): Promise<number[]> {
     const dropped: number[] = [];
     for (const t of await this.tables()) {
       if (this.startOf(t.bucket + 1) + retentionMs > nowMs) break;

@@ -25,6 +25,7 @@ import {
   sealContext,
   sealJson,
 } from "../../core/index.ts";
+import { leaseTakenOver } from "../../observability/phases.ts";
 import { RECOVERY_DONE } from "../store.ts";
 import { type KeyTable, withPartitions } from "./key-table.ts";
 import { type Lease, retryAfter } from "./lease.ts";
@@ -231,6 +232,7 @@ async function takeLease<I, D>(
   if (taken) {
     if (row.lease_token) {
       s.onLeaseTakeover?.({ scope: claim.scope, key: claim.key, point: taken.recovery_point });
+      leaseTakenOver(taken.recovery_point);
     }
     return {
       table,

@@ -25,6 +25,7 @@ import {
   sqlStateOf,
   withGuardedTx,
 } from "../../core/index.ts";
+import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../observability/phases.ts";
 import { RECOVERY_DONE } from "../store.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
@@ -122,7 +123,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
     const started = performance.now();
     const table = tableFor(this.store, claim.scope);
-    const got = await acquire<I, D>(this.claimSettings, table, claim, input, options.signal);
+    const got = await traceClaim(() =>
+      acquire<I, D>(this.claimSettings, table, claim, input, options.signal),
+    );
     if ("kind" in got) return got;
     const driving = this.drive(got);
     const bound = options.answerWithinMs ?? this.answerWithinMs;
@@ -158,10 +161,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         const phase = this.phases[lease.point];
         if (!phase) throw new Error(`phases "${this.name}": the key is at "${lease.point}", not a phase`);
         await this.crashPoint("before-phase", lease);
-        const outcome =
-          "external" in phase
-            ? await this.runExternal(phase, lease, ctx, lost)
-            : await this.runLocal(phase, lease, ctx);
+        const outcome = await tracePhase(lease.point, "external" in phase, () =>
+          "external" in phase ? this.runExternal(phase, lease, ctx, lost) : this.runLocal(phase, lease, ctx),
+        );
         if (outcome) return outcome;
       }
     } catch (err) {
@@ -252,7 +254,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   ): Promise<PhaseStep<D> | undefined> {
     if (!phase.lookup) return this.toReview(lease, `${why}; the phase has no lookup`);
     try {
-      return (await phase.lookup(ctx)) ?? undefined;
+      return (await traceLookup(lease.point, async () => await phase.lookup!(ctx))) ?? undefined;
     } catch (err) {
       const message = String((err as Error)?.message ?? err);
       const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, fence(lease));
@@ -270,6 +272,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     if (!(await markForReview(lease as Lease<unknown, unknown>, reason))) throw new LeaseLostError();
     const { scope, key } = lease.claim;
     this.options.onNeedsReview?.({ scope, key, point: lease.point, reason });
+    sentToReview(lease.point, reason);
     throw new OperationUncertainError(encodeOperationRef(scope, key));
   }
 
