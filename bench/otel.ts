@@ -5,8 +5,9 @@
  *   npm run bench -- --only otel     (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/test)
  *
  * The lifecycle (the part every HTTP adapter runs: begin, claim, work, save) over the atomic store on
- * the real PostgreSQL, 16 at a time, BENCH_OTEL_KEYS (default 2,000) keys per mode and round, first-time
- * requests then replays of the same keys, in 5 interleaved rounds (the order rotates each round):
+ * the real PostgreSQL, 16 at a time, BENCH_OTEL_KEYS (default 800) keys per mode and round, first-time
+ * requests then replays of the same keys, in BENCH_OTEL_ROUNDS (default 10) interleaved rounds (the
+ * order rotates each round):
  *
  *   off          no observer installed: the lifecycle as it was before the instrumentation
  *   no provider  @opentelemetry/api installed, nothing registered (the default for an app without an SDK)
@@ -14,7 +15,8 @@
  *   sdk          the SDK recording every span: BatchSpanProcessor to an exporter that drops the batches,
  *                and a meter provider with a reader (what an instrumented service runs)
  *
- * Printed: the median requests/s of each mode and its ratio to "off".
+ * Printed: the median requests/s of each mode and its ratio to "off", and this process's CPU µs per
+ * request (what the instrumentation adds, less blurred by the other load of a shared machine).
  */
 import { randomUUID } from "node:crypto";
 import { context, metrics, propagation, trace } from "@opentelemetry/api";
@@ -35,14 +37,23 @@ import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 
-const KEYS = Number(process.env.BENCH_OTEL_KEYS ?? 2_000);
-const ROUNDS = 5;
+const KEYS = Number(process.env.BENCH_OTEL_KEYS ?? 800);
+const ROUNDS = Number(process.env.BENCH_OTEL_ROUNDS ?? 10);
 const CONCURRENCY = 16;
 const MODES = ["off", "no provider", "no-op", "sdk"] as const;
 type Mode = (typeof MODES)[number];
 
+interface Row {
+  firstRps: number;
+  replayRps: number;
+  firstRatio: number;
+  replayRatio: number;
+  firstCpuUs: number;
+  replayCpuUs: number;
+}
+
 export interface OtelBenchResult {
-  modes: Record<Mode, { firstRps: number; replayRps: number; firstRatio: number; replayRatio: number }>;
+  modes: Record<Mode, Row>;
   spansExported: number;
 }
 
@@ -92,15 +103,18 @@ function enter(mode: Mode): () => Promise<void> {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-async function load(n: number, fn: (i: number) => Promise<unknown>): Promise<number> {
+async function load(n: number, fn: (i: number) => Promise<unknown>): Promise<{ rps: number; cpuUs: number }> {
   let next = 0;
+  const cpu = process.cpuUsage();
   const t = performance.now();
   await Promise.all(
     Array.from({ length: CONCURRENCY }, async () => {
       for (let i = next++; i < n; i = next++) await fn(i);
     }),
   );
-  return (n / (performance.now() - t)) * 1000;
+  const ms = performance.now() - t;
+  const used = process.cpuUsage(cpu);
+  return { rps: (n / ms) * 1000, cpuUs: (used.user + used.system) / n };
 }
 
 const REPLY: StoredResponse = {
@@ -114,12 +128,10 @@ export async function otelBench(): Promise<OtelBenchResult> {
   const fresh = await freshBenchDatabase();
   const pool = benchPool(fresh.url, { max: CONCURRENCY + 4 });
   const db = fromPg(pool);
-  const runs: Record<Mode, { first: number[]; replay: number[] }> = {
-    off: { first: [], replay: [] },
-    "no provider": { first: [], replay: [] },
-    "no-op": { first: [], replay: [] },
-    sdk: { first: [], replay: [] },
-  };
+  type Runs = { first: number[]; replay: number[]; firstCpu: number[]; replayCpu: number[] };
+  const runs = Object.fromEntries(
+    MODES.map((m) => [m, { first: [], replay: [], firstCpu: [], replayCpu: [] }]),
+  ) as unknown as Record<Mode, Runs>;
   try {
     await migrate(db);
     const store = await PostgresStore.open(db);
@@ -145,8 +157,12 @@ export async function otelBench(): Promise<OtelBenchResult> {
       for (const mode of order) {
         const leave = enter(mode);
         const keys = Array.from({ length: KEYS }, () => randomUUID());
-        runs[mode].first.push(await load(KEYS, (i) => once(keys[i]!)));
-        runs[mode].replay.push(await load(KEYS, (i) => once(keys[i]!)));
+        const first = await load(KEYS, (i) => once(keys[i]!));
+        const replay = await load(KEYS, (i) => once(keys[i]!));
+        runs[mode].first.push(first.rps);
+        runs[mode].firstCpu.push(first.cpuUs);
+        runs[mode].replay.push(replay.rps);
+        runs[mode].replayCpu.push(replay.cpuUs);
         await leave();
       }
     }
@@ -161,18 +177,27 @@ export async function otelBench(): Promise<OtelBenchResult> {
       const replayRps = median(runs[m].replay);
       return [
         m,
-        { firstRps, replayRps, firstRatio: firstRps / off.first, replayRatio: replayRps / off.replay },
+        {
+          firstRps,
+          replayRps,
+          firstRatio: firstRps / off.first,
+          replayRatio: replayRps / off.replay,
+          firstCpuUs: median(runs[m].firstCpu),
+          replayCpuUs: median(runs[m].replayCpu),
+        },
       ];
     }),
   ) as OtelBenchResult["modes"];
   console.log(
     `Keyed requests through the lifecycle, ${KEYS} keys per mode and round, ${ROUNDS} interleaved rounds, ${CONCURRENCY} at a time (medians; a shared 2-core machine):`,
   );
-  console.log("| mode | first-time req/s | vs off | replay req/s | vs off |\n|---|---:|---:|---:|---:|");
+  console.log(
+    "| mode | first-time req/s | vs off | CPU µs/req | replay req/s | vs off | CPU µs/req |\n|---|---:|---:|---:|---:|---:|---:|",
+  );
   for (const m of MODES) {
     const r = modes[m];
     console.log(
-      `| ${m} | ${r.firstRps.toFixed(0)} | ${r.firstRatio.toFixed(3)} | ${r.replayRps.toFixed(0)} | ${r.replayRatio.toFixed(3)} |`,
+      `| ${m} | ${r.firstRps.toFixed(0)} | ${r.firstRatio.toFixed(3)} | ${r.firstCpuUs.toFixed(0)} | ${r.replayRps.toFixed(0)} | ${r.replayRatio.toFixed(3)} | ${r.replayCpuUs.toFixed(0)} |`,
     );
   }
   console.log(`Spans exported by the SDK mode: ${exported}`);

@@ -38,10 +38,34 @@ function load(): OtelApi | null {
   }
 }
 
-/** The OpenTelemetry API when it is installed, else undefined. */
-export function otel(): OtelApi | undefined {
+/** The OpenTelemetry API when it is installed, whatever is registered. */
+export function loadedOtel(): OtelApi | undefined {
   if (loaded === undefined) loaded = load();
   return loaded ?? undefined;
+}
+
+let noop: { tracerProvider: unknown; meter: abstract new () => unknown } | undefined;
+let meterSeen: { provider: unknown; on: boolean } | undefined;
+
+/**
+ * The OpenTelemetry API when it is installed AND the application registered a tracer or a meter
+ * provider, else undefined: with nothing registered every span and metric would be dropped, so idem
+ * skips them (one method call and two comparisons per call site).
+ */
+export function otel(): OtelApi | undefined {
+  const api = loaded === undefined ? loadedOtel() : loaded;
+  if (!api) return undefined;
+  noop ??= {
+    tracerProvider: new api.ProxyTracerProvider().getDelegate(),
+    meter: api.createNoopMeter().constructor as abstract new () => unknown,
+  };
+  const tp = api.trace.getTracerProvider() as { getDelegate?(): unknown };
+  if (tp.getDelegate?.() !== noop.tracerProvider) return api;
+  const mp = api.metrics.getMeterProvider();
+  if (meterSeen?.provider !== mp) {
+    meterSeen = { provider: mp, on: !(mp.getMeter(SCOPE_NAME) instanceof noop.meter) };
+  }
+  return meterSeen.on ? api : undefined;
 }
 
 /** For tests: act as if the API were absent (`null`), or look it up again (`undefined`). */

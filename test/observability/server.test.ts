@@ -8,6 +8,7 @@ import { Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";
 import { configureTelemetry } from "../../src/observability/keys.ts";
+import { setOtelForTesting } from "../../src/observability/otel.ts";
 import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -122,5 +123,21 @@ describe("server spans and metrics (real SDK, PGlite)", () => {
     const [request] = sdk.named("idem.request");
     expect(request!.spanContext().traceId).toBe(traceId);
     expect(parentOf(request!)).toBe("b7ad6b7169203331");
+  });
+
+  it("without @opentelemetry/api, a keyed request and its replay answer the same and nothing is traced", async () => {
+    sdk.exporter.reset();
+    setOtelForTesting(null); // as when the optional peer is not installed
+    try {
+      const first = await post("key-absent", '{"a":1}');
+      const again = await post("key-absent", '{"a":1}');
+      expect([first.status, again.status]).toEqual([201, 201]);
+      expect(again.headers.get("idempotent-replayed")).toBe("true");
+      expect(await again.json()).toEqual(await first.json());
+    } finally {
+      setOtelForTesting(undefined);
+    }
+    await sdk.flush();
+    expect(sdk.spans()).toEqual([]);
   });
 });
