@@ -5,18 +5,25 @@
  * consumer's `process <topic>` span continues that trace, ended with the inbox's result. Re-publishing
  * the same event shows the inbox's duplicate skip. Real PostgreSQL, RabbitMQ and NATS on 127.0.0.1.
  */
+
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import type { ReadableSpan } from "@opentelemetry/sdk-trace";
 import amqp from "amqplib";
+import { Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { idempotency } from "../../src/http/hono.ts";
 import { AmqpPublisher, consumeAmqp } from "../../src/messaging/amqp.ts";
 import type { RunningConsumer } from "../../src/messaging/consumer.ts";
 import { Inbox } from "../../src/messaging/inbox.ts";
 import { consumeNats, NatsPublisher } from "../../src/messaging/nats.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { Publisher } from "../../src/messaging/types.ts";
+import { WebhookPublisher } from "../../src/messaging/webhook.ts";
 import type { Db } from "../../src/postgres/db.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
 import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { AMQP_URL, NATS_URL, prepare, record, unique, until } from "../messaging/helpers.ts";
 import { type PaymentApi, pay, startPaymentApi } from "./payment.ts";
@@ -140,5 +147,58 @@ describe.skipIf(!backend)("a payment's trace through the outbox, a broker and th
       await jsm.streams.delete(stream).catch(() => {});
       await nc.close();
     }
+  });
+
+  it("webhooks: the receiving idem endpoint's span continues the trace from the webhook's traceparent", async () => {
+    sdk.exporter.reset();
+    const topic = unique("otel_hook");
+    const store = await PostgresStore.open(db);
+    const receiver = new Hono();
+    receiver.post("/hooks", idempotency({ store, scope: () => "webhooks" }), (c) => c.json({ ok: true }));
+    const server = createServer(async (req, res) => {
+      const chunks: Buffer[] = [];
+      for await (const chunk of req) chunks.push(chunk as Buffer);
+      const headers = new Headers();
+      for (const [k, v] of Object.entries(req.headers)) if (typeof v === "string") headers.set(k, v);
+      const r = await receiver.fetch(
+        new Request(`http://local${req.url}`, { method: "POST", headers, body: Buffer.concat(chunks) }),
+      );
+      res.writeHead(r.status, Object.fromEntries(r.headers));
+      res.end(Buffer.from(await r.arrayBuffer()));
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks`;
+    const api = await startPaymentApi(db, topic);
+    const relay = new Relay({
+      db,
+      publisher: new WebhookPublisher({ url, secret: "whsec_test" }),
+      topics: [topic],
+      pollMs: 20,
+    });
+    await relay.start();
+    try {
+      expect((await pay(api)).status).toBe(201);
+      await until(
+        async () =>
+          (await db.query("SELECT 1 FROM idem.outbox WHERE topic = $1 AND published_at IS NOT NULL", [topic]))
+            .rows.length === 1,
+        10_000,
+        "the webhook delivered",
+      );
+    } finally {
+      await relay.stop();
+      await api.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+    await sdk.flush();
+    const spans = sdk.spans();
+    const publish = spans.find((s) => s.name === `publish ${topic}`)!;
+    expect(publish.attributes["messaging.system"]).toBe("webhook");
+    const received = spans.filter(
+      (s) => s.name === "idem.request" && s.parentSpanContext?.spanId === publish.spanContext().spanId,
+    );
+    expect(received).toHaveLength(1);
+    expect(received[0]!.spanContext().traceId).toBe(publish.spanContext().traceId);
   });
 });
