@@ -1,14 +1,13 @@
 /**
- * The client's spans with the real SDK, against a real idem server on 127.0.0.1 (PGlite) whose first
+ * The client's spans with the real SDK, against a real idem server on 127.0.0.1 (PostgreSQL, PGlite without DATABASE_URL) whose first
  * reply is lost: one idem.intent span, two attempt spans (the second with http.request.resend_count 1
  * and the first's retry reason on the intent), and under each attempt the server's spans, joined
  * through the traceparent header the client sends: claim (new) -> work -> save, then claim (replayed).
  */
-import { PGlite } from "@electric-sql/pglite";
 import type { ReadableSpan } from "@opentelemetry/sdk-trace";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
+import { backends, serverBackends } from "../helpers/db.ts";
 import { type PaymentApi, pay, startPaymentApi } from "./payment.ts";
 import { installSdk, type Sdk, tree } from "./sdk.ts";
 
@@ -18,10 +17,11 @@ let closeDb: () => Promise<void>;
 
 beforeAll(async () => {
   sdk = installSdk();
-  const db = fromPglite(await PGlite.create());
+  const open = await (serverBackends[0] ?? backends[0]!).open();
+  const db = open.db;
   await migrate(db);
   api = await startPaymentApi(db, "receipts");
-  closeDb = () => db.close();
+  closeDb = () => open.close();
 });
 afterAll(async () => {
   await api?.close();

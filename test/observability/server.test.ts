@@ -1,27 +1,27 @@
 /**
- * The server's spans and metrics with the real OpenTelemetry SDK, through the Hono adapter on PGlite:
+ * The server's spans and metrics with the real OpenTelemetry SDK, through the Hono adapter on PostgreSQL (PGlite without DATABASE_URL):
  * a new key (claim new -> work -> save), its replay (claim replayed), a mismatch, a request that joins
  * the caller's trace through its `traceparent` header, and keys exported hashed, never as sent.
  */
-import { PGlite } from "@electric-sql/pglite";
 import { Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";
 import { configureTelemetry } from "../../src/observability/keys.ts";
 import { setOtelForTesting } from "../../src/observability/otel.ts";
-import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
+import { backends, serverBackends } from "../helpers/db.ts";
 import { installSdk, parentOf, type Sdk } from "./sdk.ts";
 
-describe("server spans and metrics (real SDK, PGlite)", () => {
+describe("server spans and metrics (real SDK)", () => {
   let sdk: Sdk;
   let app: Hono;
   let close: () => Promise<void>;
 
   beforeAll(async () => {
     sdk = installSdk();
-    const db = fromPglite(await PGlite.create());
+    const open = await (serverBackends[0] ?? backends[0]!).open();
+    const db = open.db;
     await migrate(db);
     await db.exec("CREATE TABLE notes (id serial PRIMARY KEY, body text NOT NULL)");
     const store = await PostgresStore.open(db);
@@ -35,7 +35,7 @@ describe("server spans and metrics (real SDK, PGlite)", () => {
         return c.json({ id: rows[0]!.id }, 201);
       },
     );
-    close = () => db.close();
+    close = () => open.close();
   });
   afterAll(async () => {
     await sdk?.uninstall();
