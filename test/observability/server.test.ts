@@ -17,6 +17,7 @@ describe("server spans and metrics (real SDK)", () => {
   let sdk: Sdk;
   let app: Hono;
   let close: () => Promise<void>;
+  let release: () => void = () => {};
 
   beforeAll(async () => {
     sdk = installSdk();
@@ -35,6 +36,14 @@ describe("server spans and metrics (real SDK)", () => {
         return c.json({ id: rows[0]!.id }, 201);
       },
     );
+    // A route whose handler waits until the test releases it, behind a store with a short duplicate wait.
+    const quick = await PostgresStore.open(db, { lockTimeoutMs: 300 });
+    app.post("/slow", idempotency({ store: quick, scope: (c) => c.req.header("x-account") }), async (c) => {
+      await new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      return c.json({ ok: true }, 201);
+    });
     close = () => open.close();
   });
   afterAll(async () => {
@@ -140,4 +149,33 @@ describe("server spans and metrics (real SDK)", () => {
     await sdk.flush();
     expect(sdk.spans()).toEqual([]);
   });
+
+  it.skipIf(serverBackends.length === 0)(
+    "marks a duplicate that arrives while the key is held as claim (in_flight) and counts the 409",
+    async () => {
+      sdk.exporter.reset();
+      const send = () =>
+        app.request("/slow", {
+          method: "POST",
+          headers: {
+            "idempotency-key": "key-held",
+            "x-account": "acct_1",
+            "content-type": "application/json",
+          },
+          body: "{}",
+        });
+      const first = send();
+      await new Promise((r) => setTimeout(r, 150));
+      const second = await send();
+      release();
+      expect(second.status).toBe(409);
+      expect((await first).status).toBe(201);
+      await sdk.flush();
+      expect(sdk.named("idem.claim").map((s) => s.attributes["idem.claim.outcome"])).toEqual([
+        "new",
+        "in_flight",
+      ]);
+      expect((await sdk.points("idem.in_flight"))[0]?.value).toBe(1);
+    },
+  );
 });
