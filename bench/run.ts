@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, keys, prepared, sealing, retention, scale (or names after `--`:
+ * http, compare, client, phases, messaging, keys, prepared, sealing, otel, retention, scale (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -275,6 +275,18 @@ if (wanted("sealing")) {
   await optionalBench("sealing", group, (value) => {
     const store = (value as { store?: Record<string, { firstRps: number; replayRps: number }> })?.store ?? {};
     return Object.entries(store).flatMap(([mode, r]): BenchResult[] => [
+      { group, scenario: `${mode}: keyed first-time`, throughput: r.firstRps, unit: "req/s" },
+      { group, scenario: `${mode}: keyed replay`, throughput: r.replayRps, unit: "req/s" },
+    ]);
+  });
+}
+
+// --- Issue 32: what the OpenTelemetry instrumentation costs (bench/otel.ts) -------------------------------
+if (wanted("otel")) {
+  const group = "OpenTelemetry: keyed requests with no provider, a no-op one and the SDK";
+  await optionalBench("otel", group, (value) => {
+    const modes = (value as { modes?: Record<string, { firstRps: number; replayRps: number }> })?.modes ?? {};
+    return Object.entries(modes).flatMap(([mode, r]): BenchResult[] => [
       { group, scenario: `${mode}: keyed first-time`, throughput: r.firstRps, unit: "req/s" },
       { group, scenario: `${mode}: keyed replay`, throughput: r.replayRps, unit: "req/s" },
     ]);

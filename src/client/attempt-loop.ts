@@ -26,6 +26,8 @@
  * async function and no closures per call, one clock read before the first attempt, no body read,
  * hook events built only when a hook is set.
  */
+
+import { hooksOf, traceIntent } from "../observability/client.ts";
 import {
   answerWithinMs,
   classifyNetworkError,
@@ -97,7 +99,8 @@ export class AttemptLoop {
     let unreached = 0;
     let perTryMs = opts.perTryTimeoutMs ?? s.perTryMs;
     const deadlineMs = opts.deadlineMs ?? s.deadlineMs;
-    const on = s.on;
+    const trace = traceIntent(call, s.on, s.breaker, s.budget); // undefined without OpenTelemetry
+    const on = trace ? hooksOf(call, s.on) : s.on;
     const fetchFn = s.fetch ?? globalThis.fetch;
     const breaker = s.breaker;
     const startedAt = Date.now();
@@ -133,7 +136,7 @@ export class AttemptLoop {
       try {
         // Called through a local: a browser's fetch throws "Illegal invocation" when called as a
         // method of another object.
-        const headers = call.headers;
+        const headers = trace ? trace.attempt(attempt, call) : call.headers;
         const body = call.body ?? null;
         response = await fetchFn(
           call.url,
@@ -283,7 +286,7 @@ export class AttemptLoop {
     // Where to ask once a person has settled it (by reference when the server gave one, else by key).
     if (path !== false) details.lookupUrl = lookupUrlOf(call.url, path, details.operationRef);
     const error = new OperationUncertainError(details);
-    emit(this.#s.on.giveUp, { ...call.info(), attempts: call.attempts, error });
+    emit(hooksOf(call, this.#s.on).giveUp, { ...call.info(), attempts: call.attempts, error });
     throw error;
   }
 
@@ -292,7 +295,7 @@ export class AttemptLoop {
     const written = this.#ledger.giveUp(call);
     if (written) await written;
     const last = error.lastResponse;
-    const on = this.#s.on;
+    const on = hooksOf(call, this.#s.on);
     // Only a response whose body is still there is handed back as the answer; one whose body was
     // discarded before a wait (deadline, abort or open circuit during a later step) only informs.
     if (last?.body && this.#s.giveUpWithResponse && !(error instanceof CallAbortedError)) {

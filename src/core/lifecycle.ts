@@ -25,6 +25,7 @@ import type {
   PhasesLifecycleOptions,
   PhasesRunnerLike,
 } from "./lifecycle-options.ts";
+import { lifecycleObserver } from "./observe.ts";
 import { encodeOperationRef, operationRefHeader as refHeader } from "./operation-ref.ts";
 import {
   ANSWER_WITHIN_HEADER,
@@ -133,7 +134,9 @@ export class Lifecycle<Tx> {
         key,
       );
     }
-    return { kind: "keyed", claim: { scope, key, fingerprint: this.fingerprintOf(req, read) }, body: read };
+    const claim = { scope, key, fingerprint: this.fingerprintOf(req, read) };
+    lifecycleObserver()?.begin(claim, req);
+    return { kind: "keyed", claim, body: read };
   }
 
   private answerNow(response: StoredResponse, scope: string | undefined, key: string | undefined): Begun {
@@ -164,11 +167,12 @@ export class Lifecycle<Tx> {
   keyed(begun: Keyed, work: (tx: Tx) => Promise<StoredResponse>, options: RunOptions = {}): Promise<Settled> {
     const compact = this.options.compact;
     const claim = begun.claim;
+    const observer = lifecycleObserver();
     const run = () =>
       this.options.store.atomic(
         claim,
         async (tx) => {
-          const produced = await work(tx);
+          const produced = await (observer ? observer.work(claim, () => work(tx)) : work(tx));
           if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
           const save = {
             status: produced.status,
@@ -184,7 +188,7 @@ export class Lifecycle<Tx> {
           ? { signal: options.signal, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) }
           : { signal: options.signal, speculate: this.options.effectsInTxOnly === true },
       );
-    return this.settle(claim, run, options.authorize);
+    return this.settle(claim, observer ? () => observer.run(claim, "atomic", run) : run, options.authorize);
   }
 
   /**
@@ -212,7 +216,8 @@ export class Lifecycle<Tx> {
     }
     const run = () =>
       runner.run(claim, input, { signal: options.signal, answerWithinMs: this.answerWithinMs });
-    return this.settle(claim, run, authorize);
+    const observer = lifecycleObserver();
+    return this.settle(claim, observer ? () => observer.run(claim, "phases", run) : run, authorize);
   }
 
   /**
@@ -319,6 +324,7 @@ export class Lifecycle<Tx> {
   }
 
   private report(claim: Claim, settled: Settled): Settled {
+    lifecycleObserver()?.settled(claim, settled);
     this.options.onOutcome?.({
       outcome: settled.outcome,
       status: settled.response.status,

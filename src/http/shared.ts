@@ -7,6 +7,10 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { HangUp, IdemRequest } from "../core/index.ts";
 import { IdemError, ProblemCode, type StoredResponse } from "../core/index.ts";
+import { installServerTelemetry } from "../observability/server.ts";
+
+// Spans and metrics for every adapter's keyed requests, when @opentelemetry/api is installed.
+installServerTelemetry();
 
 /** Statuses whose responses never carry a body. */
 export const NULL_BODY: ReadonlySet<number> = new Set([101, 204, 205, 304]);

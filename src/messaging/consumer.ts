@@ -2,6 +2,7 @@
  * What every broker's consumer shares: options, statistics, and the step from "a delivery arrived" to
  * "tell the broker ack, retry or done" through the inbox.
  */
+import { deliveryEnded, deliveryStarted } from "../observability/messaging.ts";
 import { type Inbox, type InboxBatchHandler, type InboxHandler, InboxResult } from "./inbox.ts";
 import { type Delivery, errorOf } from "./types.ts";
 
@@ -65,6 +66,7 @@ function verdictOf(
   d: Delivery,
   result: InboxResult,
 ): Verdict {
+  deliveryEnded(d, result);
   switch (result) {
     case InboxResult.applied:
       stats.applied++;
@@ -110,6 +112,7 @@ export class Settler {
   readonly #handler: InboxHandler | { batch: InboxBatchHandler };
 
   settle(d: Delivery): Promise<Verdict> {
+    deliveryStarted(d);
     return new Promise((resolve) => {
       this.#queue.push({ d, resolve });
       if (!this.#scheduled) {
@@ -153,7 +156,10 @@ export class Settler {
     } catch (err) {
       this.#options.onError?.(errorOf(err));
       this.#stats.retried += batch.length;
-      for (const b of batch) b.resolve("retry");
+      for (const b of batch) {
+        deliveryEnded(b.d, "retry", err);
+        b.resolve("retry");
+      }
       return;
     }
     batch.forEach((b, i) => {

@@ -16,6 +16,7 @@
  * held behind the failed event. When the broker cannot be reached at all, nothing more is sent; what
  * was not sent is put back at once.
  */
+import { tracePublish } from "../observability/messaging.ts";
 import {
   type BrokerUnavailableError,
   errorOf,
@@ -48,7 +49,7 @@ type Sent = { outcomes: PublishOutcome[] } | { unavailable: BrokerUnavailableErr
 /** One `publish` call: a throw other than "unavailable", or a short answer, fails every message. */
 async function send(publisher: Publisher, messages: OutboxMessage[]): Promise<Sent> {
   try {
-    const outcomes = await publisher.publish(messages);
+    const outcomes = await tracePublish(publisher.name, messages, (sent) => publisher.publish(sent));
     if (outcomes.length !== messages.length) {
       throw new Error(`publisher ${publisher.name} answered ${outcomes.length} of ${messages.length}`);
     }

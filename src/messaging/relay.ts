@@ -26,6 +26,7 @@
  * within its window and every inbox drops for good. That is the whole of "at least once".
  */
 import type { Db } from "../core/db.ts";
+import { countParked } from "../observability/messaging.ts";
 import { schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
 import { Alarms, marker, publishBatch } from "./relay-batch.ts";
@@ -345,6 +346,7 @@ export class Relay {
       }
       this.stats.failed += ids.length;
       this.stats.parked += rows.filter((r) => r.parked).length;
+      countParked(rows.filter((r) => r.parked).length);
       this.#onError(new Error(`publishing ${ids.length} event(s) failed: ${message}`));
     }
     return lost.length;

@@ -16,6 +16,7 @@ import {
   type Sealer,
   sealContext,
 } from "../core/index.ts";
+import { traced } from "../observability/phases.ts";
 import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "./phases/index.ts";
 
 export interface CompleteOptions {
@@ -76,7 +77,20 @@ interface Abandoned {
   sealer: Sealer | undefined;
 }
 
-export async function complete(options: CompleteOptions): Promise<CompleteReport> {
+export function complete(options: CompleteOptions): Promise<CompleteReport> {
+  return traced(
+    "idem.complete",
+    { "idem.complete.dry_run": options.dryRun === true },
+    () => run(options),
+    (r) => ({
+      "idem.complete.found": r.found,
+      "idem.complete.completed": r.counts.completed,
+      "idem.complete.needs_review": r.counts["needs-review"],
+    }),
+  );
+}
+
+async function run(options: CompleteOptions): Promise<CompleteReport> {
   const { store } = options;
   const byName = new Map<string, PhasesRunner<any, any>>();
   const list = Array.isArray(options.runners)

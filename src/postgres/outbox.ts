@@ -8,6 +8,8 @@
  *     await writeOutbox(tx, { topic: "receipt-email", type: "payment.succeeded", payload: { ... } });
  *   });
  */
+
+import { outboxHeaders } from "../observability/messaging.ts";
 import type { Queryable } from "./db.ts";
 import { checkSchemaName } from "./migrate.ts";
 import { uuidv7 } from "./uuid7.ts";
@@ -58,7 +60,7 @@ export async function writeOutbox(
     JSON.stringify(event.payload ?? null),
     event.aggregateType ?? null,
     event.aggregateId ?? null,
-    JSON.stringify(event.headers ?? {}),
+    JSON.stringify(outboxHeaders(event.headers) ?? {}), // with the request's trace context, if traced
   ]);
   return id;
 }

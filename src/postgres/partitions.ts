@@ -1,5 +1,6 @@
 import { RetryableError, SqlState, sqlStateOf } from "../core/index.ts";
 import { detachOnCitus, isUnsupportedOnCitus } from "./citus.ts";
+import { traced } from "../observability/phases.ts";
 import type { Db } from "./db.ts";
 
 /**
@@ -239,7 +240,18 @@ export class Partitions {
    * without touching the keys table. A detach interrupted midway is finished (FINALIZE) on the next
    * sweep, and a table detached but not dropped is dropped then.
    */
-  async dropExpired(nowMs: number, retentionMs: number): Promise<number[]> {
+  dropExpired(nowMs: number, retentionMs: number): Promise<number[]> {
+    return traced(
+      "idem.sweep",
+      {},
+      () => this.dropExpiredNow(nowMs, retentionMs),
+      (dropped) => ({
+        "idem.sweep.partitions_dropped": dropped.length,
+      }),
+    );
+  }
+
+  private async dropExpiredNow(nowMs: number, retentionMs: number): Promise<number[]> {
     const dropped: number[] = [];
     // Those in step first: a key's history never outlives its key (and is dropped even if the key's
     // partition went before, e.g. a sweep interrupted between the two).

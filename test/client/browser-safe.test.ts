@@ -12,7 +12,8 @@ function reachable(file: string, seen = new Set<string>(), bare = new Set<string
   if (seen.has(file)) return { seen, bare };
   seen.add(file);
   const source = readFileSync(file, "utf8");
-  for (const m of source.matchAll(/^(?:import|export)[^;]*?from\s+"([^"]+)"/gms)) {
+  // Type-only imports are erased from the JavaScript a browser loads (the optional OpenTelemetry API's types).
+  for (const m of source.matchAll(/^(?:import|export)(?!\s+type\s)[^;]*?from\s+"([^"]+)"/gms)) {
     const spec = m[1]!;
     if (spec.startsWith(".")) reachable(resolve(dirname(file), spec), seen, bare);
     else bare.add(spec);

@@ -21,6 +21,7 @@ import {
   sealContext,
   sealJson,
 } from "../../core/index.ts";
+import { leaseTakenOver } from "../../observability/phases.ts";
 import { replayOf } from "../keys/row.ts";
 import { type KeyTable, withPartitions } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
@@ -206,6 +207,7 @@ async function takeLease<I, D>(
   if (taken) {
     if (row.lease_token) {
       s.onLeaseTakeover?.({ scope: claim.scope, key: claim.key, point: taken.recovery_point });
+      leaseTakenOver(taken.recovery_point);
     }
     return {
       table,

@@ -20,6 +20,7 @@ import {
   sqlStateOf,
   withGuardedTx,
 } from "../../core/index.ts";
+import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../observability/phases.ts";
 import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
 import { type PhaseStore, tableFor } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
@@ -123,7 +124,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
     const started = performance.now();
     const table = tableFor(this.store, claim.scope);
-    const acquired = await acquire<I, D>(this.claimSettings, table, claim, input, options.signal);
+    const acquired = await traceClaim(() =>
+      acquire<I, D>(this.claimSettings, table, claim, input, options.signal),
+    );
     if ("kind" in acquired) return acquired;
     const driving = this.drive(acquired);
     const bound = options.answerWithinMs ?? this.answerWithinMs;
@@ -159,10 +162,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         const phase = this.phases[lease.point];
         if (!phase) throw new Error(`phases "${this.name}": the key is at "${lease.point}", not a phase`);
         await this.crashPoint("before-phase", lease);
-        const outcome =
-          "external" in phase
-            ? await this.runExternal(phase, lease, ctx, lost)
-            : await this.runLocal(phase, lease, ctx);
+        const outcome = await tracePhase(lease.point, "external" in phase, () =>
+          "external" in phase ? this.runExternal(phase, lease, ctx, lost) : this.runLocal(phase, lease, ctx),
+        );
         if (outcome) return outcome;
       }
     } catch (err) {
@@ -254,7 +256,10 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   ): Promise<PhaseStep<D> | undefined> {
     if (!phase.lookup) return this.toReview(lease, `${why}; the phase has no lookup`);
     try {
-      return await noteLookup(lease, (await phase.lookup(ctx)) ?? undefined);
+      return await noteLookup(
+        lease,
+        (await traceLookup(lease.point, async () => await phase.lookup!(ctx))) ?? undefined,
+      );
     } catch (err) {
       const message = String((err as Error)?.message ?? err);
       const r = await lease.table.db.query<{ lookup_failures: number }>(lease.sql.lookupFailed, fence(lease));
@@ -272,6 +277,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     if (!(await markForReview(lease as Lease<unknown, unknown>, reason))) throw new LeaseLostError();
     const { scope, key } = lease.claim;
     this.options.onNeedsReview?.({ scope, key, point: lease.point, reason });
+    sentToReview(lease.point, reason);
     throw new OperationUncertainError(encodeOperationRef(scope, key, lease.claimId));
   }
 

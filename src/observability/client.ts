@@ -1,0 +1,160 @@
+/**
+ * The client's spans: one `idem.intent` span per call (kind CLIENT), with one `HTTP <method>` child per
+ * attempt that carries `http.request.resend_count` (OpenTelemetry's semantic conventions ask an HTTP
+ * client to set it on every resend) and whose W3C trace context is sent in the attempt's `traceparent`
+ * header, so the server's spans nest under the attempt that reached it. Each wait before a retry is an
+ * `idem.retry` event on the intent span with its reason; a give-up sets `idem.give_up.reason`. The
+ * `idem.client.attempts` histogram counts attempts per intent.
+ *
+ * The attempt loop calls `traceIntent` once per call (undefined without `@opentelemetry/api`) and then
+ * takes its hooks through `hooks`, which feed the spans from the events the loop already emits.
+ */
+import { classifyNetworkError } from "../client/answer.ts";
+import type { CircuitBreaker } from "../client/breaker.ts";
+import type { RetryBudget } from "../client/budget.ts";
+import { type ClientHooks, emit } from "../client/events.ts";
+import { keyAttributes } from "./keys.ts";
+import { type Context, failSpan, instrument, type OtelApi, otel, type Span, tracer } from "./otel.ts";
+
+interface CallLike {
+  method: string;
+  url: string;
+  key: string | undefined;
+  intentId: string | undefined;
+  headers: Record<string, string>;
+}
+
+/** Why an attempt is retried: its status, or what the network did. */
+function reasonOf(status: number | undefined, error: unknown): string {
+  if (status !== undefined) return String(status);
+  if (error instanceof Error && (error.name === "TimeoutError" || error.name === "AbortError"))
+    return "timeout";
+  return classifyNetworkError(error);
+}
+
+export class IntentTrace {
+  readonly #api: OtelApi;
+  readonly #span: Span;
+  readonly #ctx: Context;
+  #attempt: Span | undefined;
+  #ended = false;
+
+  constructor(
+    api: OtelApi,
+    call: CallLike,
+    breaker: CircuitBreaker | undefined,
+    budget: RetryBudget | undefined,
+  ) {
+    this.#api = api;
+    const parent = api.context.active();
+    this.#span = tracer(api).startSpan("idem.intent", { kind: api.SpanKind.CLIENT }, parent);
+    if (this.#span.isRecording()) {
+      this.#span.setAttributes({
+        "http.request.method": call.method,
+        "url.full": call.url,
+        ...keyAttributes(undefined, call.key),
+        ...(breaker && { "idem.client.breaker.state": breaker.state }),
+        ...(budget && { "idem.client.budget.tokens": budget.tokens }),
+      });
+    }
+    this.#ctx = api.trace.setSpan(parent, this.#span);
+  }
+
+  /** Start attempt `n` (1-based): its span, and the call's headers with its trace context. */
+  attempt(n: number, call: CallLike): Record<string, string> {
+    const api = this.#api;
+    const span = tracer(api).startSpan(`HTTP ${call.method}`, { kind: api.SpanKind.CLIENT }, this.#ctx);
+    this.#attempt = span;
+    if (span.isRecording()) {
+      span.setAttributes({ "http.request.method": call.method, "url.full": call.url, "idem.attempt": n });
+      if (n > 1) span.setAttribute("http.request.resend_count", n - 1);
+    }
+    const headers = { ...call.headers };
+    api.propagation.inject(api.trace.setSpan(this.#ctx, span), headers);
+    return headers;
+  }
+
+  #endAttempt(status: number | undefined, error: unknown, retryable: boolean): void {
+    const span = this.#attempt;
+    if (!span) return;
+    this.#attempt = undefined;
+    if (status !== undefined) {
+      span.setAttribute("http.response.status_code", status);
+      if (status >= 500) span.setAttribute("error.type", String(status));
+    } else if (error !== undefined) {
+      span.setAttribute("error.type", reasonOf(undefined, error));
+      failSpan(this.#api, span, error);
+    }
+    span.setAttribute("idem.retryable", retryable);
+    span.end();
+  }
+
+  #end(attempts: number, giveUp: Error | undefined): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    this.#endAttempt(undefined, giveUp, false);
+    const span = this.#span;
+    span.setAttribute("idem.client.attempts", attempts);
+    if (giveUp) {
+      span.setAttribute("idem.give_up.reason", (giveUp as { code?: string }).code ?? giveUp.name);
+      failSpan(this.#api, span, giveUp);
+    }
+    span.end();
+    instrument(this.#api, "client.attempts", (m) =>
+      m.createHistogram("idem.client.attempts", {
+        unit: "{attempt}",
+        description: "Attempts sent per intent, until its answer or giving up",
+        advice: { explicitBucketBoundaries: [1, 2, 3, 4, 5, 8, 13] },
+      }),
+    ).record(attempts, { outcome: giveUp ? "gave_up" : "done" });
+  }
+
+  /** The user's hooks, also feeding this intent's spans. */
+  hooks(user: ClientHooks): Required<ClientHooks> {
+    return {
+      attempt: (e) => {
+        this.#endAttempt(e.status, e.error, e.retryable);
+        emit(user.attempt, e);
+      },
+      wait: (e) => {
+        this.#span.addEvent("idem.retry", {
+          "idem.attempt": e.attempt,
+          "idem.retry.reason": reasonOf(e.status, e.error),
+          "idem.retry.delay_ms": e.delayMs,
+          "idem.retry.delay_source": e.source,
+        });
+        emit(user.wait, e);
+      },
+      giveUp: (e) => {
+        this.#end(e.attempts, e.error);
+        emit(user.giveUp, e);
+      },
+      done: (e) => {
+        this.#span.setAttribute("http.response.status_code", e.status);
+        this.#end(e.attempts, undefined);
+        emit(user.done, e);
+      },
+    };
+  }
+}
+
+const traces = new WeakMap<object, { trace: IntentTrace; hooks: Required<ClientHooks> }>();
+
+/** Start tracing `call` (undefined when OpenTelemetry is not installed). */
+export function traceIntent(
+  call: CallLike,
+  user: ClientHooks,
+  breaker: CircuitBreaker | undefined,
+  budget: RetryBudget | undefined,
+): IntentTrace | undefined {
+  const api = otel();
+  if (!api) return undefined;
+  const trace = new IntentTrace(api, call, breaker, budget);
+  traces.set(call, { trace, hooks: trace.hooks(user) });
+  return trace;
+}
+
+/** The hooks to emit `call`'s events to: the traced ones when it is traced, else the user's. */
+export function hooksOf(call: object, user: ClientHooks): ClientHooks {
+  return traces.get(call)?.hooks ?? user;
+}
