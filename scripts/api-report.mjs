@@ -8,7 +8,7 @@
 // entry point is analysed in one compiler program.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -86,13 +86,15 @@ function configOf(entry) {
   });
 }
 
-if (mode === "update") rmSync(reports, { recursive: true, force: true });
 mkdirSync(reports, { recursive: true });
+// A report whose entry point is gone is stale: removed by update, named by check.
+const stale = readdirSync(reports).filter((f) => !entries.some((e) => `${e.name}.api.md` === f));
 const configs = entries.map(configOf);
 const compilerState = CompilerState.create(configs[0], {
   additionalEntryPoints: entries.map((e) => e.dts),
 });
-const changed = [];
+const changed = stale.map((f) => `etc/api/${f}`);
+if (mode === "update") for (const f of stale) rmSync(join(reports, f));
 for (const [i, config] of configs.entries()) {
   const result = Extractor.invoke(config, { localBuild: mode === "update", compilerState, messageCallback });
   if (result.apiReportChanged) changed.push(`etc/api/${entries[i].name}.api.md`);
