@@ -1,11 +1,11 @@
 /**
  * Web-standard adapter: wraps a `(request: Request, ctx) => Promise<Response>` handler, the shape of
  * Next.js route handlers, Bun.serve, Deno.serve, Cloudflare-style `fetch` and anything else built on the
- * Fetch API. `idempotent(handler, options)` is a keyed route in atomic mode, `idempotentPhases(options)`
+ * Fetch API. `idempotency(handler, options)` is a keyed route in atomic mode, `idempotentPhases(options)`
  * one in phases mode; both return a function of the same shape.
  *
  *   // app/api/payments/route.ts (Next.js)
- *   export const POST = idempotent(
+ *   export const POST = idempotency(
  *     async (request, { tx, scope, body }) => {
  *       const payment = await insertPayment(tx, scope, body as PaymentInput);
  *       return Response.json(payment, { status: 201 });
@@ -195,22 +195,22 @@ function runOptions<C>(options: WebRouteOptions<C>, request: Request, context: C
 }
 
 /** Wrap a Fetch API handler as a keyed route in atomic mode. */
-export function idempotent<C = unknown, Body = unknown>(
+export function idempotency<C = unknown, Body = unknown>(
   handler: WebIdempotentHandler<C, Body>,
   options: WebIdempotencyOptions<C> & { required?: true },
 ): WebHandler<C>;
-export function idempotent<C = unknown, Body = unknown>(
+export function idempotency<C = unknown, Body = unknown>(
   handler: WebIdempotentHandler<C, Body, false>,
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C>;
-export function idempotent<C = unknown>(
+export function idempotency<C = unknown>(
   handler: WebIdempotentHandler<C, any, any>, // one of the two above; its key is checked by `required`
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C> {
   if (typeof handler !== "function") {
-    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+    throw new IdemOptionsError("idempotency()", "handler", "must be the request handler function", handler);
   }
-  checkRouteOptions("idempotent()", options, "atomic");
+  checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return route(lifecycle, options, async (request, context, begun, rawBody) => {
     const body = begun.body.value;
@@ -230,6 +230,12 @@ export function idempotent<C = unknown>(
     return out.response;
   });
 }
+
+/**
+ * The old name of {@link idempotency}, the entry verb every adapter shares.
+ * @deprecated Use `idempotency` (same arguments); this alias is removed in the next release.
+ */
+export const idempotent: typeof idempotency = idempotency;
 
 /** A Fetch API handler for a route in phases mode; a key is always required. */
 export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {
