@@ -4,13 +4,11 @@
 //
 //   node scripts/api-report.mjs check | update
 //
-// The declarations are emitted once (tsc, incremental, in a folder of the system's temporary directory) and every
+// The declarations are emitted once (tsc, incremental, under .cache/api/) and every
 // entry point is analysed in one compiler program.
 import { execFileSync } from "node:child_process";
-import { createHash } from "node:crypto";
 import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
-import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { CompilerState, Extractor, ExtractorConfig, ExtractorLogLevel } from "@microsoft/api-extractor";
 
@@ -21,8 +19,9 @@ if (mode !== "check" && mode !== "update") {
 }
 const started = performance.now();
 const root = resolve(import.meta.dirname, "..");
-// Outside node_modules: API Extractor takes any file under a node_modules folder for another package.
-const cache = join(tmpdir(), `idem-api-${createHash("sha256").update(root).digest("hex").slice(0, 12)}`);
+// In the worktree (paths in the reports stay relative) but not under node_modules: API Extractor takes
+// any file there for another package's.
+const cache = join(root, ".cache", "api");
 const dts = join(cache, "dts");
 const reports = join(root, "etc", "api");
 const pkgPath = join(root, "package.json");
@@ -71,13 +70,9 @@ function configOf(entry) {
       newlineKind: "lf",
       messages: {
         compilerMessageReporting: { default: silent },
-        // Names a public type uses but no entry point exports, and names with no doc comment, are
-        // written into the report, where a review sees them.
-        extractorMessageReporting: {
-          default: silent,
-          "ae-forgotten-export": inReport,
-          "ae-undocumented": inReport,
-        },
+        // A name a public type uses but the entry point does not export is written into the report,
+        // where a review sees it. (A name without a doc comment is marked `// (undocumented)` there.)
+        extractorMessageReporting: { default: silent, "ae-forgotten-export": inReport },
         tsdocMessageReporting: { default: silent },
       },
     },

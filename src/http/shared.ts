@@ -7,9 +7,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { HangUp, IdemRequest } from "../core/index.ts";
 import { IdemError, ProblemCode, type StoredResponse } from "../core/index.ts";
-
-/** Statuses whose responses never carry a body. */
-export const NULL_BODY: ReadonlySet<number> = new Set([101, 204, 205, 304]);
+import { NULL_BODY_STATUSES } from "./fetch.ts";
 
 export const DEFAULT_BODY_LIMIT = 1024 * 1024;
 
@@ -95,7 +93,7 @@ export function writeResponse(res: ServerResponse, r: StoredResponse): void {
     res.setHeader(name, values.length === 1 ? values[0]! : values);
   }
   res.statusCode = r.status;
-  res.end(NULL_BODY.has(r.status) || r.body.length === 0 ? undefined : r.body);
+  res.end(NULL_BODY_STATUSES.has(r.status) || r.body.length === 0 ? undefined : r.body);
 }
 
 /** The framework-free request the lifecycle reads, over a Node request (a class: no closure per request). */

@@ -20,7 +20,6 @@
  */
 import type {
   Begun,
-  HangUp,
   IdemRequest,
   LifecycleOptions,
   PhasesRunnerLike,
@@ -29,7 +28,8 @@ import type {
   Tx,
 } from "../core/index.ts";
 import { checkRouteOptions, IdemError, IdemOptionsError, Lifecycle, ProblemCode } from "../core/index.ts";
-import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
+import { SignalHangUp, toResponse, toStored } from "./fetch.ts";
+import { DEFAULT_BODY_LIMIT } from "./shared.ts";
 
 /** What the wrapped handler gets besides the request. */
 /**
@@ -103,14 +103,6 @@ class WebIdemRequest implements IdemRequest {
   }
 }
 
-/** The request's signal, read only when the store asks (just before its commit). */
-class SignalHangUp implements HangUp {
-  constructor(private readonly signal: AbortSignal) {}
-  get aborted(): boolean {
-    return this.signal.aborted;
-  }
-}
-
 /** Read the whole body, rejecting with a 413 `IdemError` past `limit` bytes (declared or streamed). */
 async function readBody(request: Request, limit: number): Promise<Uint8Array> {
   const tooLarge = () =>
@@ -146,18 +138,6 @@ function replayable(request: Request, raw: Uint8Array): Request {
   return new Request(request, { body: raw as Uint8Array<ArrayBuffer> });
 }
 
-export function toResponse(r: StoredResponse): Response {
-  const headers = new Headers();
-  for (const [k, v] of r.headers) headers.append(k, v);
-  const body = NULL_BODY.has(r.status) || r.body.length === 0 ? null : (r.body as Uint8Array<ArrayBuffer>);
-  return new Response(body, { status: r.status, headers });
-}
-
-/** A handler's `Response`, read whole (Set-Cookie stays one pair per cookie). */
-export async function toStored(res: Response): Promise<StoredResponse> {
-  return { status: res.status, headers: [...res.headers], body: new Uint8Array(await res.arrayBuffer()) };
-}
-
 type Run<C> = (
   request: Request,
   context: C,
@@ -189,7 +169,7 @@ function route<C>(lifecycle: Lifecycle<Tx>, options: WebRouteOptions<C>, run: Ru
 function runOptions<C>(options: WebRouteOptions<C>, request: Request, context: C): RunOptions {
   const check = options.authorizeReplay;
   return {
-    signal: new SignalHangUp(request.signal),
+    signal: new SignalHangUp(() => request.signal),
     authorize: check && (() => check(request, context)),
   };
 }
