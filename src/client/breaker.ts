@@ -18,7 +18,7 @@
  * *wait* for that probe (ignoring their AbortSignal while they wait), whereas we want callers to fail
  * fast and want a configurable number of probes. It also wraps a function call, while our breaker is
  * consulted per attempt inside a retry loop that classifies HTTP responses itself, and a caller's
- * abort must count neither as a success nor as a failure. The state machine is about 60 lines.
+ * abort must count neither as a success nor as a failure.
  */
 import {
   CircuitState as CockatielState,

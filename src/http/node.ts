@@ -30,15 +30,6 @@ import type {
 import { checkRouteOptions, IdemOptionsError, Lifecycle } from "../core/index.ts";
 import { NodeIdemRequest, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
-export {
-  DEFAULT_BODY_LIMIT,
-  groupHeaders,
-  headerOf,
-  readBody,
-  SocketHangUp,
-  writeResponse,
-} from "./shared.ts";
-
 /**
  * What the handler gets. `Keyed` is false on a `required: false` route, where a request without a key
  * runs with `key` (and possibly `scope`) undefined; `Body` is the body's type when you know it.
