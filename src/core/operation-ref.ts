@@ -6,6 +6,7 @@
  */
 const PREFIX = "op_";
 
+/** The operation reference of the key `key` in `scope` (`op_` and an opaque encoding). */
 export function encodeOperationRef(scope: string, key: string): string {
   return PREFIX + Buffer.from(JSON.stringify([scope, key]), "utf8").toString("base64url");
 }

@@ -69,6 +69,7 @@ interface RouteOptions<E extends Env> {
   authorizeReplay?: (c: Context<E>) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface HonoIdempotencyOptions<E extends Env = any> extends LifecycleOptions<Tx>, RouteOptions<E> {}
 
 const encoder = new TextEncoder();
@@ -196,6 +197,7 @@ export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions
   });
 }
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface HonoPhasesOptions<I, E extends Env = any> extends PhasesLifecycleOptions, RouteOptions<E> {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;

@@ -60,6 +60,7 @@ export interface NodeReply {
   body?: string | Uint8Array;
 }
 
+/** The handler `idempotency()` wraps: it gets the request and the context, and returns the reply. */
 export type NodeIdempotentHandler<Body = unknown, Keyed extends boolean = true> = (
   req: IncomingMessage,
   ctx: NodeIdempotencyContext<Body, Keyed>,
@@ -82,6 +83,7 @@ interface NodeRouteOptions {
   authorizeReplay?: (req: IncomingMessage) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface NodeIdempotencyOptions extends LifecycleOptions<Tx>, NodeRouteOptions {}
 
 const encoder = new TextEncoder();
@@ -187,6 +189,7 @@ export function idempotency(
  */
 export const idempotent: typeof idempotency = idempotency;
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface NodePhasesOptions<I> extends PhasesLifecycleOptions, NodeRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;

@@ -51,6 +51,7 @@ export interface WebIdempotencyContext<C = unknown, Body = unknown, Keyed extend
   context: C;
 }
 
+/** The handler `idempotency()` wraps: it gets the request and the context, and returns a `Response`. */
 export type WebIdempotentHandler<C = unknown, Body = unknown, Keyed extends boolean = true> = (
   request: Request,
   ctx: WebIdempotencyContext<C, Body, Keyed>,
@@ -73,8 +74,10 @@ interface WebRouteOptions<C> {
   authorizeReplay?: (request: Request, context: C) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface WebIdempotencyOptions<C = unknown> extends LifecycleOptions<Tx>, WebRouteOptions<C> {}
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface WebPhasesOptions<I, C = unknown>
   extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
     WebRouteOptions<C> {
