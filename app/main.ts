@@ -4,8 +4,8 @@
  * handled by app/signals.ts. `start(env)` builds the service and returns how to stop it.
  */
 import { Hono } from "hono";
-import { IdemGauges, sweepInbox } from "idem/messaging";
-import { complete, PartitionMissingError, PostgresStore, reviewGauge } from "idem/postgres";
+import { IdemGauges } from "idem/messaging";
+import { PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
@@ -17,6 +17,7 @@ import { DECLINED_TEST_CARD, paymentPhasesRunner } from "./payments-phases.ts";
 import { startReceipts } from "./receipts.ts";
 import { drain, listen as listenHttp, portInUse } from "./server.ts";
 import { runUntilSignalled } from "./signals.ts";
+import { startUpkeep } from "./upkeep.ts";
 
 export async function start(env: Env = process.env) {
   const config = loadConfig(env);
@@ -101,18 +102,6 @@ export async function start(env: Env = process.env) {
     if (mode === "phases") console.log(`  playground: http://${host}:${actualPort}/`);
   }
 
-  // Background upkeep: retention (drop expired partitions) and the completer (finish payments whose
-  // clients never came back). Each instance may run them; both are safe to run concurrently.
-  // Inbox dedup marks are kept a week (their partitions dropped after): far past any redelivery.
-  const sweep = setInterval(
-    () =>
-      Promise.all([store.sweep(), sweepInbox(db, { retentionMs: 7 * 24 * 3_600_000 })]).catch((err) =>
-        err instanceof PartitionMissingError || err?.code === "42501"
-          ? logger.warn("sweep skipped: this role may not run DDL; run `idem sweep` hourly as the owner")
-          : logger.error({ err }, "sweep failed"),
-      ),
-    3_600_000,
-  );
   const runners =
     mode === "phases" && providerUrl
       ? [
@@ -124,26 +113,14 @@ export async function start(env: Env = process.env) {
           }),
         ]
       : [];
-  const completer = setInterval(() => {
-    if (!runners.length) return;
-    complete({ store, runners, olderThanMs: 60_000 }).then(
-      (r) => {
-        for (const [result, n] of Object.entries(r.counts)) if (n) metrics.completerRuns.inc({ result }, n);
-        if (r.found) logger.info({ counts: r.counts }, "completer finished abandoned keys");
-      },
-      (err) => logger.error({ err }, "completer failed"),
-    );
-  }, 30_000);
-  sweep.unref();
-  completer.unref();
+  const upkeep = startUpkeep({ db, store, runners, metrics, logger });
 
   let stopping: Promise<void> | undefined;
   const stop = () => {
     stopping ??= (async () => {
       const began = performance.now();
       logger.info({ drain_ms: limits.drainMs }, "shutdown began: no new connections, draining requests");
-      clearInterval(sweep);
-      clearInterval(completer);
+      upkeep.stop();
       // Stop accepting; requests in flight finish (their phases complete or free their leases) within
       // the drain deadline, after which the connections still open are cut.
       const [{ cut }] = await Promise.all([
