@@ -1,5 +1,6 @@
 import { Hono } from "hono";
 import { AbandonedWorkError } from "idem";
+import { IdemGauges } from "idem/messaging";
 import { type Db, type PostgresStore, reviewGauge } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
@@ -35,7 +36,7 @@ export interface AppDeps {
   requireKey?: boolean;
   /** Default: a pino logger on stdout at LOG_LEVEL (info). */
   logger?: Logger;
-  /** Default: fresh metrics (with the outbox lag read from the database). */
+  /** Default: fresh metrics (the outbox lag read by idem's `IdemGauges.relayLagSeconds`). */
   metrics?: Metrics;
   /**
    * Serve `GET /metrics` on this app, optionally behind a bearer token; `false` when it is served on a
@@ -61,7 +62,7 @@ export function createApp(deps: AppDeps): Hono {
   const metrics =
     deps.metrics ??
     createMetrics(
-      () => outboxLagSeconds(deps.db),
+      () => new IdemGauges(deps.db).relayLagSeconds(),
       async () => (await reviewGauge(deps.store)).open,
     );
   const app = new Hono();
@@ -164,12 +165,4 @@ function allowedMethods(
   }
   if (methods.has("GET")) methods.add("HEAD");
   return [...methods].sort();
-}
-
-/** Age in seconds of the oldest unpublished outbox event, 0 when there is none. */
-async function outboxLagSeconds(db: Db): Promise<number> {
-  const { rows } = await db.query<{ lag: number | null }>(
-    "SELECT extract(epoch FROM now() - min(created_at))::float8 AS lag FROM idem.outbox WHERE published_at IS NULL",
-  );
-  return Number(rows[0]?.lag ?? 0);
 }

@@ -25,6 +25,7 @@ import {
 } from "idem/postgres";
 import { chargeProvider, findCharges } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
+import { providerIdempotencyFrom } from "./config.ts";
 import {
   authenticate,
   MAX_BODY_BYTES,
@@ -70,7 +71,7 @@ export interface PaymentPhasesOptions {
    * e.g. `idem provider` with `idempotency: false`): the charge carries our reference instead, and after
    * an unknown outcome the runner searches for it before charging again; what it cannot settle goes to
    * review (`idem keys list --state needs_review`). Default: true (the service and `idemRunners` read
-   * PROVIDER_IDEMPOTENCY: `providerIdempotencyFrom`).
+   * PROVIDER_IDEMPOTENCY, app/config.ts).
    */
   providerIdempotency?: boolean;
   /** Called when a payment's outcome is unknown and it goes to review (metrics, alerts). */
@@ -249,16 +250,4 @@ export function idemRunners(deps: { store: PostgresStore }): PhasesRunner<any, a
   const providerUrl = process.env.PROVIDER_URL || "http://127.0.0.1:4100";
   const providerIdempotency = providerIdempotencyFrom(process.env);
   return [paymentPhasesRunner({ store: deps.store, providerUrl, providerIdempotency })];
-}
-
-/**
- * PROVIDER_IDEMPOTENCY: whether the payment provider dedups by Idempotency-Key (default true; `false`
- * for lookup mode). Read by the service (its routes and its completer) and by `idemRunners`, so that
- * every path that charges agrees.
- */
-export function providerIdempotencyFrom(env: Record<string, string | undefined>): boolean {
-  const v = env.PROVIDER_IDEMPOTENCY?.trim().toLowerCase();
-  if (v === undefined || v === "" || v === "true" || v === "1") return true;
-  if (v === "false" || v === "0") return false;
-  throw new Error(`PROVIDER_IDEMPOTENCY must be true or false, got ${env.PROVIDER_IDEMPOTENCY}`);
 }

@@ -10,7 +10,7 @@
  * broker that confirms a publish only once the receipt is recorded (so a restart loses nothing: the
  * relay publishes again whatever was not confirmed, and the inbox drops what was already sent).
  *
- *   const receipts = await startReceipts(db, receiptsConfigFromEnv(process.env));
+ *   const receipts = await startReceipts(db, loadConfig(process.env).receipts);
  *   ...
  *   await receipts.stop(); // before closing the database
  */
@@ -53,14 +53,6 @@ export interface Receipts {
   readonly relay: Relay;
   readonly consumer: RunningConsumer;
   stop(): Promise<void>;
-}
-
-/** Read the worker's settings from the environment (AMQP_URL, NATS_URL). */
-export function receiptsConfigFromEnv(env: NodeJS.ProcessEnv): ReceiptsConfig {
-  const config: ReceiptsConfig = {};
-  if (env.AMQP_URL) config.amqpUrl = env.AMQP_URL;
-  if (env.NATS_URL) config.natsUrl = env.NATS_URL;
-  return config;
 }
 
 /** The receipt worker's table (made by app/database.ts's `prepareSchema`, the owner's job). */

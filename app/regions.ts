@@ -23,28 +23,6 @@ export interface Regions {
   homes: Record<string, string>;
 }
 
-function pairs(name: string, text: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const part of text.split(",").filter((p) => p.trim())) {
-    const at = part.indexOf("=");
-    if (at <= 0) throw new Error(`${name}: write it as name=value,name=value (got "${part}")`);
-    out[part.slice(0, at).trim()] = part.slice(at + 1).trim();
-  }
-  return out;
-}
-
-/** The regions from IDEM_REGION, IDEM_REGION_URLS and IDEM_ACCOUNT_HOMES; undefined without IDEM_REGION. */
-export function regionsFromEnv(env: NodeJS.ProcessEnv): Regions | undefined {
-  const region = env.IDEM_REGION?.trim();
-  if (!region) return undefined;
-  const urls = pairs("IDEM_REGION_URLS", env.IDEM_REGION_URLS ?? "");
-  const homes = pairs("IDEM_ACCOUNT_HOMES", env.IDEM_ACCOUNT_HOMES ?? "");
-  for (const home of [region, ...Object.values(homes)]) {
-    if (!(home in urls)) throw new Error(`IDEM_REGION_URLS has no URL for the region "${home}"`);
-  }
-  return { region, urls, homes };
-}
-
 /**
  * Forward writes of accounts homed elsewhere to their home region. Put it before the routes: it
  * authenticates by API key only to learn the account (an unknown key goes on, and is answered 401).

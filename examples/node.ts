@@ -1,7 +1,7 @@
 // idem/node: a plain node:http listener; the handler checks the body it is given before any write.
 // Run it: DATABASE_URL=postgres://... npx tsx --conditions=source examples/node.ts
 import { createServer, type IncomingMessage } from "node:http";
-import { idempotent } from "idem/node";
+import { idempotency } from "idem/node";
 import { fromPg, migrate, PostgresStore } from "idem/postgres";
 import pg from "pg";
 import { DATABASE_URL, PAYMENTS_TABLE, paymentOf, serveAndTryTwice } from "./try-twice.ts";
@@ -19,7 +19,7 @@ const accountOf = (req: IncomingMessage) => {
 const json = { "content-type": "application/json" };
 
 const server = createServer(
-  idempotent(
+  idempotency(
     async (_req, { tx, scope, body }) => {
       const payment = paymentOf(body); // the body as read once and fingerprinted
       if (!payment) {

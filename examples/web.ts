@@ -2,7 +2,7 @@
 // Run it: DATABASE_URL=postgres://... npx tsx --conditions=source examples/web.ts
 import { serve } from "@hono/node-server";
 import { fromPg, migrate, PostgresStore } from "idem/postgres";
-import { idempotent } from "idem/web";
+import { idempotency } from "idem/web";
 import pg from "pg";
 import { DATABASE_URL, PAYMENTS_TABLE, tryTwice } from "./try-twice.ts";
 
@@ -13,7 +13,7 @@ const store = await PostgresStore.open(db);
 
 // #region snippet
 // app/api/payments/route.ts (Next.js), or Bun.serve({ fetch: POST }), or Deno.serve(POST)
-export const POST = idempotent<unknown, { amount_cents: number }>(
+export const POST = idempotency<unknown, { amount_cents: number }>(
   async (_request, { tx, scope, body }) => {
     const { amount_cents } = body; // the body's type, given above
     const { rows } = await tx.query(

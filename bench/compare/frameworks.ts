@@ -12,7 +12,7 @@ import { Hono } from "hono";
 import { idempotency as expressIdempotency, keepRawBody } from "idem/express";
 import { idempotency as fastifyIdempotency } from "idem/fastify";
 import { idempotency as honoIdempotency } from "idem/hono";
-import { idempotent } from "idem/node";
+import { idempotency } from "idem/node";
 import { fromPg, PostgresStore } from "idem/postgres";
 import pg from "pg";
 import { CRASH_HEADER, CREATED, insertPayment, PATH, type Payment } from "./handler.ts";
@@ -168,7 +168,7 @@ async function withIdem(v: Variant, url: string): Started {
     }
     case "node": {
       const server = createServer(
-        idempotent(
+        idempotency(
           async (req, { tx, key, body }) => {
             const row = await insertPayment(tx, key, body as Payment, crashOf(req.headers)); // read once, parsed
             return {

@@ -325,29 +325,45 @@ const giveUpCodes: readonly string[] = [
   ClientErrorCode.aborted,
 ];
 
+// The guards check the error's `code` (and that it is an Error), not its class, so they hold across
+// two copies of idem in one bundle.
+/** Whether `e` is an `IdemClientError` (by its code). */
 export const isIdemClientError = (e: unknown): e is IdemClientError => hasCode(e, allCodes);
+/** Whether `e` is a `GiveUpError` (by its code). */
 export const isGiveUpError = (e: unknown): e is GiveUpError => hasCode(e, giveUpCodes);
+/** Whether `e` is a `DeadlineExceededError` (by its code). */
 export const isDeadlineExceededError = (e: unknown): e is DeadlineExceededError =>
   hasCode(e, [ClientErrorCode.deadlineExceeded]);
+/** Whether `e` is a `RetryBudgetExhaustedError` (by its code). */
 export const isRetryBudgetExhaustedError = (e: unknown): e is RetryBudgetExhaustedError =>
   hasCode(e, [ClientErrorCode.retryBudgetExhausted]);
+/** Whether `e` is a `CircuitOpenError` (by its code). */
 export const isCircuitOpenError = (e: unknown): e is CircuitOpenError =>
   hasCode(e, [ClientErrorCode.circuitOpen]);
+/** Whether `e` is an `AttemptsExhaustedError` (by its code). */
 export const isAttemptsExhaustedError = (e: unknown): e is AttemptsExhaustedError =>
   hasCode(e, [ClientErrorCode.attemptsExhausted]);
+/** Whether `e` is a `CallAbortedError` (by its code). */
 export const isCallAbortedError = (e: unknown): e is CallAbortedError =>
   hasCode(e, [ClientErrorCode.aborted]);
+/** Whether `e` is an `IntentNotFoundError` (by its code). */
 export const isIntentNotFoundError = (e: unknown): e is IntentNotFoundError =>
   hasCode(e, [ClientErrorCode.intentNotFound]);
+/** Whether `e` is an `IntentConflictError` (by its code). */
 export const isIntentConflictError = (e: unknown): e is IntentConflictError =>
   hasCode(e, [ClientErrorCode.intentConflict]);
+/** Whether `e` is an `IntentHasNoRequestError` (by its code). */
 export const isIntentHasNoRequestError = (e: unknown): e is IntentHasNoRequestError =>
   hasCode(e, [ClientErrorCode.intentHasNoRequest]);
+/** Whether `e` is an `OperationUncertainError` (by its code). */
 export const isOperationUncertainError = (e: unknown): e is OperationUncertainError =>
   hasCode(e, [ClientErrorCode.operationUncertain]);
+/** Whether `e` is an `IntentExpiredError` (by its code). */
 export const isIntentExpiredError = (e: unknown): e is IntentExpiredError =>
   hasCode(e, [ClientErrorCode.intentExpired]);
+/** Whether `e` is a `NewKeyNotSafeError` (by its code). */
 export const isNewKeyNotSafeError = (e: unknown): e is NewKeyNotSafeError =>
   hasCode(e, [ClientErrorCode.newKeyNotSafe]);
+/** Whether `e` is an `UnreplayableBodyError` (by its code). */
 export const isUnreplayableBodyError = (e: unknown): e is UnreplayableBodyError =>
   hasCode(e, [ClientErrorCode.unreplayableBody]);

@@ -4,41 +4,57 @@
  * store `idem/client/postgres`.
  */
 export {
-  answerWithinMs,
-  classifyNetworkError,
   defaultRetryPredicate,
-  expiresAt,
-  IN_FLIGHT_PROBLEM,
-  isInFlight,
-  isUncertain,
   type NetworkFailure,
   OperationState,
   type RetryPredicate,
-  readAnswer,
   type ServerAnswer,
-  UNCERTAIN_PROBLEM,
 } from "./answer.ts";
-export {
-  type BackoffOptions,
-  backoffCeilingMs,
-  DEFAULT_BACKOFF_BASE_MS,
-  DEFAULT_BACKOFF_CAP_MS,
-  fullJitterMs,
-} from "./backoff.ts";
+export type { BackoffOptions } from "./backoff.ts";
 export {
   type BreakerPermit,
   type BreakerWindow,
   CircuitBreaker,
   type CircuitBreakerOptions,
   CircuitState,
-  DEFAULT_BREAKER_FAILURE_RATE,
-  DEFAULT_BREAKER_OPEN_MS,
-  DEFAULT_BREAKER_WINDOW,
   DEFAULT_FAILURE_STATUSES,
 } from "./breaker.ts";
-export { DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_RATIO, RetryBudget, type RetryBudgetOptions } from "./budget.ts";
+export { RetryBudget, type RetryBudgetOptions } from "./budget.ts";
 export { createClient, IdemClient } from "./client.ts";
-export * from "./errors.ts";
+export {
+  AttemptsExhaustedError,
+  CallAbortedError,
+  CircuitOpenError,
+  ClientErrorCode,
+  DeadlineExceededError,
+  DeadlineReason,
+  type GiveUpDetails,
+  GiveUpError,
+  IdemClientError,
+  IntentConflictError,
+  IntentError,
+  IntentExpiredError,
+  IntentHasNoRequestError,
+  IntentNotFoundError,
+  isAttemptsExhaustedError,
+  isCallAbortedError,
+  isCircuitOpenError,
+  isDeadlineExceededError,
+  isGiveUpError,
+  isIdemClientError,
+  isIntentConflictError,
+  isIntentExpiredError,
+  isIntentHasNoRequestError,
+  isIntentNotFoundError,
+  isNewKeyNotSafeError,
+  isOperationUncertainError,
+  isRetryBudgetExhaustedError,
+  isUnreplayableBodyError,
+  NewKeyNotSafeError,
+  OperationUncertainError,
+  RetryBudgetExhaustedError,
+  UnreplayableBodyError,
+} from "./errors.ts";
 export type { AttemptEvent, CallInfo, ClientHooks, DoneEvent, GiveUpEvent, WaitEvent } from "./events.ts";
 export { type IdempotentFetch, type WithIdempotencyOptions, withIdempotency } from "./fetch-wrapper.ts";
 export {
@@ -65,17 +81,10 @@ export {
   type OperationStatus,
 } from "./operations.ts";
 export {
-  ANSWER_WITHIN_MARGIN_MS,
   type CallOptions,
   type ClientOptions,
-  DEFAULT_DEADLINE_MS,
-  DEFAULT_KEY_HEADER,
-  DEFAULT_KEY_RETENTION_MS,
-  DEFAULT_MAX_ATTEMPTS,
-  DEFAULT_PER_TRY_TIMEOUT_MS,
   DEFAULT_RETRY_STATUSES,
   type FetchLike,
   type RequestOptions,
   type RetryOptions,
 } from "./options.ts";
-export { parseRetryAfter, retryAfterFrom } from "./retry-after.ts";

@@ -16,8 +16,10 @@ export const ProblemCode = {
   Unauthorized: "unauthorized",
   NotFound: "not-found",
 } as const;
+/** One of the stable error codes of {@link ProblemCode}. */
 export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];
 
+/** The base of every error idem answers with: a stable `code` and the HTTP `status` it maps to. */
 export class IdemError extends Error {
   override name = "IdemError";
   readonly code: ProblemCode | string;
@@ -138,6 +140,7 @@ export class InvalidBodyError extends IdemError {
   }
 }
 
+/** Whether `e` is one of idem's errors (an {@link IdemError}). */
 export const isIdemError = (e: unknown): e is IdemError => e instanceof IdemError;
 export const isKeyInFlightError = (e: unknown): e is KeyInFlightError => e instanceof KeyInFlightError;
 export const isKeyMismatchError = (e: unknown): e is KeyMismatchError => e instanceof KeyMismatchError;

@@ -1,3 +1,7 @@
+/**
+ * The core's internal barrel: adapters, the store, the client and the tests import from here by
+ * relative path. It is not an entry point: the package root `idem` is src/index.ts, a curated list.
+ */
 export * from "./body.ts";
 export * from "./claim-id.ts";
 export * from "./db.ts";

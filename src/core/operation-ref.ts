@@ -15,6 +15,7 @@ const PREFIX = "op_";
 /** A claim id is a UUID (`keys.claim_id`). */
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
+/** The operation reference of one claim of the key `key` in `scope` (`op_` and an opaque encoding). */
 export function encodeOperationRef(scope: string, key: string, claimId?: string | null): string {
   const parts = claimId ? [scope, key, claimId] : [scope, key];
   return PREFIX + Buffer.from(JSON.stringify(parts), "utf8").toString("base64url");

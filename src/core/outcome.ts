@@ -21,12 +21,16 @@ export const Outcome = {
   /** No key on a route where it is optional. */
   Unkeyed: "unkeyed",
 } as const;
+/** One of the outcomes of {@link Outcome}. */
 export type Outcome = (typeof Outcome)[keyof typeof Outcome];
 
+/** What `onOutcome` is called with once per request: how it ended, its status, scope and key. */
 export interface OutcomeEvent {
   outcome: Outcome;
   status: number;
+  /** The request's scope, when it was read (keyed requests). */
   scope?: string;
+  /** The request's idempotency key; absent on a request without one. */
   key?: string;
 }
 

@@ -25,6 +25,7 @@ export interface OperationFields {
   operation_ref?: string;
 }
 
+/** An RFC 9457 problem document: `type`, `title`, `status`, an optional `detail`, and extensions. */
 export interface ProblemDetails {
   type: string;
   title: string;

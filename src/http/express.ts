@@ -46,6 +46,7 @@ import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
 import { clearHeaders, Held } from "./express-hold.ts";
 import { headerOf, readBody, SocketHangUp, writeResponse } from "./shared.ts";
 
+/** What `req.idempotency` holds on an idempotent route: the transaction, key, scope and body. */
 export interface IdempotencyContext<Body = unknown> {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
@@ -83,6 +84,7 @@ interface ExpressRouteOptions {
   authorizeReplay?: (req: Request) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface ExpressIdempotencyOptions extends LifecycleOptions<Tx>, ExpressRouteOptions {}
 
 /** A `verify` option for Express's body parsers that keeps the bytes as sent, for the fingerprint. */
@@ -160,6 +162,7 @@ function answer(res: Response, held: Held | undefined, r: StoredResponse): void 
   }
 }
 
+/** Express 5 middleware: a keyed route in atomic mode; the handler finds `req.idempotency` (`tx`, `body`). */
 export function idempotency(options: ExpressIdempotencyOptions): RequestHandler {
   checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
@@ -204,6 +207,7 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
   };
 }
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface ExpressPhasesOptions<I> extends PhasesLifecycleOptions, ExpressRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;

@@ -44,6 +44,7 @@ import type {
 import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
 import { groupHeaders, headerPairs, SocketHangUp } from "./shared.ts";
 
+/** What `request.idempotency` holds on an idempotent route: the transaction, key, scope and body. */
 export interface FastifyIdempotency {
   /** The transaction of this request (atomic mode): do the work's writes here. */
   tx: Tx;
@@ -79,8 +80,10 @@ interface FastifyRouteOptions {
   authorizeReplay?: (request: FastifyRequest) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface FastifyIdempotencyOptions extends LifecycleOptions<Tx>, FastifyRouteOptions {}
 
+/** The hooks `idempotency()` returns, to spread into a route's options. */
 export interface IdempotencyHooks {
   preParsing: preParsingAsyncHookHandler;
   preHandler: preHandlerAsyncHookHandler;
@@ -196,6 +199,7 @@ function authorizer(options: FastifyRouteOptions, request: FastifyRequest): RunO
   return check && (() => check(request));
 }
 
+/** The route hooks of a keyed route in atomic mode: spread them into the route's options. */
 export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHooks {
   checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
@@ -313,6 +317,7 @@ export const idempotencyPlugin = fp<FastifyIdempotencyOptions>(
   { name: "idem", fastify: "5.x" },
 );
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface FastifyPhasesOptions<I> extends PhasesLifecycleOptions, FastifyRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;

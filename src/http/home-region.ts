@@ -28,7 +28,7 @@ import {
   OUTCOME_UNKNOWN_RETRY,
   problemResponse,
 } from "../core/problem.ts";
-import type { StoredResponse } from "../core/response.ts";
+import { toResponse } from "./fetch.ts";
 
 export interface HomeRegionOptions {
   /** The region this instance runs in. Required. */
@@ -308,10 +308,4 @@ function upper(s: string): string {
 
 function joinUrl(base: string, path: string): string {
   return base.replace(/\/+$/, "") + (path.startsWith("/") ? path : `/${path}`);
-}
-
-function toResponse(r: StoredResponse): Response {
-  const headers = new Headers();
-  for (const [k, v] of r.headers) headers.append(k, v);
-  return new Response(r.body as Uint8Array<ArrayBuffer>, { status: r.status, headers });
 }

@@ -24,7 +24,8 @@ import type {
   Tx,
 } from "../core/index.ts";
 import { checkRouteOptions, Lifecycle, Outcome } from "../core/index.ts";
-import { NULL_BODY, SocketHangUp } from "./shared.ts";
+import { SignalHangUp, toResponse } from "./fetch.ts";
+import { SocketHangUp } from "./shared.ts";
 
 /**
  * What a keyed route's handler gets. `Body` is the body's type when you know it (e.g.
@@ -68,16 +69,8 @@ interface RouteOptions<E extends Env> {
   authorizeReplay?: (c: Context<E>) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface HonoIdempotencyOptions<E extends Env = any> extends LifecycleOptions<Tx>, RouteOptions<E> {}
-
-function toResponse(r: StoredResponse): Response {
-  const headers = new Headers();
-  for (const [k, v] of r.headers) headers.append(k, v);
-  return new Response(
-    NULL_BODY.has(r.status) || r.body.length === 0 ? null : (r.body as Uint8Array<ArrayBuffer>),
-    { status: r.status, headers },
-  );
-}
 
 const encoder = new TextEncoder();
 /**
@@ -118,14 +111,6 @@ class HonoRequest implements IdemRequest {
   }
 }
 
-/** Looks at the raw request's signal only when asked (off Node, where there is no socket). */
-class SignalHangUp implements HangUp {
-  constructor(private readonly c: Context) {}
-  get aborted(): boolean {
-    return this.c.req.raw.signal.aborted;
-  }
-}
-
 /** What @hono/node-server puts in `c.env` (its `HttpBindings`). */
 interface NodeBindings {
   incoming?: IncomingMessage;
@@ -135,7 +120,9 @@ interface NodeBindings {
 /** On @hono/node-server, the socket tells; elsewhere the request's signal, read only when asked. */
 function hangUpOf(c: Context): HangUp {
   const env = c.env as NodeBindings | undefined;
-  return env?.incoming ? new SocketHangUp(env.incoming.socket, env.outgoing) : new SignalHangUp(c);
+  return env?.incoming
+    ? new SocketHangUp(env.incoming.socket, env.outgoing)
+    : new SignalHangUp(() => c.req.raw.signal);
 }
 
 async function begin(lifecycle: Lifecycle<Tx>, c: Context, scope: string | undefined): Promise<Begun> {
@@ -210,6 +197,7 @@ export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions
   });
 }
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface HonoPhasesOptions<I, E extends Env = any> extends PhasesLifecycleOptions, RouteOptions<E> {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;

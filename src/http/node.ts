@@ -1,9 +1,9 @@
 /**
- * Plain `node:http` adapter: `idempotent(handler, options)` returns a request listener (atomic mode),
+ * Plain `node:http` adapter: `idempotency(handler, options)` returns a request listener (atomic mode),
  * `idempotentPhases(options)` one for a route in phases mode.
  *
  *   http.createServer(
- *     idempotent(
+ *     idempotency(
  *       async (req, { tx, scope, body }) => {
  *         const payment = await insertPayment(tx, scope, body as PaymentInput);
  *         return { status: 201, headers: { "content-type": "application/json" }, body: JSON.stringify(payment) };
@@ -29,15 +29,6 @@ import type {
 } from "../core/index.ts";
 import { checkRouteOptions, IdemOptionsError, Lifecycle } from "../core/index.ts";
 import { NodeIdemRequest, readBody, SocketHangUp, writeResponse } from "./shared.ts";
-
-export {
-  DEFAULT_BODY_LIMIT,
-  groupHeaders,
-  headerOf,
-  readBody,
-  SocketHangUp,
-  writeResponse,
-} from "./shared.ts";
 
 /**
  * What the handler gets. `Keyed` is false on a `required: false` route, where a request without a key
@@ -69,6 +60,7 @@ export interface NodeReply {
   body?: string | Uint8Array;
 }
 
+/** The handler `idempotency()` wraps: it gets the request and the context, and returns the reply. */
 export type NodeIdempotentHandler<Body = unknown, Keyed extends boolean = true> = (
   req: IncomingMessage,
   ctx: NodeIdempotencyContext<Body, Keyed>,
@@ -91,6 +83,7 @@ interface NodeRouteOptions {
   authorizeReplay?: (req: IncomingMessage) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface NodeIdempotencyOptions extends LifecycleOptions<Tx>, NodeRouteOptions {}
 
 const encoder = new TextEncoder();
@@ -154,22 +147,23 @@ function authorizer(options: NodeRouteOptions, req: IncomingMessage): RunOptions
   return check && (() => check(req));
 }
 
-export function idempotent<Body = unknown>(
+/** Wrap a `node:http` handler as a keyed route in atomic mode: returns the request listener. */
+export function idempotency<Body = unknown>(
   handler: NodeIdempotentHandler<Body>,
   options: NodeIdempotencyOptions & { required?: true },
 ): (req: IncomingMessage, res: ServerResponse) => void;
-export function idempotent<Body = unknown>(
+export function idempotency<Body = unknown>(
   handler: NodeIdempotentHandler<Body, false>,
   options: NodeIdempotencyOptions,
 ): (req: IncomingMessage, res: ServerResponse) => void;
-export function idempotent(
+export function idempotency(
   handler: NodeIdempotentHandler<any, any>, // one of the two above; its key is checked by `required`
   options: NodeIdempotencyOptions,
 ): (req: IncomingMessage, res: ServerResponse) => void {
   if (typeof handler !== "function") {
-    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+    throw new IdemOptionsError("idempotency()", "handler", "must be the request handler function", handler);
   }
-  checkRouteOptions("idempotent()", options, "atomic");
+  checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return listener(lifecycle, options, async (req, begun, rawBody, res) => {
     const body = begun.body.value;
@@ -189,6 +183,13 @@ export function idempotent(
   });
 }
 
+/**
+ * The old name of {@link idempotency}, the entry verb every adapter shares.
+ * @deprecated Use `idempotency` (same arguments); this alias is removed in the next release.
+ */
+export const idempotent: typeof idempotency = idempotency;
+
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface NodePhasesOptions<I> extends PhasesLifecycleOptions, NodeRouteOptions {
   /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
   runner: PhasesRunnerLike<I>;

@@ -8,12 +8,10 @@ import type { Socket } from "node:net";
 import type { HangUp, IdemRequest } from "../core/index.ts";
 import { IdemError, ProblemCode, type StoredResponse } from "../core/index.ts";
 import { installServerTelemetry } from "../observability/server.ts";
+import { NULL_BODY_STATUSES } from "./fetch.ts";
 
 // Spans and metrics for every adapter's keyed requests, when @opentelemetry/api is installed.
 installServerTelemetry();
-
-/** Statuses whose responses never carry a body. */
-export const NULL_BODY: ReadonlySet<number> = new Set([101, 204, 205, 304]);
 
 export const DEFAULT_BODY_LIMIT = 1024 * 1024;
 
@@ -99,7 +97,7 @@ export function writeResponse(res: ServerResponse, r: StoredResponse): void {
     res.setHeader(name, values.length === 1 ? values[0]! : values);
   }
   res.statusCode = r.status;
-  res.end(NULL_BODY.has(r.status) || r.body.length === 0 ? undefined : r.body);
+  res.end(NULL_BODY_STATUSES.has(r.status) || r.body.length === 0 ? undefined : r.body);
 }
 
 /** The framework-free request the lifecycle reads, over a Node request (a class: no closure per request). */

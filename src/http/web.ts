@@ -1,11 +1,11 @@
 /**
  * Web-standard adapter: wraps a `(request: Request, ctx) => Promise<Response>` handler, the shape of
  * Next.js route handlers, Bun.serve, Deno.serve, Cloudflare-style `fetch` and anything else built on the
- * Fetch API. `idempotent(handler, options)` is a keyed route in atomic mode, `idempotentPhases(options)`
+ * Fetch API. `idempotency(handler, options)` is a keyed route in atomic mode, `idempotentPhases(options)`
  * one in phases mode; both return a function of the same shape.
  *
  *   // app/api/payments/route.ts (Next.js)
- *   export const POST = idempotent(
+ *   export const POST = idempotency(
  *     async (request, { tx, scope, body }) => {
  *       const payment = await insertPayment(tx, scope, body as PaymentInput);
  *       return Response.json(payment, { status: 201 });
@@ -20,7 +20,6 @@
  */
 import type {
   Begun,
-  HangUp,
   IdemRequest,
   LifecycleOptions,
   PhasesRunnerLike,
@@ -29,7 +28,8 @@ import type {
   Tx,
 } from "../core/index.ts";
 import { checkRouteOptions, IdemError, IdemOptionsError, Lifecycle, ProblemCode } from "../core/index.ts";
-import { DEFAULT_BODY_LIMIT, NULL_BODY } from "./shared.ts";
+import { SignalHangUp, toResponse, toStored } from "./fetch.ts";
+import { DEFAULT_BODY_LIMIT } from "./shared.ts";
 
 /** What the wrapped handler gets besides the request. */
 /**
@@ -51,6 +51,7 @@ export interface WebIdempotencyContext<C = unknown, Body = unknown, Keyed extend
   context: C;
 }
 
+/** The handler `idempotency()` wraps: it gets the request and the context, and returns a `Response`. */
 export type WebIdempotentHandler<C = unknown, Body = unknown, Keyed extends boolean = true> = (
   request: Request,
   ctx: WebIdempotencyContext<C, Body, Keyed>,
@@ -73,8 +74,10 @@ interface WebRouteOptions<C> {
   authorizeReplay?: (request: Request, context: C) => boolean | Promise<boolean>;
 }
 
+/** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface WebIdempotencyOptions<C = unknown> extends LifecycleOptions<Tx>, WebRouteOptions<C> {}
 
+/** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface WebPhasesOptions<I, C = unknown>
   extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
     WebRouteOptions<C> {
@@ -100,14 +103,6 @@ class WebIdemRequest implements IdemRequest {
   }
   header(name: string): string | null {
     return this.request.headers.get(name);
-  }
-}
-
-/** The request's signal, read only when the store asks (just before its commit). */
-class SignalHangUp implements HangUp {
-  constructor(private readonly signal: AbortSignal) {}
-  get aborted(): boolean {
-    return this.signal.aborted;
   }
 }
 
@@ -146,18 +141,6 @@ function replayable(request: Request, raw: Uint8Array): Request {
   return new Request(request, { body: raw as Uint8Array<ArrayBuffer> });
 }
 
-export function toResponse(r: StoredResponse): Response {
-  const headers = new Headers();
-  for (const [k, v] of r.headers) headers.append(k, v);
-  const body = NULL_BODY.has(r.status) || r.body.length === 0 ? null : (r.body as Uint8Array<ArrayBuffer>);
-  return new Response(body, { status: r.status, headers });
-}
-
-/** A handler's `Response`, read whole (Set-Cookie stays one pair per cookie). */
-export async function toStored(res: Response): Promise<StoredResponse> {
-  return { status: res.status, headers: [...res.headers], body: new Uint8Array(await res.arrayBuffer()) };
-}
-
 type Run<C> = (
   request: Request,
   context: C,
@@ -189,28 +172,28 @@ function route<C>(lifecycle: Lifecycle<Tx>, options: WebRouteOptions<C>, run: Ru
 function runOptions<C>(options: WebRouteOptions<C>, request: Request, context: C): RunOptions {
   const check = options.authorizeReplay;
   return {
-    signal: new SignalHangUp(request.signal),
+    signal: new SignalHangUp(() => request.signal),
     authorize: check && (() => check(request, context)),
   };
 }
 
 /** Wrap a Fetch API handler as a keyed route in atomic mode. */
-export function idempotent<C = unknown, Body = unknown>(
+export function idempotency<C = unknown, Body = unknown>(
   handler: WebIdempotentHandler<C, Body>,
   options: WebIdempotencyOptions<C> & { required?: true },
 ): WebHandler<C>;
-export function idempotent<C = unknown, Body = unknown>(
+export function idempotency<C = unknown, Body = unknown>(
   handler: WebIdempotentHandler<C, Body, false>,
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C>;
-export function idempotent<C = unknown>(
+export function idempotency<C = unknown>(
   handler: WebIdempotentHandler<C, any, any>, // one of the two above; its key is checked by `required`
   options: WebIdempotencyOptions<C>,
 ): WebHandler<C> {
   if (typeof handler !== "function") {
-    throw new IdemOptionsError("idempotent()", "handler", "must be the request handler function", handler);
+    throw new IdemOptionsError("idempotency()", "handler", "must be the request handler function", handler);
   }
-  checkRouteOptions("idempotent()", options, "atomic");
+  checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
   return route(lifecycle, options, async (request, context, begun, rawBody) => {
     const body = begun.body.value;
@@ -230,6 +213,12 @@ export function idempotent<C = unknown>(
     return out.response;
   });
 }
+
+/**
+ * The old name of {@link idempotency}, the entry verb every adapter shares.
+ * @deprecated Use `idempotency` (same arguments); this alias is removed in the next release.
+ */
+export const idempotent: typeof idempotency = idempotency;
 
 /** A Fetch API handler for a route in phases mode; a key is always required. */
 export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {

@@ -9,7 +9,7 @@ export type {
   ConsumerStats,
   RunningConsumer,
 } from "./consumer.ts";
-export { GAUGE_COUNT_CAP, type GaugeValues, IdemGauges } from "./gauges.ts";
+export { type GaugeValues, IdemGauges } from "./gauges.ts";
 export {
   Inbox,
   type InboxBatchHandler,

@@ -31,8 +31,8 @@ import type {
   Tx,
 } from "../core/index.ts";
 import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
+import { toResponse, toStored } from "../http/fetch.ts";
 import { headerPairs, NodeIdemRequest, SocketHangUp } from "../http/shared.ts";
-import { toResponse, toStored } from "../http/web.ts";
 
 /**
  * What an `@Idempotent()` handler gets through `@IdempotencyCtx()`; `Body` is your DTO's type, as with

@@ -6,21 +6,18 @@ export {
   type OpenDatabaseUrlOptions,
   type OpenedDatabaseUrl,
   openDatabaseUrl,
-  parseDatabaseUrl,
 } from "./connect.ts";
 export type { Db, Queryable, QueryResult, Tx } from "./db.ts";
-export { type FromPgOptions, fromPg, isDirectPgSession, type PgPoolLike } from "./drivers/pg.ts";
+export { type FromPgOptions, fromPg, type PgPoolLike } from "./drivers/pg.ts";
 export {
   DataDirInUseError,
   fromPglite,
-  lockDataDir,
   openPgliteDir,
   type PgliteLike,
 } from "./drivers/pglite.ts";
 export {
   type FromPostgresJsOptions,
   fromPostgresJs,
-  isDirectPostgresJs,
   type PostgresJsLike,
 } from "./drivers/postgres-js.ts";
 export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
@@ -29,7 +26,6 @@ export {
   type MigrateResult,
   migrate,
   pendingMigrations,
-  runtimeGrants,
   SchemaBehindError,
 } from "./migrate.ts";
 // Operation lookup (GET /v1/operations/{ref}): the store-side read.
@@ -41,8 +37,6 @@ export {
   PartitionMissingError,
   Partitions,
   PartitionWidthError,
-  partitionsAhead,
-  SWEEP_AHEAD_MS,
 } from "./partitions.ts";
 export {
   type CrashInfo,
@@ -70,7 +64,6 @@ export {
   SimulatedCrashError,
   settleKey,
 } from "./phases/index.ts";
-export { SEALING_READER_LIVE_MS, SealingKeyPromotionError } from "./sealing-keys.ts";
+export { SealingKeyPromotionError } from "./sealing-keys.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
 export { PostgresStore, type PostgresStoreOptions } from "./store.ts";
-export { uuidv7 } from "./uuid7.ts";

@@ -4,8 +4,7 @@
  * (`crashAt`, `randomCrashes`, `pauseAt`), and a seeded generator.
  */
 export { SimulatedCrashError } from "../postgres/phases/index.ts";
-export { type CountingFaults, combineFaults, crashAt, pauseAt, randomCrashes } from "./faults.ts";
-export { createRng, type Rng } from "./prng.ts";
+export { type CountingFaults, crashAt, pauseAt, randomCrashes } from "./faults.ts";
 export {
   type Charge,
   type FaultRates,
@@ -27,4 +26,24 @@ export {
   stagingFaults,
   stagingFaultsFromEnv,
 } from "./staging.ts";
-export * from "./verify/index.ts";
+export {
+  type CheckResult,
+  EffectCountError,
+  type EffectCounter,
+  type EffectCounts,
+  type FaultProxy,
+  type FaultProxyOptions,
+  formatReport,
+  type ListEffectsOptions,
+  listEffects,
+  type ProxyFault,
+  type RequestTemplate,
+  sqlEffects,
+  startFaultProxy,
+  type VerifyOptions,
+  type VerifyReport,
+  VerifyUsageError,
+  type Violation,
+  ViolationKind,
+  verify,
+} from "./verify/index.ts";

@@ -40,10 +40,10 @@ import { paymentPhasesRunner } from "../../app/payments-phases.ts";
 import {
   type ClientOptions,
   createClient,
-  DEFAULT_DEADLINE_MS,
   type IdemClient,
   MemoryIntentStore,
 } from "../../src/client/index.ts";
+import { DEFAULT_DEADLINE_MS } from "../../src/client/options.ts";
 import { downstreamKey } from "../../src/core/index.ts";
 import { complete } from "../../src/postgres/complete.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";

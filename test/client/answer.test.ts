@@ -5,12 +5,8 @@
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { describe, expect, it } from "vitest";
-import {
-  classifyNetworkError,
-  DEFAULT_RETRY_STATUSES,
-  defaultRetryPredicate,
-  readAnswer,
-} from "../../src/client/index.ts";
+import { classifyNetworkError, readAnswer } from "../../src/client/answer.ts";
+import { DEFAULT_RETRY_STATUSES, defaultRetryPredicate } from "../../src/client/index.ts";
 
 const problem = (status: number, body: unknown, headers: Record<string, string> = {}) =>
   new Response(JSON.stringify(body), {

@@ -2,14 +2,9 @@
  * How long the client waits: Retry-After first, full-jitter backoff otherwise, never past the deadline.
  */
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import {
-  backoffCeilingMs,
-  createClient,
-  DeadlineReason,
-  fullJitterMs,
-  parseRetryAfter,
-  type WaitEvent,
-} from "../../src/client/index.ts";
+import { backoffCeilingMs, fullJitterMs } from "../../src/client/backoff.ts";
+import { createClient, DeadlineReason, type WaitEvent } from "../../src/client/index.ts";
+import { parseRetryAfter } from "../../src/client/retry-after.ts";
 import { scriptedFetch, socketError } from "./helpers.ts";
 
 describe("Retry-After", () => {

@@ -7,16 +7,15 @@ import { describe, expect, it } from "vitest";
 import {
   answerWithinMs,
   classifyNetworkError,
-  createClient,
   expiresAt,
   IN_FLIGHT_PROBLEM,
   isInFlight,
   isUncertain,
-  parseRetryAfter,
-  RetryBudget,
   readAnswer,
   UNCERTAIN_PROBLEM,
-} from "../../src/client/index.ts";
+} from "../../src/client/answer.ts";
+import { createClient, RetryBudget } from "../../src/client/index.ts";
+import { parseRetryAfter } from "../../src/client/retry-after.ts";
 
 const problem = (body: unknown, headers: Record<string, string> = {}, status = 409) =>
   new Response(JSON.stringify(body), {

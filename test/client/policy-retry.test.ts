@@ -5,12 +5,11 @@
  * other answer (a plain 409 included) is final.
  */
 import { describe, expect, it } from "vitest";
+import { IN_FLIGHT_PROBLEM, isInFlight } from "../../src/client/answer.ts";
 import {
   createClient,
   DEFAULT_RETRY_STATUSES,
   defaultRetryPredicate,
-  IN_FLIGHT_PROBLEM,
-  isInFlight,
   type ServerAnswer,
 } from "../../src/client/index.ts";
 

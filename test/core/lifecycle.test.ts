@@ -31,7 +31,7 @@ import {
   idempotency,
   idempotentPhases,
 } from "../../src/http/hono.ts";
-import { idempotent } from "../../src/http/web.ts";
+import { idempotency as webIdempotency } from "../../src/http/web.ts";
 import { PostgresStore } from "../../src/postgres/index.ts";
 import { type CoreDb, openCoreDb } from "./app.ts";
 
@@ -494,7 +494,7 @@ describe("requests answered before anything is claimed", () => {
   it("a body over the route's limit: 413 problem+json with the answer bound, the handler never runs", async () => {
     const events: OutcomeEvent[] = [];
     let runs = 0;
-    const handler = idempotent(
+    const handler = webIdempotency(
       async () => {
         runs++;
         return new Response("ran", { status: 201 });

@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import type { AddressInfo } from "node:net";
 import { describe } from "vitest";
 import { InvalidBodyError } from "../../src/core/index.ts";
-import { idempotent, idempotentPhases, type NodeIdempotentHandler } from "../../src/http/node.ts";
+import { idempotency, idempotentPhases, type NodeIdempotentHandler } from "../../src/http/node.ts";
 import { backends } from "../helpers/db.ts";
 import {
   type AppParts,
@@ -37,7 +37,7 @@ function startNode({ store, runner }: AppParts) {
   const authorizeReplay = (req: IncomingMessage) =>
     mayReplay((name) => req.headers[name] as string | undefined);
   const routes: Record<string, (req: IncomingMessage, res: ServerResponse) => void> = {
-    "/v1/payments": idempotent(pay, { store, scope, onError, authorizeReplay }),
+    "/v1/payments": idempotency(pay, { store, scope, onError, authorizeReplay }),
     "/v1/phased": idempotentPhases({
       runner,
       scope,
@@ -51,8 +51,8 @@ function startNode({ store, runner }: AppParts) {
       },
       answerWithinMs: PHASED_ANSWER_WITHIN_MS,
     }),
-    "/v1/tips": idempotent(pay, { store, scope, onError, required: false }),
-    "/v1/small": idempotent(pay, { store, scope, onError, limit: 64 }),
+    "/v1/tips": idempotency(pay, { store, scope, onError, required: false }),
+    "/v1/small": idempotency(pay, { store, scope, onError, limit: 64 }),
   };
   const server = createServer((req, res) => {
     const route = routes[req.url ?? ""];

@@ -23,8 +23,8 @@ const atomicFactories: Array<[string, (o: any) => unknown]> = [
   ["hono", (o) => hono.idempotency(o)],
   ["express", (o) => express.idempotency(o)],
   ["fastify", (o) => fastify.idempotency(o)],
-  ["node", (o) => node.idempotent(async () => ({ status: 200 }), o)],
-  ["web", (o) => web.idempotent(async () => new Response(), o)],
+  ["node", (o) => node.idempotency(async () => ({ status: 200 }), o)],
+  ["web", (o) => web.idempotency(async () => new Response(), o)],
   ["nest", (o) => new IdempotencyInterceptor(o)],
 ];
 
@@ -76,5 +76,14 @@ describe("phases routes: runner and input checked at creation", () => {
     );
     expect(() => make({ scope, runner })).toThrow(/option "input" must be a function/);
     expect(() => make({ scope, runner, input: () => ({}) })).not.toThrow();
+  });
+});
+
+describe("one entry verb: idempotency() on every adapter", () => {
+  it("node and web keep idempotent() as a deprecated alias for one release", () => {
+    for (const adapter of [hono, express, fastify, node, web])
+      expect(adapter.idempotency).toBeTypeOf("function");
+    expect(node.idempotent).toBe(node.idempotency);
+    expect(web.idempotent).toBe(web.idempotency);
   });
 });

@@ -163,7 +163,7 @@ const startFastify: Start = async (store, seen) => {
 const startNode: Start = async (store, seen) => {
   const routes: Record<string, (req: IncomingMessage, res: ServerResponse) => void> = {};
   for (const path of ROUTES) {
-    routes[path] = idemNode.idempotent(
+    routes[path] = idemNode.idempotency(
       async (req, { tx, scope, body }) => ({
         status: 201,
         headers: { "content-type": "application/json" },
@@ -190,7 +190,7 @@ const startNode: Start = async (store, seen) => {
 const startWeb: Start = async (store, seen) => {
   const routes: Record<string, (request: Request, context: unknown) => Promise<Response>> = {};
   for (const path of ROUTES) {
-    routes[path] = idemWeb.idempotent(
+    routes[path] = idemWeb.idempotency(
       async (request, { tx, scope, body }) =>
         new Response(await pay(tx, seen, path, scope, body, (n) => request.headers.get(n) ?? undefined), {
           status: 201,

@@ -2,7 +2,7 @@ import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
 import { describe } from "vitest";
 import { InvalidBodyError } from "../../src/core/index.ts";
-import { idempotent, idempotentPhases, type WebIdempotentHandler } from "../../src/http/web.ts";
+import { idempotency, idempotentPhases, type WebIdempotentHandler } from "../../src/http/web.ts";
 import { backends } from "../helpers/db.ts";
 import {
   type AppParts,
@@ -40,7 +40,7 @@ function startWeb({ store, runner }: AppParts) {
   const onError = (err: unknown) => crashes.push(err);
   const authorizeReplay = (request: Request) => mayReplay((name) => request.headers.get(name) ?? undefined);
   const routes: Record<string, (request: Request, context: unknown) => Promise<Response>> = {
-    "/v1/payments": idempotent(pay, { store, scope, onError, authorizeReplay }),
+    "/v1/payments": idempotency(pay, { store, scope, onError, authorizeReplay }),
     "/v1/phased": idempotentPhases({
       runner,
       scope,
@@ -53,8 +53,8 @@ function startWeb({ store, runner }: AppParts) {
       },
       answerWithinMs: PHASED_ANSWER_WITHIN_MS,
     }),
-    "/v1/tips": idempotent(pay, { store, scope, onError, required: false }),
-    "/v1/small": idempotent(pay, { store, scope, onError, limit: 64 }),
+    "/v1/tips": idempotency(pay, { store, scope, onError, required: false }),
+    "/v1/small": idempotency(pay, { store, scope, onError, limit: 64 }),
   };
   return new Promise<{ url: string; close(): Promise<void> }>((resolve) => {
     const server = serve(

@@ -143,9 +143,9 @@ describe("the packed tarball, installed in a fresh project", () => {
   it("holds built JavaScript, declarations, source maps, the SQL and the CLI, and no sources or tests", async () => {
     const { stdout } = await run("tar", ["-tzf", tarball]);
     const files = stdout.split("\n").filter(Boolean);
-    expect(files).toContain("package/dist/core/index.js");
-    expect(files).toContain("package/dist/core/index.d.ts");
-    expect(files).toContain("package/dist/core/index.js.map");
+    expect(files).toContain("package/dist/index.js");
+    expect(files).toContain("package/dist/index.d.ts");
+    expect(files).toContain("package/dist/index.js.map");
     expect(files).toContain("package/dist/cli/main.js");
     expect(files).toContain("package/sql/0001_keys.sql");
     expect(files).toContain("package/bin/idem.js");

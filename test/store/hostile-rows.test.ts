@@ -5,7 +5,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { idempotent, idempotentPhases } from "../../src/http/web.ts";
+import { idempotency, idempotentPhases } from "../../src/http/web.ts";
 import { definePhases, jsonResponse } from "../../src/postgres/index.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -42,7 +42,7 @@ describe.each(backends)("hostile stored rows on $name", (backend) => {
     await migrate(open.db);
     store = await PostgresStore.open(open.db);
     const scope = () => "acct_1";
-    const pay = idempotent(
+    const pay = idempotency(
       async () => {
         runs++;
         return new Response(JSON.stringify({ id: runs }), {

@@ -2,8 +2,9 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listEffects, planIntents, startFaultProxy, verify } from "../../src/testing/index.ts";
+import { listEffects, startFaultProxy, verify } from "../../src/testing/index.ts";
 import { isCheckedProblem, problemFieldsError } from "../../src/testing/verify/fields.ts";
+import { planIntents } from "../../src/testing/verify/plan.ts";
 import { renderRequest, toParameterised, unknownPlaceholders } from "../../src/testing/verify/template.ts";
 
 describe("the fault proxy", () => {

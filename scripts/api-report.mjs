@@ -1,0 +1,126 @@
+// The public surface, one API report per entry point of package.json "exports" (etc/api/*.api.md), made
+// by API Extractor from the declaration files. `npm run api:check` (part of npm test) fails when the
+// surface differs from the reports checked in; `npm run api:update` rewrites them, for review.
+//
+//   node scripts/api-report.mjs check | update
+//
+// The declarations are emitted once (tsc, incremental, under .cache/api/) and every
+// entry point is analysed in one compiler program.
+import { execFileSync } from "node:child_process";
+import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join, resolve } from "node:path";
+import { CompilerState, Extractor, ExtractorConfig, ExtractorLogLevel } from "@microsoft/api-extractor";
+
+const mode = process.argv[2];
+if (mode !== "check" && mode !== "update") {
+  console.error("usage: node scripts/api-report.mjs check | update");
+  process.exit(2);
+}
+const started = performance.now();
+const root = resolve(import.meta.dirname, "..");
+// In the worktree (paths in the reports stay relative) but not under node_modules: API Extractor takes
+// any file there for another package's.
+const cache = join(root, ".cache", "api");
+const dts = join(cache, "dts");
+const reports = join(root, "etc", "api");
+const pkgPath = join(root, "package.json");
+const pkg = JSON.parse(readFileSync(pkgPath, "utf8"));
+
+// 1. The declarations, as `npm run build` makes them (same tsconfig, same .ts -> .js rewrite).
+const tsc = createRequire(import.meta.url).resolve("typescript/bin/tsc");
+const tscArgs = ["-p", "tsconfig.build.json", "--emitDeclarationOnly", "--declarationMap", "false"];
+const outArgs = ["--sourceMap", "false", "--inlineSources", "false", "--outDir", dts];
+const incremental = ["--incremental", "--tsBuildInfoFile", join(cache, "tsbuildinfo")];
+execFileSync(process.execPath, [tsc, ...tscArgs, ...outArgs, ...incremental], {
+  cwd: root,
+  stdio: "inherit",
+});
+execFileSync(process.execPath, [join(root, "scripts", "rewrite-dts.mjs"), dts], {
+  cwd: root,
+  stdio: "ignore",
+});
+const emitted = performance.now();
+
+// 2. One report per entry point: `.` is idem.api.md, `./client/file` is idem-client-file.api.md.
+const entries = Object.entries(pkg.exports)
+  .filter(([, target]) => typeof target === "object" && target.types)
+  .map(([subpath, target]) => ({
+    name: subpath === "." ? "idem" : `idem-${subpath.slice(2).replaceAll("/", "-")}`,
+    dts: join(dts, target.types.replace(/^\.\/dist\//, "")),
+  }));
+
+const silent = { logLevel: ExtractorLogLevel.None };
+const inReport = { logLevel: ExtractorLogLevel.None, addToApiReportFile: true };
+function configOf(entry) {
+  return ExtractorConfig.prepare({
+    configObject: {
+      projectFolder: root,
+      mainEntryPointFilePath: entry.dts,
+      compiler: { tsconfigFilePath: join(root, "tsconfig.build.json") },
+      apiReport: {
+        enabled: true,
+        reportFileName: `${entry.name}.api.md`,
+        reportFolder: reports,
+        reportTempFolder: join(cache, "temp"),
+      },
+      docModel: { enabled: false },
+      dtsRollup: { enabled: false },
+      tsdocMetadata: { enabled: false },
+      newlineKind: "lf",
+      messages: {
+        compilerMessageReporting: { default: silent },
+        // A name a public type uses but the entry point does not export is written into the report,
+        // where a review sees it. (A name without a doc comment is marked `// (undocumented)` there.)
+        extractorMessageReporting: { default: silent, "ae-forgotten-export": inReport },
+        tsdocMessageReporting: { default: silent },
+      },
+    },
+    configObjectFullPath: join(root, "api-extractor.json"),
+    packageJsonFullPath: pkgPath,
+  });
+}
+
+mkdirSync(reports, { recursive: true });
+// A report whose entry point is gone is stale: removed by update, named by check.
+const stale = readdirSync(reports).filter((f) => !entries.some((e) => `${e.name}.api.md` === f));
+const configs = entries.map(configOf);
+const compilerState = CompilerState.create(configs[0], {
+  additionalEntryPoints: entries.map((e) => e.dts),
+});
+const changed = stale.map((f) => `etc/api/${f}`);
+if (mode === "update") for (const f of stale) rmSync(join(reports, f));
+for (const [i, config] of configs.entries()) {
+  const result = Extractor.invoke(config, { localBuild: mode === "update", compilerState, messageCallback });
+  if (result.apiReportChanged) changed.push(`etc/api/${entries[i].name}.api.md`);
+  if (result.errorCount > 0) process.exitCode = 1;
+}
+// The root stays small: the protocol's names only (issue 31). More belongs in a subpath.
+const ROOT_LIMIT = 40;
+const program = compilerState.program;
+const rootFile = program.getSourceFile(entries.find((e) => e.name === "idem").dts);
+const rootNames = program
+  .getTypeChecker()
+  .getExportsOfModule(program.getTypeChecker().getSymbolAtLocation(rootFile));
+if (rootNames.length > ROOT_LIMIT) {
+  console.error(`api:check: the root \`idem\` exports ${rootNames.length} names, more than ${ROOT_LIMIT}`);
+  process.exitCode = 1;
+}
+const now = performance.now();
+const seconds = `${((now - started) / 1000).toFixed(1)} s: declarations ${((emitted - started) / 1000).toFixed(1)} s`;
+if (mode === "update") {
+  console.log(`api:update: ${entries.length} reports in etc/api/, ${changed.length} changed (${seconds})`);
+} else if (changed.length) {
+  console.error(`api:check: the public API differs from etc/api/ in:\n  ${changed.join("\n  ")}`);
+  console.error(`The new reports are in ${join(cache, "temp")}/ (diff them against etc/api/).`);
+  console.error("Review the change; if it is meant, run `npm run api:update` and commit etc/api/.");
+  process.exitCode = 1;
+} else {
+  console.log(`api:check: ${entries.length} entry points match etc/api/ (${seconds})`);
+}
+
+/** Quiet: API Extractor's own progress lines are dropped; errors are printed. */
+function messageCallback(message) {
+  if (message.logLevel === ExtractorLogLevel.Error) console.error(message.formatMessageWithLocation(root));
+  message.handled = true;
+}
