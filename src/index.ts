@@ -27,7 +27,11 @@ export {
   MAX_KEY_LENGTH,
   parseIdempotencyKey,
 } from "./core/key.ts";
-export { decodeOperationRef, encodeOperationRef } from "./core/operation-ref.ts";
+export {
+  type DecodedOperationRef,
+  decodeOperationRef,
+  encodeOperationRef,
+} from "./core/operation-ref.ts";
 export { IdemOptionsError } from "./core/options.ts";
 export { Outcome, type OutcomeEvent } from "./core/outcome.ts";
 export {

@@ -23,8 +23,11 @@ export function encodeOperationRef(scope: string, key: string, claimId?: string 
 
 /** What an operation reference names. `claimId` is absent for a reference that names no claim. */
 export interface DecodedOperationRef {
+  /** The scope (account) the key belongs to. */
   scope: string;
+  /** The idempotency key, as the client sent it. */
   key: string;
+  /** Which claim of the key (`keys.claim_id`); absent when the reference names none. */
   claimId?: string;
 }
 

@@ -1,6 +1,6 @@
 import { RetryableError, SqlState, sqlStateOf } from "../core/index.ts";
-import { detachOnCitus, isUnsupportedOnCitus } from "./citus.ts";
 import { traced } from "../observability/phases.ts";
+import { detachOnCitus, isUnsupportedOnCitus } from "./citus.ts";
 import type { Db } from "./db.ts";
 
 /**
