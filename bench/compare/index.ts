@@ -2,7 +2,7 @@
  * What users compare: the same one-INSERT payment handler bare (no middleware, autocommitted), with
  * idem on each adapter (atomic mode, pg pipeline driver), and with the peers users pick (on Redis).
  * Every variant is a server in a child process; wrk, in another process, loads one of them at a time in
- * short slices: per keyed variant, the bare handler of its framework, keyed first-time and replay in
+ * short slices: per keyed variant, the bare handler of its framework, keyed first-time, replay and one hot key in
  * adjacent slices, over several rounds, so that drift on a shared machine reaches all of them alike.
  * Ratios are to the adjacent bare slice. Then the correctness columns: 50 requests at once with one key (executions counted in the
  * table) and a crash right after the INSERT (kill -9, restart, retry the key).
@@ -90,6 +90,8 @@ export interface CompareRow {
   modes: Partial<Record<Mode, ModeStats>>;
   keyedRatio?: Ratio;
   replayRatio?: Ratio;
+  /** Replays of one hot key (every connection the same finished key) over bare. */
+  hotRatio?: Ratio;
   /** idem's keyed first-time over the hand-written transaction's (hand-tx), round by round. */
   handRatio?: Ratio;
   sameKey?: SameKey;
@@ -232,9 +234,16 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     const samples = new Map<string, Sample[]>(); // `${name}/${mode}`
     const measure = async (v: Variant, mode: Mode, round: number): Promise<Sample> => {
       const server = servers.get(v.name)!;
-      const prefix = mode === "replay" ? replayPrefix(v) : `${run}-${v.name}-k${round}`;
+      const replaying = mode === "replay" || mode === "hot";
+      const prefix = replaying ? replayPrefix(v) : `${run}-${v.name}-k${round}`;
       const pre = (i: number) =>
-        mode === "bare" ? undefined : mode === "replay" ? `${prefix}-${i}` : `${prefix}-pre-${i}`;
+        mode === "bare"
+          ? undefined
+          : mode === "hot"
+            ? `${prefix}-0`
+            : mode === "replay"
+              ? `${prefix}-${i}`
+              : `${prefix}-pre-${i}`;
       // Eight per pooled connection: each one (new when the pool closed it while other variants ran)
       // passes PostgreSQL's five custom plans per prepared statement before the slice is measured.
       await send(
@@ -277,17 +286,19 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     // The rounds: for each keyed variant, its framework's bare handler, keyed first-time and replay in
     // adjacent slices (reversed every other round; the variants' order rotates), so each ratio compares
     // slices a few seconds apart even when the machine's load drifts.
-    const ratios = new Map<string, { keyed: number[]; replay: number[] }>(
-      keyed.map((v) => [v.name, { keyed: [], replay: [] }]),
+    const ratios = new Map<string, { keyed: number[]; replay: number[]; hot: number[] }>(
+      keyed.map((v) => [v.name, { keyed: [], replay: [], hot: [] }]),
     );
     for (let round = 0; round < settings.rounds; round++) {
       const shift = (round * 3) % keyed.length;
       for (const v of [...keyed.slice(shift), ...keyed.slice(0, shift)]) {
-        const modes: Mode[] = round % 2 === 0 ? ["bare", "keyed", "replay"] : ["replay", "keyed", "bare"];
+        const modes: Mode[] =
+          round % 2 === 0 ? ["bare", "keyed", "replay", "hot"] : ["hot", "replay", "keyed", "bare"];
         const got: Partial<Record<Mode, Sample>> = {};
         for (const mode of modes) got[mode] = await measure(mode === "bare" ? bareOf(v) : v, mode, round);
         ratios.get(v.name)!.keyed.push(got.keyed!.rps / got.bare!.rps);
         ratios.get(v.name)!.replay.push(got.replay!.rps / got.bare!.rps);
+        ratios.get(v.name)!.hot.push(got.hot!.rps / got.bare!.rps);
       }
     }
 
@@ -300,7 +311,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         framework: v.framework,
         modes: {},
       };
-      for (const mode of ["bare", "keyed", "replay"] as Mode[]) {
+      for (const mode of ["bare", "keyed", "replay", "hot"] as Mode[]) {
         const s = samples.get(`${v.name}/${mode}`);
         if (s) row.modes[mode] = stats(s);
       }
@@ -308,6 +319,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       if (r) {
         row.keyedRatio = spread(r.keyed);
         row.replayRatio = spread(r.replay);
+        row.hotRatio = spread(r.hot);
       }
       // Keyed first-time over hand-tx's keyed, each round's slices (issue 30's yardstick).
       const hand = samples.get("hand-tx/keyed");

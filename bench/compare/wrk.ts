@@ -8,7 +8,8 @@ import { PATH } from "./handler.ts";
 
 const SCRIPT = fileURLToPath(new URL("./load.lua", import.meta.url));
 
-export type Mode = "bare" | "keyed" | "replay";
+/** bare: no key; keyed: a new key each request; replay: finished keys, over and over; hot: one of them. */
+export type Mode = "bare" | "keyed" | "replay" | "hot";
 
 export interface WrkResult {
   requests: number;
@@ -57,9 +58,9 @@ export function wrk(
     SCRIPT,
     `${base}${PATH}`,
     "--",
-    opts.mode,
+    opts.mode === "hot" ? "replay" : opts.mode,
     opts.prefix,
-    String(opts.replayKeys),
+    String(opts.mode === "hot" ? 1 : opts.replayKeys),
   ];
   return new Promise((resolve, reject) => {
     execFile("wrk", args, { timeout: (opts.seconds + 15) * 1000 }, (err, stdout, stderr) => {

@@ -247,6 +247,21 @@ describe.each(backends)("atomic store on $name", (backend) => {
     expect(rows[0]).toEqual({ n: 0 });
   });
 
+  it("reads no partition made ahead (no key row is ever placed there)", async () => {
+    const now = new TestTime(Date.UTC(2035, 7, 1, 12));
+    const s = await stores({ timeShift: now }); // makes the partition of now and the one ahead
+    const b = s.partitions.bucketOf(now.ms);
+    const ahead = await open.db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM pg_class WHERE relname = 'keys_b${b + 1}'`,
+    );
+    expect(ahead.rows[0]!.n).toBe(1);
+    const read = [...(await partitionsRead(open.db, s, "k-ahead"))].map((n) =>
+      Number(n.slice("keys_b".length)),
+    );
+    expect(read).toContain(b);
+    expect(Math.max(...read)).toBe(b);
+  });
+
   it("bounds the partitions a lookup touches, and refuses a retention that would spread over more", async () => {
     // One-minute partitions, 5 minutes of retention: 5 in the window, the current one, one ahead.
     await migrate(open.db, { schema: "narrow", partitionSeconds: 60 });
