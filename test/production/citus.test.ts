@@ -17,6 +17,7 @@ import { pay, startService } from "../app/service.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { DATABASE_URL, type TestBackend } from "../helpers/db.ts";
 import { paymentsContract, useApp } from "../http/contract.ts";
+import { lifecycleContract } from "../http/contract-lifecycle.ts";
 import { startHono } from "../http/hono-app.ts";
 import {
   type CitusCluster,
@@ -216,7 +217,10 @@ describe.skipIf(why)("idem on Citus", () => {
 
 describe.skipIf(why)("the protocol suite on a Citus coordinator", () => {
   const app = useApp(onCoordinator, startHono);
-  paymentsContract(app);
+  // Atomic routes (/v1/payments, /v1/tips), then the lifecycle cases, which include the phases route
+  // (/v1/phased: an external then a local phase, 422, 400, 409 operation-uncertain).
+  paymentsContract(app, { hangUp: true });
+  lifecycleContract(app);
 });
 
 /**
