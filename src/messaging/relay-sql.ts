@@ -20,9 +20,11 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
   const t = `${schema}.outbox`;
   const returning = `RETURNING o.id::text AS id, o.topic, o.type, o.payload::text AS body, o.headers::text AS headers,
               o.aggregate_type, o.aggregate_id, o.attempts, o.created_at`;
+  // The topic filter as `= ANY (ARRAY(...))`: Citus fails `IN (SELECT ...)` in the claim on its
+  // reference table ("invalid input syntax for type uuid: PGCOPY"); both plan alike on PostgreSQL.
   const claimable = `o.published_at IS NULL AND o.parked_at IS NULL
         AND (o.locked_until IS NULL OR o.locked_until <= now())
-        ${filtered ? "AND o.topic IN (SELECT jsonb_array_elements_text($3::text::jsonb))" : ""}`;
+        ${filtered ? "AND o.topic = ANY (ARRAY(SELECT jsonb_array_elements_text($3::text::jsonb)))" : ""}`;
   const claim = ordered
     ? /*
        * Ordered: a run of events per aggregate (the relay publishes them in order, each once the one

@@ -110,13 +110,16 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
     `history AS (${logged(`${from} WHERE NOT marker`, "'claimed'", "$5::uuid", "jsonb_build_object('point', $4::text, 'runner', $7::text)")})`;
   // A data-modifying CTE: the INSERT runs only when the lookup (same snapshot) found no live row and
   // no boundary marker is due (that claim takes `claim`, in a transaction).
+  // ON CONFLICT DO NOTHING, not replaceExpired: DO UPDATE locks the conflicting row even when its WHERE
+  // is false, so a burst of duplicates queued one by one on the first one's row (on Citus each for a
+  // remote commit). An expired row found here falls through to `claim`, which replaces it.
   const lookupOrClaim = (asyncCommit: boolean) => `WITH found AS (${found(live("$1", "$2"))}),
          place AS (${place}),
          claimed AS (
            INSERT INTO ${s}.keys AS k ${COLUMNS}
            SELECT p.bucket, ${claimed}, false FROM place p
             WHERE NOT p.marker AND NOT EXISTS (SELECT 1 FROM found)
-           ${replaceExpired}
+           ON CONFLICT DO NOTHING
            RETURNING ${claimedCols}
          ),
          ${claimEvent("claimed")}
