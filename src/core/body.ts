@@ -38,7 +38,8 @@ export interface ReadBodyOptions {
 export const MAX_JSON_DEPTH = 256;
 
 const EMPTY = new Uint8Array(0);
-const NO_BODY: RequestBody = { kind: "none", value: undefined, bytes: EMPTY };
+/** The body of a request that has none (also what a failure answer is built with when none was read). */
+export const NO_BODY: RequestBody = { kind: "none", value: undefined, bytes: EMPTY };
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 function decode(bytes: Uint8Array): string {
