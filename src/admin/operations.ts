@@ -27,7 +27,7 @@ import {
 } from "../postgres/key-admin.ts";
 import { unfinishedKeys } from "../postgres/keys/inspect.ts";
 import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "../postgres/keys/table.ts";
-import { openReviews, type Review, type Settlement, settleKey } from "../postgres/phases/review.ts";
+import { openReviews, type Review, type Settlement, settleReview } from "../postgres/phases/review.ts";
 
 export interface OperationsOptions {
   /** The store whose keys are looked at (a `PostgresStore` or a `ShardedStore`). */
@@ -93,10 +93,13 @@ export class Operations {
     return expiringKeys(this.store, options);
   }
 
-  /** Settle a key in review (`settleKey`), recorded in the same transaction. */
+  /**
+   * Settle the open review of a key (`settleReview`; the CLI's `idem keys settle`), the action recorded in
+   * the same transaction.
+   */
   settle(ref: KeyRef, settlement: Settlement, actor: string): Promise<Review> {
     const { scope, key } = resolveKeyRef(ref);
-    return settleKey(this.store, scope, key, settlement, actor, {
+    return settleReview(this.store, scope, key, settlement, actor, {
       alsoInTx: (tx, review) =>
         recordAction(
           tx,

@@ -154,7 +154,7 @@ export async function reviewGauge(
   return { open, oldestSeconds: open === 0 ? 0 : Math.max(0, oldestSeconds) };
 }
 
-/** Thrown by `settleKey` when the key has no open review. */
+/** Thrown by `settleReview` when the key has no open review. */
 export class NoOpenReviewError extends Error {
   override name = "NoOpenReviewError";
   constructor(scope: string, key: string) {
@@ -168,7 +168,7 @@ export class NoOpenReviewError extends Error {
  * so it is not looked up again), from where the next retry or the completer finishes it; `answer` saves
  * a final answer. When the key row is already gone (retention), only the decision is recorded.
  */
-export async function settleKey(
+export async function settleReview(
   store: KeyTable | ShardedKeyTables,
   scope: string,
   key: string,
@@ -241,3 +241,9 @@ export async function settleKey(
     return done;
   });
 }
+
+/**
+ * The old name of {@link settleReview}.
+ * @deprecated Use `settleReview` (same arguments); this alias is removed in the next release.
+ */
+export const settleKey: typeof settleReview = settleReview;
