@@ -6,7 +6,9 @@
 
 /** An option given to one of idem's factories is missing or of the wrong kind. */
 export class IdemOptionsError extends TypeError {
+  /** Always `"IdemOptionsError"`: the name logs and stack traces show. */
   override name = "IdemOptionsError";
+  /** Always `"IDEM_OPTIONS"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_OPTIONS";
   constructor(
     readonly factory: string,

@@ -60,6 +60,7 @@ export function isSaved(status: number, policy: SavePolicy = {}): boolean {
 
 /** A saved reply that cannot be sent as it is (a row altered by hand or by a bug): never replayed. */
 export class DamagedReplyError extends Error {
+  /** Always `"DamagedReplyError"`: the name logs and stack traces show. */
   override name = "DamagedReplyError";
 }
 

@@ -31,11 +31,13 @@ export interface Sealer {
 
 /** A sealed value that cannot be opened: tampered, truncated, sealed with a dropped key, or no sealer. */
 export class SealedValueError extends Error {
+  /** Always `"SealedValueError"`: the name logs and stack traces show. */
   override name = "SealedValueError";
 }
 
 /** A sealing key that cannot be used (its id or its bytes): the message says which and how to fix it. */
 export class SealingKeyError extends Error {
+  /** Always `"SealingKeyError"`: the name logs and stack traces show. */
   override name = "SealingKeyError";
 }
 

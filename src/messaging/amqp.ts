@@ -95,6 +95,7 @@ function lostConnection(err: Error, channelRefused: boolean): Error {
 
 /** Publishes outbox batches to RabbitMQ with publisher confirms. */
 export class AmqpPublisher implements Publisher {
+  /** Always `"amqp"`: the publisher's name in logs and metrics. */
   readonly name = "amqp";
   /** One confirm channel (one connection) carries a call's messages in order. */
   readonly keepsOrder = true;

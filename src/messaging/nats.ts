@@ -123,6 +123,7 @@ export interface NatsPublisherOptions {
 
 /** Publishes outbox batches to JetStream, all messages of a batch in flight at once. */
 export class NatsPublisher implements Publisher {
+  /** Always `"nats"`: the publisher's name in logs and metrics. */
   readonly name = "nats";
   /** One connection carries a call's messages to the stream in order (no client-side retries). */
   readonly keepsOrder = true;

@@ -67,7 +67,9 @@ export interface Delivery {
 
 /** The broker cannot be reached at all: the batch is put back without counting an attempt. */
 export class BrokerUnavailableError extends Error {
+  /** Always `"BrokerUnavailableError"`: the name logs and stack traces show. */
   override readonly name = "BrokerUnavailableError";
+  /** Always `"IDEM_BROKER_UNAVAILABLE"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_BROKER_UNAVAILABLE";
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -76,7 +78,9 @@ export class BrokerUnavailableError extends Error {
 
 /** A delivery that carries no producer message id: it cannot be deduplicated, so it is refused. */
 export class MissingMessageIdError extends Error {
+  /** Always `"MissingMessageIdError"`: the name logs and stack traces show. */
   override readonly name = "MissingMessageIdError";
+  /** Always `"IDEM_MISSING_MESSAGE_ID"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_MISSING_MESSAGE_ID";
 }
 

@@ -51,7 +51,9 @@ export function signWebhook(
 }
 
 export class WebhookVerificationError extends Error {
+  /** Always `"WebhookVerificationError"`: the name logs and stack traces show. */
   override readonly name = "WebhookVerificationError";
+  /** Always `"IDEM_WEBHOOK_INVALID"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_WEBHOOK_INVALID";
 }
 
@@ -111,6 +113,7 @@ export interface WebhookPublisherOptions {
 
 /** Publishes each outbox event as a signed HTTP POST. */
 export class WebhookPublisher implements Publisher {
+  /** Always `"webhook"`: the publisher's name in logs and metrics. */
   readonly name = "webhook";
   readonly #options: WebhookPublisherOptions;
   readonly #key: Buffer;

@@ -62,7 +62,9 @@ export function parseDatabaseUrl(raw: string): DatabaseUrl {
 
 /** Why a database could not be opened: `unreachable`, or a `pooler`, or the `server`, that answered no. */
 export class DatabaseConnectError extends Error {
+  /** Always `"DatabaseConnectError"`: the name logs and stack traces show. */
   override name = "DatabaseConnectError";
+  /** Always `"IDEM_DATABASE_CONNECT"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_DATABASE_CONNECT";
   constructor(
     readonly kind: "unreachable" | "pooler" | "server",

@@ -21,6 +21,7 @@ export type KeyRef = { scope: string; key: string } | { ref: string };
 
 /** Thrown when an `operation_ref` is not one of ours (they start with `op_`). */
 export class BadOperationRefError extends Error {
+  /** Always `"BadOperationRefError"`: the name logs and stack traces show. */
   override name = "BadOperationRefError";
   constructor(ref: string) {
     super(`${JSON.stringify(ref.slice(0, 200))} is not an operation_ref (they start with op_)`);
@@ -292,6 +293,7 @@ export async function expiringKeys(
 
 /** Thrown by `forgetKey` when forgetting the key could repeat an effect or cut a worker off. */
 export class CannotForgetError extends Error {
+  /** Always `"CannotForgetError"`: the name logs and stack traces show. */
   override name = "CannotForgetError";
 }
 

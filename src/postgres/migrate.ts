@@ -46,7 +46,9 @@ export interface MigrateResult {
  * role may not (it has DML rights only).
  */
 export class SchemaBehindError extends Error {
+  /** Always `"SchemaBehindError"`: the name logs and stack traces show. */
   override name = "SchemaBehindError";
+  /** Always `"IDEM_SCHEMA_BEHIND"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_SCHEMA_BEHIND";
   constructor(
     readonly schema: string,

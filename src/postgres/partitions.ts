@@ -41,6 +41,7 @@ export function partitionsAhead(widthMs: number, retentionMs?: number): number {
  * Nothing was done: answered 503 with Retry-After; the request may be retried with the same key.
  */
 export class PartitionMissingError extends RetryableError {
+  /** Always `"PartitionMissingError"`: the name logs and stack traces show. */
   override name = "PartitionMissingError";
   constructor(
     readonly table: string,
@@ -67,7 +68,9 @@ export function minPartitionSeconds(retentionMs: number): number {
 
 /** The retention would spread a key's possible places over too many partitions of the migrated width. */
 export class PartitionWidthError extends Error {
+  /** Always `"PartitionWidthError"`: the name logs and stack traces show. */
   override name = "PartitionWidthError";
+  /** Always `"IDEM_PARTITION_WIDTH"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_PARTITION_WIDTH";
   constructor(
     readonly retentionMs: number,

@@ -38,6 +38,7 @@ export interface ShardedStoreOptions {
 
 /** A shard name the router returned is not one of the shards. */
 export class UnknownShardError extends Error {
+  /** Always `"UnknownShardError"`: the name logs and stack traces show. */
   override name = "UnknownShardError";
   constructor(readonly shard: string) {
     super(`the router returned the shard ${JSON.stringify(shard)}, which is not configured`);

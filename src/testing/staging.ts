@@ -40,6 +40,7 @@ export interface StagingFaultOptions {
 
 /** Staging faults were asked for in production. */
 export class StagingFaultsInProductionError extends Error {
+  /** Always `"StagingFaultsInProductionError"`: the name logs and stack traces show. */
   override name = "StagingFaultsInProductionError";
   constructor() {
     super("staging faults refuse to start with NODE_ENV=production: they drop replies on purpose");

@@ -61,6 +61,7 @@ export function fromPglite(pglite: PgliteLike, options: { owned?: boolean } = {}
 
 /** Another process has the embedded database directory open. */
 export class DataDirInUseError extends Error {
+  /** Always `"IDEM_DATA_DIR_IN_USE"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_DATA_DIR_IN_USE";
   constructor(readonly dir: string) {
     super(

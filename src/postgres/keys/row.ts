@@ -78,6 +78,7 @@ export function replayOf(table: ReplaySource, claim: Claim, row: KeyRow): Atomic
 
 /** A key saved in compact form was looked up by a route that cannot rebuild its reply. */
 export class CompactWithoutRebuildError extends Error {
+  /** Always `"CompactWithoutRebuildError"`: the name logs and stack traces show. */
   override name = "CompactWithoutRebuildError";
   constructor() {
     super(

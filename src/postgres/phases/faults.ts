@@ -28,6 +28,7 @@ export interface PhaseFaults {
 
 /** Thrown at a crash point chosen by `faults`. Never thrown in production (no `faults`, no crash). */
 export class SimulatedCrashError extends Error {
+  /** Always `"SimulatedCrashError"`: the name logs and stack traces show. */
   override name = "SimulatedCrashError";
   readonly info: CrashInfo;
   constructor(info: CrashInfo) {

@@ -156,6 +156,7 @@ export async function reviewGauge(
 
 /** Thrown by `settleReview` when the key has no open review. */
 export class NoOpenReviewError extends Error {
+  /** Always `"NoOpenReviewError"`: the name logs and stack traces show. */
   override name = "NoOpenReviewError";
   constructor(scope: string, key: string) {
     super(`the key ${JSON.stringify(key)} of ${JSON.stringify(scope)} has no open review`);

@@ -65,11 +65,13 @@ export interface VerifyOptions {
 }
 
 export class VerifyUsageError extends Error {
+  /** Always `"VerifyUsageError"`: the name logs and stack traces show. */
   override readonly name = "VerifyUsageError";
 }
 
 /** The effect counter failed (a wrong query, URL or path); `cause` is its error. */
 export class EffectCountError extends Error {
+  /** Always `"EffectCountError"`: the name logs and stack traces show. */
   override readonly name = "EffectCountError";
 }
 
