@@ -23,6 +23,7 @@ export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];
 export class IdemError extends Error {
   /** Always `"IdemError"`: the name logs and stack traces show. */
   override name = "IdemError";
+  /** A stable code: one of {@link ProblemCode} for idem's own errors, the problem's `type` ends with it. */
   readonly code: ProblemCode | string;
   /** The HTTP status this error is answered with, when it reaches a client. */
   readonly status: number;
@@ -59,6 +60,7 @@ export class KeyInvalidError extends IdemError {
 export class KeyInFlightError extends IdemError {
   /** Always `"KeyInFlightError"`: the name logs and stack traces show. */
   override name = "KeyInFlightError";
+  /** When to retry with the same key, in seconds (the answer's `Retry-After`). */
   readonly retryAfterSeconds: number;
   /** The claim in progress (`keys.claim_id`), when the thrower knows it: named by the answer's reference. */
   readonly claimId?: string | null;
@@ -103,6 +105,7 @@ export class LeaseLostError extends IdemError {
 export class RetryableError extends IdemError {
   /** Always `"RetryableError"`: the name logs and stack traces show. */
   override name = "RetryableError";
+  /** When to retry with the same key, in seconds (the answer's `Retry-After`). Default 1. */
   readonly retryAfterSeconds: number;
   constructor(message: string, options?: { cause?: unknown; retryAfterSeconds?: number }) {
     super(ProblemCode.Retryable, 503, message, options);

@@ -21,7 +21,10 @@ export class TransactionEndedError extends Error {
   override name = "TransactionEndedError";
   /** Always `"IDEM_TRANSACTION_ENDED"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_TRANSACTION_ENDED";
-  constructor(readonly end: TransactionEnd) {
+  constructor(
+    /** How the transaction ended for its user. */
+    readonly end: "returned" | "committed" | "rolled back",
+  ) {
     super(
       `this request's transaction has ended (${
         end === "returned" ? "its handler returned; it then committed or rolled back" : `it ${end}`

@@ -11,7 +11,9 @@ export class IdemOptionsError extends TypeError {
   /** Always `"IDEM_OPTIONS"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_OPTIONS";
   constructor(
+    /** The factory the option was given to, e.g. `idempotency()`. */
     readonly factory: string,
+    /** The option's name, e.g. `store`. */
     readonly option: string,
     fix: string,
     got: unknown,

@@ -1,8 +1,10 @@
 /** A response as idem saves and replays it: status, allow-listed headers, body bytes. */
 export interface StoredResponse {
+  /** The HTTP status code. */
   status: number;
   /** Header name (lower case) and value pairs, in the order they were sent. */
   headers: Array<[string, string]>;
+  /** The body's bytes, as sent (empty for none). */
   body: Uint8Array;
 }
 
