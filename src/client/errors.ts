@@ -24,12 +24,14 @@ export const ClientErrorCode = {
   intentExpired: "IDEM_INTENT_EXPIRED",
   newKeyNotSafe: "IDEM_NEW_KEY_NOT_SAFE",
 } as const;
+/** One of the values of {@link ClientErrorCode}. */
 export type ClientErrorCode = (typeof ClientErrorCode)[keyof typeof ClientErrorCode];
 
 /** Base class of every error thrown by `idem/client`. */
 export class IdemClientError extends Error {
   /** Always `"IdemClientError"`: the name logs and stack traces show. */
   override name = "IdemClientError";
+  /** A stable code ({@link ClientErrorCode}) to check instead of the class. */
   readonly code: ClientErrorCode;
   constructor(code: ClientErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -41,6 +43,7 @@ export class IdemClientError extends Error {
 export class IntentError extends IdemClientError {
   /** Always `"IntentError"`: the name logs and stack traces show. */
   override name = "IntentError";
+  /** The intent the error is about. */
   readonly intentId: string;
   constructor(code: ClientErrorCode, intentId: string, message: string) {
     super(code, message);
@@ -80,13 +83,21 @@ export interface GiveUpDetails {
 export class GiveUpError extends IdemClientError {
   /** Always `"GiveUpError"`: the name logs and stack traces show. */
   override name = "GiveUpError";
+  /** The intent's id (it stays pending in the store). */
   readonly intentId: string;
+  /** The idempotency key every attempt carried: retry later with this one. */
   readonly key: string;
+  /** Attempts actually sent (0 when the call failed before the first one). */
   readonly attempts: number;
+  /** The last response, its body already read into memory (`await err.lastResponse.json()`). */
   readonly lastResponse?: Response;
+  /** The last network error or per-try timeout, if the last attempt got no response. */
   readonly lastError?: unknown;
+  /** The operation's state, as the last response reported it. */
   readonly operationState?: OperationState;
+  /** The last response said a new key cannot duplicate the operation (see `retryWithNewKey`). */
   readonly safeNewKey?: boolean;
+  /** The server's reference of the operation, for an operator. */
   readonly operationRef?: string;
   constructor(code: ClientErrorCode, message: string, details: GiveUpDetails, cause = details.lastError) {
     super(code, message, { cause });
@@ -108,12 +119,14 @@ export const DeadlineReason = {
   /** The next wait (a server's Retry-After, or the backoff) would have ended after the deadline. */
   waitTooLong: "wait-too-long",
 } as const;
+/** One of the values of {@link DeadlineReason}. */
 export type DeadlineReason = (typeof DeadlineReason)[keyof typeof DeadlineReason];
 
 /** The call's single deadline is spent, or the next wait would outlast it (so we did not start it). */
 export class DeadlineExceededError extends GiveUpError {
   /** Always `"DeadlineExceededError"`: the name logs and stack traces show. */
   override name = "DeadlineExceededError";
+  /** Whether the deadline passed or the next wait would have outlasted it. */
   readonly reason: DeadlineReason;
   /** The wait that was refused, when `reason` is `"wait-too-long"`. */
   readonly waitMs?: number;
@@ -197,8 +210,11 @@ export class CallAbortedError extends GiveUpError {
 export class OperationUncertainError extends IdemClientError {
   /** Always `"OperationUncertainError"`: the name logs and stack traces show. */
   override name = "OperationUncertainError";
+  /** The intent's id (marked uncertain in the store). */
   readonly intentId: string;
+  /** The idempotency key its attempts carried. */
   readonly key: string;
+  /** Attempts sent in this call. */
   readonly attempts: number;
   /** Always `"uncertain"` (here so that every give-up event's error carries a state). */
   readonly operationState: OperationState = "uncertain";

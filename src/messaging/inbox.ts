@@ -47,6 +47,7 @@ export const InboxResult = {
   /** The handler failed for the last time: the message is parked with its error. Ack (or terminate). */
   parked: "parked",
 } as const;
+/** One of the values of {@link InboxResult}. */
 export type InboxResult = (typeof InboxResult)[keyof typeof InboxResult];
 
 /** The effect of one message, run inside the inbox's transaction. Throw to roll it back. */

@@ -31,6 +31,7 @@ export const ViolationKind = {
   /** No intent succeeded, so nothing was really checked (wrong credentials, path or body?). */
   noSuccess: "no-success",
 } as const;
+/** One of the values of {@link ViolationKind}. */
 export type ViolationKind = (typeof ViolationKind)[keyof typeof ViolationKind];
 
 export interface Violation {

@@ -27,6 +27,7 @@ export const ReplyFate = {
   /** The target could not be reached or did not answer: the client got a 502. */
   failed: "failed",
 } as const;
+/** One of the values of {@link ReplyFate}. */
 export type ReplyFate = (typeof ReplyFate)[keyof typeof ReplyFate];
 
 /** One request that went through the proxy and what the target answered. */
