@@ -9,11 +9,15 @@ export type CrashPointName =
   | "after-commit"
   | (string & {});
 
+/** Where a runner is when it asks its fault hooks (`PhaseFaults.at`). */
 export interface CrashInfo {
+  /** The crash point. */
   point: CrashPointName;
   /** The phase being run (or about to run). */
   phase: string;
+  /** The key's scope. */
   scope: string;
+  /** The idempotency key. */
   key: string;
 }
 
@@ -23,6 +27,7 @@ export interface CrashInfo {
  * lease has to expire). It may also wait, to model a worker that stalls.
  */
 export interface PhaseFaults {
+  /** Asked at every crash point: `true` crashes there. */
   at(info: CrashInfo): boolean | Promise<boolean>;
 }
 

@@ -50,21 +50,33 @@ export async function markForReview(lease: Lease<unknown, unknown>, reason: stri
 
 /** One review, open or settled. */
 export interface Review {
+  /** The review's id. */
   id: number;
+  /** The key's scope. */
   scope: string;
+  /** The idempotency key. */
   key: string;
   /** The key's `operation_ref` (what the client was given). */
   ref: string;
+  /** When the key row the review is about was created. */
   keyCreatedAt: Date;
+  /** The runner that owns the key (`definePhases`' name). */
   runner: string | null;
   /** The phase whose external call's outcome is unknown. */
   recoveryPoint: string;
+  /** The request's stored input, opened. */
   request: unknown;
+  /** What the phases had recorded so far, opened. */
   phaseData: Record<string, unknown> | null;
+  /** Why the key went to review. */
   reason: string;
+  /** When the review was opened. */
   openedAt: Date;
+  /** When it was settled; null while open. */
   settledAt: Date | null;
+  /** Who settled it. */
   settledBy: string | null;
+  /** The decision, with its note. */
   settlement: Settlement | null;
 }
 
