@@ -35,6 +35,7 @@ export interface PhaseFaults {
 export class SimulatedCrashError extends Error {
   /** Always `"SimulatedCrashError"`: the name logs and stack traces show. */
   override name = "SimulatedCrashError";
+  /** Where it crashed. */
   readonly info: CrashInfo;
   constructor(info: CrashInfo) {
     super(`simulated crash at ${info.point} (phase ${info.phase})`);
