@@ -11,7 +11,9 @@ export type RelayCrashPoint = "after-claim" | "after-publish";
 
 /** Options of {@link Relay}. Only `db` and `publisher` are required. */
 export interface RelayOptions {
+  /** The database the outbox is in. */
   db: Db;
+  /** Where the events go (`AmqpPublisher`, `NatsPublisher`, `WebhookPublisher`...). */
   publisher: Publisher;
   /** The schema idem's tables live in. Default `"idem"`. */
   schema?: string;
@@ -64,17 +66,22 @@ export interface RelayOptions {
 
 /** What a relay has done so far. */
 export interface RelayStats {
+  /** Batches claimed (with at least one row). */
   batches: number;
+  /** Events the broker confirmed. */
   published: number;
   /** Of `published`: confirmed by the broker as already present (NATS's duplicate window). */
   duplicates: number;
   /** Failed publishes (each counts an attempt on its row). */
   failed: number;
+  /** Events parked after `maxAttempts` failed publishes. */
   parked: number;
   /** Batches in which the broker could not be reached or lost messages (put back, no attempt counted). */
   unavailable: number;
+  /** Published events deleted by retention. */
   deleted: number;
-  reordered: number; // with `pipeline`: stored after an earlier event of their aggregate was refused
+  /** With `pipeline`: events stored after an earlier event of their aggregate was refused. */
+  reordered: number;
 }
 
 /** The idle poll of a relay that has no LISTEN to wake it. */

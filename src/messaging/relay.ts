@@ -68,6 +68,7 @@ function brokerWaitMs(streak: number): number {
  *   await relay.stop();
  */
 export class Relay {
+  /** What the relay has done so far. */
   readonly stats: RelayStats = {
     batches: 0,
     published: 0,

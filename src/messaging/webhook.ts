@@ -20,6 +20,7 @@
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { errorOf, type OutboxMessage, type Publisher, type PublishOutcome } from "./types.ts";
 
+/** The Standard Webhooks headers every delivery carries: id, timestamp and signature. */
 export const WEBHOOK_HEADERS = {
   id: "webhook-id",
   timestamp: "webhook-timestamp",
@@ -50,6 +51,7 @@ export function signWebhook(
   };
 }
 
+/** A delivery's signature or timestamp does not check out (`verifyWebhook`). */
 export class WebhookVerificationError extends Error {
   /** Always `"WebhookVerificationError"`: the name logs and stack traces show. */
   override readonly name = "WebhookVerificationError";
@@ -124,6 +126,7 @@ export class WebhookPublisher implements Publisher {
     if (this.#key.length === 0) throw new TypeError("WebhookPublisher needs a non-empty secret");
   }
 
+  /** POST each message to its URL (`url`), signed; one outcome per message. */
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
     const outcomes: PublishOutcome[] = new Array(messages.length);
     let next = 0;
@@ -168,5 +171,6 @@ export class WebhookPublisher implements Publisher {
     }
   }
 
+  /** Nothing to close (each delivery is its own request). */
   async close(): Promise<void> {}
 }
