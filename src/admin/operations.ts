@@ -29,6 +29,7 @@ import { unfinishedKeys } from "../postgres/keys/inspect.ts";
 import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "../postgres/keys/table.ts";
 import { openReviews, type Review, type Settlement, settleReview } from "../postgres/phases/review.ts";
 
+/** Options of {@link Operations}. */
 export interface OperationsOptions {
   /** The store whose keys are looked at (a `PostgresStore` or a `ShardedStore`). */
   store: KeyTable | ShardedKeyTables;
@@ -45,14 +46,25 @@ export type KeyListState = "needs_review" | "unfinished" | "expiring";
 
 /** The last recorded run of the audit. */
 export interface AuditRun {
+  /** When it ran. */
   at: Date;
+  /** Who ran it. */
   actor: string;
+  /** Each check's result. */
   results: AuditResult[];
 }
 
+/**
+ * What an operator can do, in one place, for the CLI (`idem keys ...`) and the admin API alike: look
+ * keys up and read their story, settle or forget them, requeue parked events, unpark messages, run the
+ * audit. Every change is recorded with who made it.
+ */
 export class Operations {
+  /** The store whose keys are looked at. */
   readonly store: KeyTable | ShardedKeyTables;
+  /** The database of the outbox, the inbox and the recorded actions. */
   readonly db: Db;
+  /** idem's schema in `db`. */
   readonly schema: string;
   readonly #checks: AuditCheck[];
 

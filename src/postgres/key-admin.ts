@@ -54,6 +54,7 @@ export async function findKey(
 export interface TimelineEvent {
   /** When; null when the records do not say (e.g. lookups that could not tell). */
   at: Date | null;
+  /** What happened. */
   kind:
     | "claimed"
     | "recovery-point"
@@ -72,13 +73,19 @@ export interface TimelineEvent {
     | "expires";
   /** One line for a person. */
   text: string;
+  /** The record's own fields, for tools. */
   details?: unknown;
 }
 
+/** Everything recorded about one key: the key itself, what happened to it, its reviews, people's actions. */
 export interface KeyStory {
+  /** The key as it is now. */
   key: KeyInspection;
+  /** What happened to it, oldest first. */
   timeline: TimelineEvent[];
+  /** Its reviews, open or settled. */
   reviews: Review[];
+  /** What people did to it. */
   actions: AdminAction[];
   /** What the records do not keep, so that nobody reads its absence as "it did not happen". */
   notRecorded: string[];
