@@ -234,6 +234,7 @@ export class AmqpPublisher implements Publisher {
 
 /** Options of {@link consumeAmqp}. */
 export interface AmqpConsumerOptions extends ConsumerOptions {
+  /** The broker, e.g. `amqp://127.0.0.1:5672`. */
   url: string;
   /** The queue to consume. */
   queue: string;

@@ -219,7 +219,9 @@ export interface NatsConsumerOptions extends ConsumerOptions {
   servers?: string | string[];
   /** An open connection to use (not closed by `stop()`). */
   connection?: NatsConnection;
+  /** Passed to `connect` with `servers`. */
   connectOptions?: ConnectionOptions;
+  /** The JetStream stream the consumer reads. */
   stream: string;
   /** The durable consumer's name. */
   durable: string;
