@@ -151,6 +151,7 @@ export class AmqpPublisher implements Publisher {
     }
   }
 
+  /** Publish a batch on a confirm channel; one outcome per message, as the broker confirms each. */
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
     const link = await this.#get();
     const { channel } = link;
@@ -220,6 +221,7 @@ export class AmqpPublisher implements Publisher {
     }
   }
 
+  /** Close the channel and the connection. */
   async close(): Promise<void> {
     const link = this.#link;
     this.#link = undefined;

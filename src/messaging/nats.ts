@@ -154,6 +154,7 @@ export class NatsPublisher implements Publisher {
     return this.#conn;
   }
 
+  /** Publish a batch to JetStream with the event id as `Nats-Msg-Id`; one outcome per message. */
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
     const { nc, js } = await this.#get();
     if (nc.isClosed()) {
@@ -183,6 +184,7 @@ export class NatsPublisher implements Publisher {
     );
   }
 
+  /** Drain and close the connection, when the publisher opened it. */
   async close(): Promise<void> {
     const c = this.#conn;
     this.#conn = undefined;
