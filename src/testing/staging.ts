@@ -17,6 +17,7 @@ import { randomInt } from "node:crypto";
 import { type IncomingMessage, type RequestListener, request, type ServerResponse } from "node:http";
 import { createRng } from "./prng.ts";
 
+/** Options of `stagingFaults`: off unless `enabled`, and the share of each fault. */
 export interface StagingFaultOptions {
   /** Must be `true` for anything to happen. Default: false (the handler is returned as it is). */
   enabled?: boolean;
