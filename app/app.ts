@@ -32,6 +32,8 @@ export interface AppDeps {
    * reference, searched for after an unknown outcome). Default: true (PROVIDER_IDEMPOTENCY).
    */
   providerIdempotency?: boolean;
+  /** The key card numbers are tokenized under (IDEM_CARD_TOKEN_KEY). Default: a random key per process. */
+  cardTokenKey?: string;
   /** Atomic mode only: let POSTs without a key through (the benchmark's unkeyed baseline). */
   requireKey?: boolean;
   /** Default: a pino logger on stdout at LOG_LEVEL (info). */

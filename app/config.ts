@@ -19,6 +19,8 @@
  *                         our reference and an unknown outcome is searched for before charging again);
  *                         the in-process simulator then runs without idempotency too (default true)
  *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
+ *   IDEM_CARD_TOKEN_KEY   the HMAC key card numbers are tokenized under (at least 32 characters, e.g.
+ *                         `openssl rand -hex 32`; one value for every instance); unset: a random key per process
  *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_OPTIONAL_KEY=1   let POSTs without a key through (the benchmark's baseline); never in production
@@ -76,6 +78,8 @@ export interface ServiceConfig {
     /** Whether the provider dedups by Idempotency-Key (PROVIDER_IDEMPOTENCY). */
     idempotency: boolean;
   };
+  /** IDEM_CARD_TOKEN_KEY: the key card numbers are tokenized under; undefined: a random key per process. */
+  cardTokenKey: string | undefined;
   /** Undefined when IDEM_ENCRYPTION_KEYS is unset: stored in clear. */
   sealer: Sealer | undefined;
   requireKey: boolean;
@@ -123,6 +127,7 @@ export function loadConfig(env: Env = process.env): ServiceConfig {
       retentionMs: wholeFrom(env, "PROVIDER_RETENTION_MS"),
       idempotency: providerIdempotencyFrom(env),
     },
+    cardTokenKey: cardTokenKeyFrom(env),
     sealer: sealerFromEnv(env),
     requireKey: env.IDEM_OPTIONAL_KEY !== "1",
     logLevel: env.LOG_LEVEL,
@@ -178,6 +183,25 @@ export function providerIdempotencyFrom(env: Env): boolean {
   if (v === undefined || v === "" || v === "true" || v === "1") return true;
   if (v === "false" || v === "0") return false;
   throw new Error(`PROVIDER_IDEMPOTENCY must be true or false, got ${env.PROVIDER_IDEMPOTENCY}`);
+}
+
+/** The provider's base URL: PROVIDER_URL, else the in-process simulator's (PROVIDER_PORT, default 4100). */
+export function providerUrlOf(config: ServiceConfig): string {
+  return config.provider.url ?? `http://127.0.0.1:${config.provider.port}`;
+}
+
+/** At least this many characters in IDEM_CARD_TOKEN_KEY (64 hex digits are 32 bytes). */
+const MIN_CARD_TOKEN_KEY = 32;
+
+function cardTokenKeyFrom(env: Env): string | undefined {
+  const key = env.IDEM_CARD_TOKEN_KEY;
+  if (key === undefined || key === "") return undefined;
+  if (key.trim().length < MIN_CARD_TOKEN_KEY) {
+    throw new Error(
+      `IDEM_CARD_TOKEN_KEY must be at least ${MIN_CARD_TOKEN_KEY} characters (e.g. openssl rand -hex 32), got ${key.trim().length}`,
+    );
+  }
+  return key;
 }
 
 /** The receipt worker's broker: AMQP_URL, else NATS_URL, else in process. */

@@ -68,6 +68,7 @@ export async function start(env: Env = process.env) {
     paymentsMode: mode,
     providerUrl,
     providerIdempotency,
+    cardTokenKey: config.cardTokenKey,
     requireKey: config.requireKey,
     logger,
     metrics,

@@ -25,7 +25,7 @@ import {
 } from "idem/postgres";
 import { chargeProvider, findCharges } from "idem/testing";
 import type { ApiKeys } from "./accounts.ts";
-import { providerIdempotencyFrom } from "./config.ts";
+import { loadConfig, providerUrlOf } from "./config.ts";
 import {
   authenticate,
   MAX_BODY_BYTES,
@@ -76,6 +76,11 @@ export interface PaymentPhasesOptions {
   providerIdempotency?: boolean;
   /** Called when a payment's outcome is unknown and it goes to review (metrics, alerts). */
   onNeedsReview?: () => void;
+  /**
+   * The HMAC key card numbers are tokenized under (IDEM_CARD_TOKEN_KEY, read by app/config.ts). Default:
+   * a random key per process.
+   */
+  cardTokenKey?: string;
 }
 
 export const PAYMENTS_RUNNER = "payments";
@@ -83,8 +88,8 @@ export const PAYMENTS_RUNNER = "payments";
 /** The card number the service's simulator declines (as Stripe's test card of that number does). */
 export const DECLINED_TEST_CARD = "4000000000000002";
 
-// Keyed per deployment (IDEM_CARD_TOKEN_KEY, shared by every instance); without it, per process.
-const cardTokenKey = process.env.IDEM_CARD_TOKEN_KEY || randomBytes(32).toString("hex");
+// The key when no `cardTokenKey` is given (IDEM_CARD_TOKEN_KEY unset): one per process.
+const PROCESS_CARD_TOKEN_KEY = randomBytes(32).toString("hex");
 
 /**
  * The card as stored with the key (for the completer, in `idem.keys.request`) and sent to the provider:
@@ -92,9 +97,9 @@ const cardTokenKey = process.env.IDEM_CARD_TOKEN_KEY || randomBytes(32).toString
  * database holds no card number in clear; tokens and public test card numbers pass as they are (the
  * simulator declines DECLINED_TEST_CARD by its number).
  */
-export function providerCard(card: string): string {
+export function providerCard(card: string, key: string = PROCESS_CARD_TOKEN_KEY): string {
   if (card === DECLINED_TEST_CARD || !/^\d{12,19}$/.test(card)) return card;
-  return `tok_${createHmac("sha256", cardTokenKey).update(card).digest("hex").slice(0, 24)}`;
+  return `tok_${createHmac("sha256", key).update(card).digest("hex").slice(0, 24)}`;
 }
 
 /** The payments state machine. Its name is stored with each key; the completer finds it by that name. */
@@ -206,12 +211,14 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
   });
 }
 
-/** The validated body as the runner's input: the card tokenized (`providerCard`). */
-const toJob: MiddlewareHandler<Env> = async function toJob(c, next) {
-  const { card, ...payment } = c.var.body;
-  c.set("payment", typeof card === "string" ? { ...payment, card: providerCard(card) } : payment);
-  await next();
-};
+/** The validated body as the runner's input: the card tokenized under `key` (`providerCard`). */
+function toJob(key: string | undefined): MiddlewareHandler<Env> {
+  return async function toJob(c, next) {
+    const { card, ...payment } = c.var.body;
+    c.set("payment", typeof card === "string" ? { ...payment, card: providerCard(card, key) } : payment);
+    await next();
+  };
+}
 
 /**
  * The payment routes in phases mode: `POST /v1/payments` (charged through the provider),
@@ -229,7 +236,7 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
     authenticate(deps.apiKeys),
     // Checked before the key is claimed: a bad request is answered 400/415 and saves nothing.
     validBody(PhasesPaymentRequest, { what: "payment", form: true }),
-    toJob,
+    toJob(deps.cardTokenKey),
     idempotentPhases<PaymentJob, Env>({
       runner,
       scope: (c) => c.var.accountId,
@@ -243,11 +250,17 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
 }
 
 /**
- * The runners of this service, for `idem complete --module app/payments-phases.ts`: the provider's URL
- * comes from PROVIDER_URL (default http://127.0.0.1:4100).
+ * The runners of this service, for `idem complete --module app/payments-phases.ts`: the provider as the
+ * service's configuration has it (app/config.ts: PROVIDER_URL, else the simulator on PROVIDER_PORT,
+ * default http://127.0.0.1:4100; PROVIDER_IDEMPOTENCY).
  */
 export function idemRunners(deps: { store: PostgresStore }): PhasesRunner<any, any>[] {
-  const providerUrl = process.env.PROVIDER_URL || "http://127.0.0.1:4100";
-  const providerIdempotency = providerIdempotencyFrom(process.env);
-  return [paymentPhasesRunner({ store: deps.store, providerUrl, providerIdempotency })];
+  const config = loadConfig(process.env);
+  return [
+    paymentPhasesRunner({
+      store: deps.store,
+      providerUrl: providerUrlOf(config),
+      providerIdempotency: config.provider.idempotency,
+    }),
+  ];
 }

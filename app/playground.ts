@@ -55,6 +55,8 @@ export interface PlaygroundOptions {
   slowMs?: number;
   /** Whether a receipt-email worker runs (app/receipts.ts): its emails are shown. Default: false. */
   emailWorker?: boolean;
+  /** The card-token key of the service's routes (IDEM_CARD_TOKEN_KEY), so both tokenize a card alike. */
+  cardTokenKey?: string;
 }
 
 const ACCOUNT = DEMO_ACCOUNTS[0];

@@ -38,11 +38,12 @@ export {
   FAILED_NOT_APPLIED,
   NOTHING_DONE,
   type OperationFields,
+  type OperationState,
   OUTCOME_UNKNOWN_RETRY,
   type ProblemDetails,
   problemResponse,
 } from "./core/problem.ts";
-export { DamagedReplyError } from "./core/response.ts";
+export { DamagedReplyError, type StoredResponse } from "./core/response.ts";
 export { AesGcmSealer, type Sealer, type SealingKey, sealerFromEnv } from "./core/sealing.ts";
 export { isConnectFailure, isDatabaseUnavailable } from "./core/sqlstate.ts";
 export type { AtomicStore } from "./core/store.ts";

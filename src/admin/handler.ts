@@ -27,7 +27,9 @@ export type Authorize = (
   request: Request,
 ) => string | Response | null | undefined | Promise<string | Response | null | undefined>;
 
+/** Options of {@link adminHandler}. */
 export interface AdminHandlerOptions {
+  /** What the API does (`new Operations({ store })`). */
   operations: Operations;
   /**
    * Names the person behind a request (a non-empty string), or refuses it: `null`/`undefined` answers
@@ -40,6 +42,7 @@ export interface AdminHandlerOptions {
   onError?: (err: unknown) => void;
 }
 
+/** The admin API as a fetch handler: a `Request` in, a `Response` out (mount it in any framework). */
 export type AdminHandler = (request: Request) => Promise<Response>;
 
 /** A problem+json answer. */
@@ -77,6 +80,10 @@ const json = (value: unknown, status = 200) =>
     headers: { "content-type": "application/json", "cache-control": "no-store" },
   });
 
+/**
+ * The operations console's JSON API under `basePath`: every request is authorized first (`authorize`
+ * names the person), and every change is recorded with that name (docs/operations.md lists the routes).
+ */
 export function adminHandler(options: AdminHandlerOptions): AdminHandler {
   const base = (options.basePath ?? "/admin/api").replace(/\/+$/, "");
   const ops = options.operations;

@@ -27,8 +27,9 @@ import {
 } from "../postgres/key-admin.ts";
 import { unfinishedKeys } from "../postgres/keys/inspect.ts";
 import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "../postgres/keys/table.ts";
-import { openReviews, type Review, type Settlement, settleKey } from "../postgres/phases/review.ts";
+import { openReviews, type Review, type Settlement, settleReview } from "../postgres/phases/review.ts";
 
+/** Options of {@link Operations}. */
 export interface OperationsOptions {
   /** The store whose keys are looked at (a `PostgresStore` or a `ShardedStore`). */
   store: KeyTable | ShardedKeyTables;
@@ -45,14 +46,25 @@ export type KeyListState = "needs_review" | "unfinished" | "expiring";
 
 /** The last recorded run of the audit. */
 export interface AuditRun {
+  /** When it ran. */
   at: Date;
+  /** Who ran it. */
   actor: string;
+  /** Each check's result. */
   results: AuditResult[];
 }
 
+/**
+ * What an operator can do, in one place, for the CLI (`idem keys ...`) and the admin API alike: look
+ * keys up and read their story, settle or forget them, requeue parked events, unpark messages, run the
+ * audit. Every change is recorded with who made it.
+ */
 export class Operations {
+  /** The store whose keys are looked at. */
   readonly store: KeyTable | ShardedKeyTables;
+  /** The database of the outbox, the inbox and the recorded actions. */
   readonly db: Db;
+  /** idem's schema in `db`. */
   readonly schema: string;
   readonly #checks: AuditCheck[];
 
@@ -93,10 +105,13 @@ export class Operations {
     return expiringKeys(this.store, options);
   }
 
-  /** Settle a key in review (`settleKey`), recorded in the same transaction. */
+  /**
+   * Settle the open review of a key (`settleReview`; the CLI's `idem keys settle`), the action recorded in
+   * the same transaction.
+   */
   settle(ref: KeyRef, settlement: Settlement, actor: string): Promise<Review> {
     const { scope, key } = resolveKeyRef(ref);
-    return settleKey(this.store, scope, key, settlement, actor, {
+    return settleReview(this.store, scope, key, settlement, actor, {
       alsoInTx: (tx, review) =>
         recordAction(
           tx,

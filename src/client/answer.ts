@@ -23,6 +23,7 @@ export const OperationState = {
   /** An external call started and its outcome cannot be established: a person must look. */
   uncertain: "uncertain",
 } as const;
+/** One of the values of {@link OperationState}. */
 export type OperationState = (typeof OperationState)[keyof typeof OperationState];
 
 const STATES: ReadonlySet<string> = new Set(Object.values(OperationState));
@@ -37,10 +38,13 @@ export const EXPIRES_HEADER = "idempotency-expires";
 
 /** What a response says about the operation (the fields the server sent; absent when it sent none). */
 export interface ServerAnswer {
+  /** The response status. */
   status: number;
+  /** The response headers. */
   headers: Headers;
   /** The problem type (`type` of an application/problem+json body). */
   type?: string;
+  /** Where the operation stands (problem body's `operation_state`, or the header). */
   operationState?: OperationState;
   /** Whether retrying the same request with the same key can help. */
   retrySameKey?: boolean;

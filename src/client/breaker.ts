@@ -30,6 +30,7 @@ import {
 
 /** The breaker's states. */
 export const CircuitState = { closed: "closed", open: "open", halfOpen: "half-open" } as const;
+/** One of the values of {@link CircuitState}. */
 export type CircuitState = (typeof CircuitState)[keyof typeof CircuitState];
 
 /** Failure-rate windows: the last `attempts` attempts, or the attempts of the last `ms` milliseconds. */
@@ -52,6 +53,7 @@ export type BreakerWindow =
       minimumRps?: number;
     };
 
+/** Options of {@link CircuitBreaker}: when it opens, how long it stays open, what counts as a failure. */
 export interface CircuitBreakerOptions {
   /**
    * Open after this many failed attempts in a row, instead of on a rate (used only when
@@ -83,6 +85,7 @@ export interface CircuitBreakerOptions {
 export const DEFAULT_BREAKER_FAILURE_RATE = 0.5;
 export const DEFAULT_BREAKER_OPEN_MS = 5_000;
 export const DEFAULT_BREAKER_WINDOW: BreakerWindow = Object.freeze({ ms: 10_000, minimumAttempts: 10 });
+/** The statuses that count as the server failing, by default: 500, 502, 503, 504. */
 export const DEFAULT_FAILURE_STATUSES: readonly number[] = [500, 502, 503, 504];
 
 /** Permission to send one attempt. Report exactly one verdict (later calls are ignored). */
@@ -95,7 +98,13 @@ export interface BreakerPermit {
   release(): void;
 }
 
+/**
+ * A circuit breaker shared by a client's calls: after too many failures in a row (or too high a rate)
+ * it opens and attempts fail at once with `CircuitOpenError`, without being sent; after `openMs` a few
+ * probes are let through, and their answers close it or open it again.
+ */
 export class CircuitBreaker {
+  /** The statuses that count as the server failing. */
   readonly failureStatuses: ReadonlySet<number>;
   readonly #strategy: IBreaker;
   readonly #openMs: number;

@@ -21,8 +21,15 @@ export interface RetryBudgetOptions {
 export const DEFAULT_BUDGET_RATIO = 0.1;
 export const DEFAULT_BUDGET_CAP = 10;
 
+/**
+ * A token bucket shared by a client's calls: each first attempt earns `ratio` tokens, each retry
+ * spends one, so retries add at most about `ratio` of the load; a call that finds it empty gives up
+ * with `RetryBudgetExhaustedError`.
+ */
 export class RetryBudget {
+  /** Tokens earned by each first attempt. */
   readonly ratio: number;
+  /** Most tokens the bucket holds. */
   readonly cap: number;
   #tokens: number;
 

@@ -54,9 +54,16 @@ const RESUME_WAIT_S = 5;
 /** What a held lookup's attempt gets past the wait, before the client stops waiting for it. */
 const LOOKUP_MARGIN_MS = 2_000;
 
+/**
+ * The retrying client (see the module's notes); made by {@link createClient}. Each call is bound to an
+ * intent, kept in `store`, so that every retry, even after a restart, sends the same key.
+ */
 export class IdemClient {
+  /** Where the intents are kept (`ClientOptions.store`; default in memory). */
   readonly store: IntentStore;
+  /** The retry budget every call of this client shares; undefined when turned off. */
   readonly budget: RetryBudget | undefined;
+  /** The circuit breaker every call of this client shares; undefined when turned off. */
   readonly breaker: CircuitBreaker | undefined;
   readonly #baseUrl: string | undefined;
   readonly #ledger: IntentLedger;

@@ -21,6 +21,7 @@ export const Cut = {
   /** This attempt's per-try timeout passed (the call goes on). */
   perTry: "per-try",
 } as const;
+/** One of the values of {@link Cut}. */
 export type Cut = (typeof Cut)[keyof typeof Cut];
 
 export interface AttemptTimer {

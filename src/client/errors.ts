@@ -24,11 +24,14 @@ export const ClientErrorCode = {
   intentExpired: "IDEM_INTENT_EXPIRED",
   newKeyNotSafe: "IDEM_NEW_KEY_NOT_SAFE",
 } as const;
+/** One of the values of {@link ClientErrorCode}. */
 export type ClientErrorCode = (typeof ClientErrorCode)[keyof typeof ClientErrorCode];
 
 /** Base class of every error thrown by `idem/client`. */
 export class IdemClientError extends Error {
+  /** Always `"IdemClientError"`: the name logs and stack traces show. */
   override name = "IdemClientError";
+  /** A stable code ({@link ClientErrorCode}) to check instead of the class. */
   readonly code: ClientErrorCode;
   constructor(code: ClientErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -38,7 +41,9 @@ export class IdemClientError extends Error {
 
 /** An error about one intent, named by `intentId`. */
 export class IntentError extends IdemClientError {
+  /** Always `"IntentError"`: the name logs and stack traces show. */
   override name = "IntentError";
+  /** The intent the error is about. */
   readonly intentId: string;
   constructor(code: ClientErrorCode, intentId: string, message: string) {
     super(code, message);
@@ -76,14 +81,23 @@ export interface GiveUpDetails {
  * the intent stays pending in the store, and retrying it later with the same key is safe.
  */
 export class GiveUpError extends IdemClientError {
+  /** Always `"GiveUpError"`: the name logs and stack traces show. */
   override name = "GiveUpError";
+  /** The intent's id (it stays pending in the store). */
   readonly intentId: string;
+  /** The idempotency key every attempt carried: retry later with this one. */
   readonly key: string;
+  /** Attempts actually sent (0 when the call failed before the first one). */
   readonly attempts: number;
+  /** The last response, its body already read into memory (`await err.lastResponse.json()`). */
   readonly lastResponse?: Response;
+  /** The last network error or per-try timeout, if the last attempt got no response. */
   readonly lastError?: unknown;
+  /** The operation's state, as the last response reported it. */
   readonly operationState?: OperationState;
+  /** The last response said a new key cannot duplicate the operation (see `retryWithNewKey`). */
   readonly safeNewKey?: boolean;
+  /** The server's reference of the operation, for an operator. */
   readonly operationRef?: string;
   constructor(code: ClientErrorCode, message: string, details: GiveUpDetails, cause = details.lastError) {
     super(code, message, { cause });
@@ -105,11 +119,14 @@ export const DeadlineReason = {
   /** The next wait (a server's Retry-After, or the backoff) would have ended after the deadline. */
   waitTooLong: "wait-too-long",
 } as const;
+/** One of the values of {@link DeadlineReason}. */
 export type DeadlineReason = (typeof DeadlineReason)[keyof typeof DeadlineReason];
 
 /** The call's single deadline is spent, or the next wait would outlast it (so we did not start it). */
 export class DeadlineExceededError extends GiveUpError {
+  /** Always `"DeadlineExceededError"`: the name logs and stack traces show. */
   override name = "DeadlineExceededError";
+  /** Whether the deadline passed or the next wait would have outlasted it. */
   readonly reason: DeadlineReason;
   /** The wait that was refused, when `reason` is `"wait-too-long"`. */
   readonly waitMs?: number;
@@ -128,6 +145,7 @@ export class DeadlineExceededError extends GiveUpError {
 
 /** The client's shared retry budget had no token for another retry. */
 export class RetryBudgetExhaustedError extends GiveUpError {
+  /** Always `"RetryBudgetExhaustedError"`: the name logs and stack traces show. */
   override name = "RetryBudgetExhaustedError";
   constructor(details: GiveUpDetails) {
     super(
@@ -140,6 +158,7 @@ export class RetryBudgetExhaustedError extends GiveUpError {
 
 /** The circuit breaker is open (or half-open with every probe slot taken): the attempt was not sent. */
 export class CircuitOpenError extends GiveUpError {
+  /** Always `"CircuitOpenError"`: the name logs and stack traces show. */
   override name = "CircuitOpenError";
   /** Milliseconds until the breaker lets a probe through (0 when it is half-open). */
   readonly retryInMs: number;
@@ -155,6 +174,7 @@ export class CircuitOpenError extends GiveUpError {
 
 /** Every allowed attempt was used and none got a final answer. */
 export class AttemptsExhaustedError extends GiveUpError {
+  /** Always `"AttemptsExhaustedError"`: the name logs and stack traces show. */
   override name = "AttemptsExhaustedError";
   constructor(details: GiveUpDetails) {
     const last = details.lastResponse ? `HTTP ${details.lastResponse.status}` : describe(details.lastError);
@@ -168,6 +188,7 @@ export class AttemptsExhaustedError extends GiveUpError {
 
 /** The caller's `AbortSignal` fired. `cause` is the signal's reason. */
 export class CallAbortedError extends GiveUpError {
+  /** Always `"CallAbortedError"`: the name logs and stack traces show. */
   override name = "CallAbortedError";
   constructor(details: GiveUpDetails & { reason: unknown }) {
     super(
@@ -187,9 +208,13 @@ export class CallAbortedError extends GiveUpError {
  * Not a {@link GiveUpError}: resending later is not the fix.
  */
 export class OperationUncertainError extends IdemClientError {
+  /** Always `"OperationUncertainError"`: the name logs and stack traces show. */
   override name = "OperationUncertainError";
+  /** The intent's id (marked uncertain in the store). */
   readonly intentId: string;
+  /** The idempotency key its attempts carried. */
   readonly key: string;
+  /** Attempts sent in this call. */
   readonly attempts: number;
   /** Always `"uncertain"` (here so that every give-up event's error carries a state). */
   readonly operationState: OperationState = "uncertain";
@@ -224,6 +249,7 @@ export class OperationUncertainError extends IdemClientError {
  * `abandon()` the intent (or begin a new one if it never took effect).
  */
 export class IntentExpiredError extends IntentError {
+  /** Always `"IntentExpiredError"`: the name logs and stack traces show. */
   override name = "IntentExpiredError";
   /** When the key expired (ISO 8601). */
   readonly expiresAt: string;
@@ -239,6 +265,7 @@ export class IntentExpiredError extends IntentError {
 
 /** `retryWithNewKey` on an intent whose last answer did not say `safe_new_key: true`. */
 export class NewKeyNotSafeError extends IntentError {
+  /** Always `"NewKeyNotSafeError"`: the name logs and stack traces show. */
   override name = "NewKeyNotSafeError";
   constructor(intentId: string) {
     super(
@@ -251,6 +278,7 @@ export class NewKeyNotSafeError extends IntentError {
 
 /** `resume(id)` or `request(id, ...)` named an intent the store does not have. */
 export class IntentNotFoundError extends IntentError {
+  /** Always `"IntentNotFoundError"`: the name logs and stack traces show. */
   override name = "IntentNotFoundError";
   constructor(intentId: string) {
     super(
@@ -266,6 +294,7 @@ export class IntentNotFoundError extends IntentError {
  * effect: a new request needs a new intent (a server would answer 422 to the reused key anyway).
  */
 export class IntentConflictError extends IntentError {
+  /** Always `"IntentConflictError"`: the name logs and stack traces show. */
   override name = "IntentConflictError";
   constructor(intentId: string, what: string) {
     super(
@@ -278,6 +307,7 @@ export class IntentConflictError extends IntentError {
 
 /** `resume(id)` on an intent that never recorded a request (it was begun but nothing was sent). */
 export class IntentHasNoRequestError extends IntentError {
+  /** Always `"IntentHasNoRequestError"`: the name logs and stack traces show. */
   override name = "IntentHasNoRequestError";
   constructor(intentId: string) {
     super(
@@ -290,6 +320,7 @@ export class IntentHasNoRequestError extends IntentError {
 
 /** The request body cannot be sent twice (a stream, FormData) or stored; pass a string or bytes. */
 export class UnreplayableBodyError extends IdemClientError {
+  /** Always `"UnreplayableBodyError"`: the name logs and stack traces show. */
   override name = "UnreplayableBodyError";
   constructor(kind: string) {
     super(

@@ -6,12 +6,15 @@
 import type { OperationState } from "./answer.ts";
 import type { GiveUpError, OperationUncertainError } from "./errors.ts";
 
+/** What every event says about its call. */
 export interface CallInfo {
   /** The intent's id (absent for keyless calls: GET and other safe methods through the fetch wrapper). */
   intentId?: string;
   /** The idempotency key sent with the attempt (absent for keyless calls). */
   key?: string;
+  /** The request's HTTP method. */
   method: string;
+  /** The request's URL. */
   url: string;
 }
 
@@ -19,6 +22,7 @@ export interface CallInfo {
 export interface AttemptEvent extends CallInfo {
   /** 1-based, counted within this call. */
   attempt: number;
+  /** How long the attempt took, in milliseconds. */
   durationMs: number;
   /** The response status, when a response arrived. */
   status?: number;
@@ -34,11 +38,15 @@ export interface AttemptEvent extends CallInfo {
 export interface WaitEvent extends CallInfo {
   /** The attempt that just failed. */
   attempt: number;
+  /** How long the client waits before the next attempt, in milliseconds. */
   delayMs: number;
   /** Where the delay came from: the server's Retry-After, or exponential backoff with full jitter. */
   source: "retry-after" | "backoff";
+  /** The failed attempt's response status, when a response arrived. */
   status?: number;
+  /** The failed attempt's network error or timeout, when no response arrived. */
   error?: unknown;
+  /** The operation's state, when the failed attempt's response reported one. */
   operationState?: OperationState;
 }
 
@@ -48,14 +56,19 @@ export interface WaitEvent extends CallInfo {
  * `error.operationRef` carry what the server said.
  */
 export interface GiveUpEvent extends CallInfo {
+  /** Attempts sent in this call. */
   attempts: number;
+  /** The error the call ends with (also thrown to the caller). */
   error: GiveUpError | OperationUncertainError;
 }
 
 /** When a final answer arrives (2xx, or a final 4xx such as 402 or 422). */
 export interface DoneEvent extends CallInfo {
+  /** Attempts sent in this call. */
   attempts: number;
+  /** The final answer's status. */
   status: number;
+  /** The call's whole time, waits included, in milliseconds. */
   durationMs: number;
   /** The operation's state, when the answer was a problem that reported one. */
   operationState?: OperationState;
@@ -63,9 +76,13 @@ export interface DoneEvent extends CallInfo {
 
 /** Listeners. Each is optional. Default: none. */
 export interface ClientHooks {
+  /** After each attempt. */
   attempt?: (event: AttemptEvent) => void;
+  /** Before each wait between attempts. */
   wait?: (event: WaitEvent) => void;
+  /** When a call ends without a final answer. */
   giveUp?: (event: GiveUpEvent) => void;
+  /** When a final answer arrives. */
   done?: (event: DoneEvent) => void;
 }
 

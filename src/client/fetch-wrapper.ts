@@ -12,6 +12,7 @@
 import { createClient, type IdemClient } from "./client.ts";
 import { type ClientOptions, DEFAULT_KEY_HEADER, type FetchLike } from "./options.ts";
 
+/** Options of {@link withIdempotency}: the client's options, and which methods get a key. */
 export interface WithIdempotencyOptions extends Omit<ClientOptions, "fetch"> {
   /** Methods that get a key (and an intent). Default `["POST", "PATCH"]`. */
   keyMethods?: readonly string[];
@@ -22,6 +23,12 @@ export type IdempotentFetch = ((input: string | URL | Request, init?: RequestIni
   readonly client: IdemClient;
 };
 
+/**
+ * Wrap `fetch` so that requests of `keyMethods` (POST and PATCH) get an intent, its idempotency key
+ * (or the one the request already carries) and the client's retries; other methods go through
+ * `requestWithoutKey`, with no key. A call that gives up after a response resolves to that response
+ * (`giveUpWith: "response"`); one that got no response, or an uncertain operation, throws.
+ */
 export function withIdempotency(
   fetchFn: FetchLike | typeof fetch = (url: string, init: RequestInit) => globalThis.fetch(url, init),
   options: WithIdempotencyOptions = {},

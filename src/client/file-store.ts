@@ -11,6 +11,7 @@ import { link, mkdir, open, readdir, readFile, rename, unlink } from "node:fs/pr
 import { join } from "node:path";
 import { type IntentRecord, type IntentStatus, type IntentStore, sortOldestFirst } from "./intent-store.ts";
 
+/** Options of {@link FileIntentStore}. */
 export interface FileIntentStoreOptions {
   /** The directory (created if missing). Default `".idem/client-intents"` under the working directory. */
   dir?: string;
@@ -18,7 +19,9 @@ export interface FileIntentStoreOptions {
   fsync?: boolean;
 }
 
+/** Intents as files in a directory (one per intent, written atomically): they survive a restart. */
 export class FileIntentStore implements IntentStore {
+  /** The directory the intents are in. */
   readonly dir: string;
   readonly #fsync: boolean;
   #ready: Promise<unknown> | undefined;
@@ -28,6 +31,7 @@ export class FileIntentStore implements IntentStore {
     this.#fsync = options.fsync ?? true;
   }
 
+  /** Insert `record` unless an intent with its id exists; resolve to whichever record is stored. */
   async create(record: IntentRecord): Promise<IntentRecord> {
     const file = await this.#pathOf(record.id);
     const tmp = await this.#writeTemp(record);
@@ -45,16 +49,19 @@ export class FileIntentStore implements IntentStore {
     }
   }
 
+  /** The record with this id, or undefined. */
   async get(id: string): Promise<IntentRecord | undefined> {
     return this.#read(await this.#pathOf(id));
   }
 
+  /** Replace the stored record with this id (insert it if missing). */
   async save(record: IntentRecord): Promise<void> {
     const file = await this.#pathOf(record.id);
     const tmp = await this.#writeTemp(record);
     await rename(tmp, file);
   }
 
+  /** Every record, or those with the given status, oldest first. */
   async list(filter: { status?: IntentStatus } = {}): Promise<IntentRecord[]> {
     await this.#mkdir();
     const out: IntentRecord[] = [];
@@ -66,6 +73,7 @@ export class FileIntentStore implements IntentStore {
     return sortOldestFirst(out);
   }
 
+  /** Remove the record with this id (nothing when there is none). */
   async delete(id: string): Promise<void> {
     await unlink(await this.#pathOf(id)).catch((err: NodeJS.ErrnoException) => {
       if (err.code !== "ENOENT") throw err;

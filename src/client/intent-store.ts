@@ -30,10 +30,12 @@ export const IntentStatus = {
    */
   uncertain: "uncertain",
 } as const;
+/** One of the values of {@link IntentStatus}. */
 export type IntentStatus = (typeof IntentStatus)[keyof typeof IntentStatus];
 
 /** A request as stored with its intent: enough to send it again after a restart. */
 export interface StoredRequest {
+  /** The HTTP method. */
   method: string;
   /** Absolute URL (or as given, when it was relative and there was no base to resolve it against). */
   url: string;
@@ -55,6 +57,7 @@ export interface IntentRecord {
   id: string;
   /** The idempotency key sent with every attempt. */
   key: string;
+  /** Where the intent stands: pending, done, or uncertain ({@link IntentStatus}). */
   status: IntentStatus;
   /** The request, recorded before its first attempt is sent. Absent until then. */
   request?: StoredRequest;
@@ -78,14 +81,19 @@ export interface IntentRecord {
   expiresAt?: string;
   /** ISO 8601 timestamps. */
   createdAt: string;
+  /** ISO 8601: when the record was last saved. */
   updatedAt: string;
 }
 
 /** What the server last said about an intent's operation. */
 export interface IntentAnswer {
+  /** The response status. */
   status: number;
+  /** The operation's state, when the server reported one. */
   operationState?: OperationState;
+  /** True only when the server said a new key cannot duplicate the operation. */
   safeNewKey?: boolean;
+  /** The server's reference of the operation, for an operator. */
   operationRef?: string;
 }
 
@@ -99,11 +107,13 @@ export type IntentRef = IntentRecord | string;
 export interface IntentStore {
   /** Insert `record` unless an intent with its id exists; resolve to whichever record is stored. */
   create(record: IntentRecord): Promise<IntentRecord>;
+  /** The record with this id, or undefined. */
   get(id: string): Promise<IntentRecord | undefined>;
   /** Replace the stored record with this id (insert it if missing). */
   save(record: IntentRecord): Promise<void>;
   /** Every record, or those with the given status, oldest first. */
   list(filter?: { status?: IntentStatus }): Promise<IntentRecord[]>;
+  /** Remove the record with this id (nothing when there is none). */
   delete(id: string): Promise<void>;
 }
 
@@ -156,6 +166,7 @@ export function sortOldestFirst(records: IntentRecord[]): IntentRecord[] {
 export class MemoryIntentStore implements IntentStore {
   readonly #records = new Map<string, IntentRecord>();
 
+  /** Insert `record` unless an intent with its id exists; resolve to whichever record is stored. */
   async create(record: IntentRecord): Promise<IntentRecord> {
     const existing = this.#records.get(record.id);
     if (existing) return { ...existing };
@@ -163,15 +174,18 @@ export class MemoryIntentStore implements IntentStore {
     return record;
   }
 
+  /** The record with this id, or undefined. */
   async get(id: string): Promise<IntentRecord | undefined> {
     const r = this.#records.get(id);
     return r && { ...r };
   }
 
+  /** Replace the stored record with this id (insert it if missing). */
   async save(record: IntentRecord): Promise<void> {
     this.#records.set(record.id, { ...record });
   }
 
+  /** Every record, or those with the given status, oldest first. */
   async list(filter: { status?: IntentStatus } = {}): Promise<IntentRecord[]> {
     const out: IntentRecord[] = [];
     for (const r of this.#records.values()) {
@@ -180,6 +194,7 @@ export class MemoryIntentStore implements IntentStore {
     return sortOldestFirst(out);
   }
 
+  /** Remove the record with this id (nothing when there is none). */
   async delete(id: string): Promise<void> {
     this.#records.delete(id);
   }

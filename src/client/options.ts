@@ -137,6 +137,7 @@ export interface CallOptions {
   signal?: AbortSignal | null;
 }
 
+/** A call's options: the usual `fetch` init (its `signal` too) and the per-call settings. */
 export type RequestOptions = Omit<RequestInit, "signal"> & CallOptions;
 
 /** The options, resolved once per client: what the attempt loop reads on every call. */

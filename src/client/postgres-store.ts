@@ -26,6 +26,7 @@ const CONCURRENT_CREATE = new Set<string>([
   SqlState.DuplicateTable,
 ]);
 
+/** Options of {@link PostgresIntentStore}. */
 export interface PostgresIntentStoreOptions {
   /** Schema holding the table (created by `install()`). Default `"idem"`. */
   schema?: string;
@@ -51,6 +52,7 @@ const COLUMNS =
 const VALUES = "$1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10::jsonb";
 const STATUSES = "'pending', 'done', 'abandoned', 'uncertain'";
 
+/** Intents in a PostgreSQL table (`install()` creates it): shared by every process of the caller. */
 export class PostgresIntentStore implements IntentStore {
   readonly #db: Queryable;
   readonly #options: PostgresIntentStoreOptions;
@@ -125,6 +127,7 @@ export class PostgresIntentStore implements IntentStore {
     return this.install();
   }
 
+  /** Insert `record` unless an intent with its id exists; resolve to whichever record is stored. */
   async create(record: IntentRecord): Promise<IntentRecord> {
     const inserted = await this.#db.query<Row>(
       `INSERT INTO ${this.#table} (${COLUMNS}) VALUES (${VALUES})
@@ -137,11 +140,13 @@ export class PostgresIntentStore implements IntentStore {
     return existing;
   }
 
+  /** The record with this id, or undefined. */
   async get(id: string): Promise<IntentRecord | undefined> {
     const { rows } = await this.#db.query<Row>(`SELECT ${COLUMNS} FROM ${this.#table} WHERE id = $1`, [id]);
     return rows[0] && fromRow(rows[0]);
   }
 
+  /** Replace the stored record with this id (insert it if missing). */
   async save(record: IntentRecord): Promise<void> {
     await this.#db.query(
       `INSERT INTO ${this.#table} (${COLUMNS}) VALUES (${VALUES})
@@ -154,6 +159,7 @@ export class PostgresIntentStore implements IntentStore {
     );
   }
 
+  /** Every record, or those with the given status, oldest first. */
   async list(filter: { status?: IntentStatus } = {}): Promise<IntentRecord[]> {
     const { rows } = filter.status
       ? await this.#db.query<Row>(
@@ -164,6 +170,7 @@ export class PostgresIntentStore implements IntentStore {
     return rows.map(fromRow);
   }
 
+  /** Remove the record with this id (nothing when there is none). */
   async delete(id: string): Promise<void> {
     await this.#db.query(`DELETE FROM ${this.#table} WHERE id = $1`, [id]);
   }

@@ -9,10 +9,11 @@
  */
 import { AmbiguousBodyError, InvalidBodyError } from "./errors.ts";
 
+/** How a request body is read: parsed as JSON, parsed as a form, or kept as bytes. */
 export type BodyKind = "json" | "form" | "raw";
 
 /** How a Content-Type is read: JSON (`application/json`, `*+json`), a form, or bytes. */
-export function bodyKind(contentType: string | null | undefined): BodyKind {
+export function bodyKind(contentType: string | null | undefined): "json" | "form" | "raw" {
   const ct = (contentType ?? "").split(";")[0]!.trim().toLowerCase();
   if (ct === "application/json" || ct.endsWith("+json")) return "json";
   if (ct === "application/x-www-form-urlencoded") return "form";
@@ -38,7 +39,8 @@ export interface ReadBodyOptions {
 export const MAX_JSON_DEPTH = 256;
 
 const EMPTY = new Uint8Array(0);
-const NO_BODY: RequestBody = { kind: "none", value: undefined, bytes: EMPTY };
+/** The body of a request that has none (also what a failure answer is built with when none was read). */
+export const NO_BODY: RequestBody = { kind: "none", value: undefined, bytes: EMPTY };
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 function decode(bytes: Uint8Array): string {

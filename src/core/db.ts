@@ -7,11 +7,13 @@
  * (`fromPg`, `fromPostgresJs`, `fromPglite`) or implement this interface themselves.
  */
 export interface QueryResult<R = Record<string, unknown>> {
+  /** The rows the statement returned, as objects by column name. */
   rows: R[];
   /** Rows inserted, updated or deleted by the statement (0 for a plain SELECT that returned nothing). */
   rowCount: number;
 }
 
+/** Something that runs one SQL statement: a `Db` or a `Tx`. */
 export interface Queryable {
   /** Run one statement with `$1..$n` parameters. `Uint8Array` parameters are sent as `bytea`. */
   query<R = Record<string, unknown>>(sql: string, params?: readonly unknown[]): Promise<QueryResult<R>>;
@@ -43,6 +45,10 @@ export interface Tx extends Queryable {
   readonly pipelined?: boolean;
 }
 
+/**
+ * A database, whatever the driver (`fromPg`, `fromPostgresJs`, `fromPglite`, or an ORM's adapter): one
+ * statement at a time, or several in one transaction.
+ */
 export interface Db extends Queryable {
   /** Run several `;`-separated statements without parameters, in order, on one connection. */
   exec(sql: string): Promise<void>;

@@ -21,7 +21,9 @@ export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];
 
 /** The base of every error idem answers with: a stable `code` and the HTTP `status` it maps to. */
 export class IdemError extends Error {
+  /** Always `"IdemError"`: the name logs and stack traces show. */
   override name = "IdemError";
+  /** A stable code: one of {@link ProblemCode} for idem's own errors, the problem's `type` ends with it. */
   readonly code: ProblemCode | string;
   /** The HTTP status this error is answered with, when it reaches a client. */
   readonly status: number;
@@ -34,6 +36,7 @@ export class IdemError extends Error {
 
 /** The request has no `Idempotency-Key` header on a route that requires one. */
 export class KeyMissingError extends IdemError {
+  /** Always `"KeyMissingError"`: the name logs and stack traces show. */
   override name = "KeyMissingError";
   constructor() {
     super(
@@ -46,6 +49,7 @@ export class KeyMissingError extends IdemError {
 
 /** The `Idempotency-Key` header is not 1..255 visible ASCII characters (bare or as a quoted sf-string). */
 export class KeyInvalidError extends IdemError {
+  /** Always `"KeyInvalidError"`: the name logs and stack traces show. */
   override name = "KeyInvalidError";
   constructor(reason: string) {
     super(ProblemCode.KeyInvalid, 400, `The Idempotency-Key header is invalid: ${reason}.`);
@@ -54,7 +58,9 @@ export class KeyInvalidError extends IdemError {
 
 /** Another request with the same key is still being processed. Retry after `retryAfterSeconds`. */
 export class KeyInFlightError extends IdemError {
+  /** Always `"KeyInFlightError"`: the name logs and stack traces show. */
   override name = "KeyInFlightError";
+  /** When to retry with the same key, in seconds (the answer's `Retry-After`). */
   readonly retryAfterSeconds: number;
   /** The claim in progress (`keys.claim_id`), when the thrower knows it: named by the answer's reference. */
   readonly claimId?: string | null;
@@ -71,6 +77,7 @@ export class KeyInFlightError extends IdemError {
 
 /** The key was used before for a different request (another method, path or body). */
 export class KeyMismatchError extends IdemError {
+  /** Always `"KeyMismatchError"`: the name logs and stack traces show. */
   override name = "KeyMismatchError";
   constructor() {
     super(
@@ -83,6 +90,7 @@ export class KeyMismatchError extends IdemError {
 
 /** This worker's lease on a key was taken over by another worker: it must stop and write nothing. */
 export class LeaseLostError extends IdemError {
+  /** Always `"LeaseLostError"`: the name logs and stack traces show. */
   override name = "LeaseLostError";
   constructor() {
     super(
@@ -95,7 +103,9 @@ export class LeaseLostError extends IdemError {
 
 /** A failure whose outcome may change on a retry (a provider timeout, a 5xx). Nothing final was saved. */
 export class RetryableError extends IdemError {
+  /** Always `"RetryableError"`: the name logs and stack traces show. */
   override name = "RetryableError";
+  /** When to retry with the same key, in seconds (the answer's `Retry-After`). Default 1. */
   readonly retryAfterSeconds: number;
   constructor(message: string, options?: { cause?: unknown; retryAfterSeconds?: number }) {
     super(ProblemCode.Retryable, 503, message, options);
@@ -109,6 +119,7 @@ export class RetryableError extends IdemError {
  * Never retried automatically, with either key: `operationRef` goes to a person.
  */
 export class OperationUncertainError extends IdemError {
+  /** Always `"OperationUncertainError"`: the name logs and stack traces show. */
   override name = "OperationUncertainError";
   /** The opaque reference of the key row (`encodeOperationRef`), for `idem keys inspect --ref`. */
   readonly operationRef: string;
@@ -126,6 +137,7 @@ export class OperationUncertainError extends IdemError {
 
 /** The body can be read more than one way (a repeated form field, a duplicate JSON key): 400, nothing claimed. */
 export class AmbiguousBodyError extends IdemError {
+  /** Always `"AmbiguousBodyError"`: the name logs and stack traces show. */
   override name = "AmbiguousBodyError";
   constructor(detail: string) {
     super(ProblemCode.AmbiguousBody, 400, detail);
@@ -134,6 +146,7 @@ export class AmbiguousBodyError extends IdemError {
 
 /** The body is not what its Content-Type says (invalid JSON or UTF-8): 400, nothing claimed. */
 export class InvalidBodyError extends IdemError {
+  /** Always `"InvalidBodyError"`: the name logs and stack traces show. */
   override name = "InvalidBodyError";
   constructor(detail: string) {
     super(ProblemCode.InvalidBody, 400, detail);
@@ -155,6 +168,7 @@ export const isRetryableError = (e: unknown): e is RetryableError => e instanceo
  * back, and the key's own answer is given instead of the handler's. Let it propagate.
  */
 export class AbandonedWorkError extends Error {
+  /** Always `"AbandonedWorkError"`: the name logs and stack traces show. */
   override name = "AbandonedWorkError";
   constructor() {
     super("this request's key was already taken: its statements were rolled back and its answer is not used");

@@ -17,9 +17,14 @@ export type TransactionEnd = "returned" | "committed" | "rolled back";
 
 /** A statement on (or a read of the driver object of) a transaction that has ended for its user. */
 export class TransactionEndedError extends Error {
+  /** Always `"TransactionEndedError"`: the name logs and stack traces show. */
   override name = "TransactionEndedError";
+  /** Always `"IDEM_TRANSACTION_ENDED"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_TRANSACTION_ENDED";
-  constructor(readonly end: TransactionEnd) {
+  constructor(
+    /** How the transaction ended for its user. */
+    readonly end: "returned" | "committed" | "rolled back",
+  ) {
     super(
       `this request's transaction has ended (${
         end === "returned" ? "its handler returned; it then committed or rolled back" : `it ${end}`

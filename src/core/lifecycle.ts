@@ -14,7 +14,7 @@
  * Every way a keyed request can end is decided here, in one place; a route's options are in
  * lifecycle-options.ts, bodies, problems and outcomes in their own files.
  */
-import { type RequestBody, readRequestBody } from "./body.ts";
+import { NO_BODY, type RequestBody, readRequestBody } from "./body.ts";
 import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
@@ -27,14 +27,7 @@ import type {
 } from "./lifecycle-options.ts";
 import { lifecycleObserver } from "./observe.ts";
 import { encodeOperationRef, operationRefHeader as refHeader } from "./operation-ref.ts";
-import {
-  ANSWER_WITHIN_HEADER,
-  EXPIRES_HEADER,
-  Outcome,
-  type OutcomeEvent,
-  REPLAYED_HEADER,
-  type Settled,
-} from "./outcome.ts";
+import { ANSWER_WITHIN_HEADER, EXPIRES_HEADER, Outcome, REPLAYED_HEADER, type Settled } from "./outcome.ts";
 import {
   type ErrorContext,
   errorResponse,
@@ -396,7 +389,6 @@ export class Lifecycle<Tx> {
 }
 
 const ROLLBACK = Symbol("idem: roll back an unkeyed request whose answer is not final");
-const NO_BODY: RequestBody = { kind: "none", value: undefined, bytes: new Uint8Array(0) };
 
 function unavailable(cause: unknown): RetryableError {
   return new RetryableError("The database is unavailable; nothing was done. Retry with the same key.", {

@@ -6,10 +6,14 @@
 
 /** An option given to one of idem's factories is missing or of the wrong kind. */
 export class IdemOptionsError extends TypeError {
+  /** Always `"IdemOptionsError"`: the name logs and stack traces show. */
   override name = "IdemOptionsError";
+  /** Always `"IDEM_OPTIONS"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_OPTIONS";
   constructor(
+    /** The factory the option was given to, e.g. `idempotency()`. */
     readonly factory: string,
+    /** The option's name, e.g. `store`. */
     readonly option: string,
     fix: string,
     got: unknown,

@@ -26,7 +26,9 @@ export type Outcome = (typeof Outcome)[keyof typeof Outcome];
 
 /** What `onOutcome` is called with once per request: how it ended, its status, scope and key. */
 export interface OutcomeEvent {
+  /** How the request ended. */
   outcome: Outcome;
+  /** The HTTP status it was answered with. */
   status: number;
   /** The request's scope, when it was read (keyed requests). */
   scope?: string;

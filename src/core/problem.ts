@@ -16,6 +16,7 @@ export type OperationState = "none" | "in_progress" | "done" | "failed_not_appli
 
 /** What every idempotency problem tells the client it may safely do next. Stable field names and values. */
 export interface OperationFields {
+  /** Where the operation stands (also in the `Idempotency-Operation-State` header). */
   operation_state: OperationState;
   /** Retrying the same request with the same key can help. */
   retry_same_key: boolean;
@@ -27,10 +28,15 @@ export interface OperationFields {
 
 /** An RFC 9457 problem document: `type`, `title`, `status`, an optional `detail`, and extensions. */
 export interface ProblemDetails {
+  /** A URI naming the kind of problem: idem's are `urn:idem:problem:<code>` (`PROBLEM_TYPE_BASE`). */
   type: string;
+  /** A short summary of the kind of problem, the same for every occurrence (the status's reason phrase). */
   title: string;
+  /** The HTTP status code of the answer. */
   status: number;
+  /** What happened to this request, for a person. */
   detail?: string;
+  /** Extension members, e.g. {@link OperationFields}. */
   [extension: string]: unknown;
 }
 

@@ -1,8 +1,10 @@
 /** A response as idem saves and replays it: status, allow-listed headers, body bytes. */
 export interface StoredResponse {
+  /** The HTTP status code. */
   status: number;
   /** Header name (lower case) and value pairs, in the order they were sent. */
   headers: Array<[string, string]>;
+  /** The body's bytes, as sent (empty for none). */
   body: Uint8Array;
 }
 
@@ -60,6 +62,7 @@ export function isSaved(status: number, policy: SavePolicy = {}): boolean {
 
 /** A saved reply that cannot be sent as it is (a row altered by hand or by a bug): never replayed. */
 export class DamagedReplyError extends Error {
+  /** Always `"DamagedReplyError"`: the name logs and stack traces show. */
   override name = "DamagedReplyError";
 }
 

@@ -31,11 +31,13 @@ export interface Sealer {
 
 /** A sealed value that cannot be opened: tampered, truncated, sealed with a dropped key, or no sealer. */
 export class SealedValueError extends Error {
+  /** Always `"SealedValueError"`: the name logs and stack traces show. */
   override name = "SealedValueError";
 }
 
 /** A sealing key that cannot be used (its id or its bytes): the message says which and how to fix it. */
 export class SealingKeyError extends Error {
+  /** Always `"SealingKeyError"`: the name logs and stack traces show. */
   override name = "SealingKeyError";
 }
 
@@ -71,7 +73,9 @@ export function plainLength(head: Uint8Array | null, storedLength: number): numb
 
 /** One named 32-byte key. */
 export interface SealingKey {
+  /** Its name, stored in every value it seals: 1-32 characters of A-Z a-z 0-9 _ . - */
   id: string;
+  /** Its 32 bytes (make one: `openssl rand -base64 32`). */
   key: Uint8Array;
 }
 
@@ -97,7 +101,7 @@ export function isKeyedSealer(sealer: Sealer | undefined): sealer is KeyedSealer
  * that name it. Given to a `PostgresStore`, it seals with the key the database records as promoted
  * (`idem keys promote`), which every running instance has been checked to open: see docs/operations.md.
  */
-export class AesGcmSealer implements KeyedSealer {
+export class AesGcmSealer implements Sealer {
   /** The id of the key `seal` uses (the first given). */
   readonly currentId: string;
   private readonly keys = new Map<string, Buffer>();
@@ -131,10 +135,12 @@ export class AesGcmSealer implements KeyedSealer {
     return [...this.keys.keys()];
   }
 
+  /** Seal `plain` with the current key (`currentId`), bound to `context`. */
   seal(plain: Uint8Array, context = ""): Uint8Array {
     return this.sealWith(this.currentId, plain, context);
   }
 
+  /** Seal `plain` with the key named `id`; a `SealingKeyError` when this sealer has no such key. */
   sealWith(id: string, plain: Uint8Array, context = ""): Uint8Array {
     const key = this.keys.get(id);
     const header = this.headers.get(id);
@@ -147,6 +153,10 @@ export class AesGcmSealer implements KeyedSealer {
     return Buffer.concat([header, iv, body, cipher.getAuthTag()]);
   }
 
+  /**
+   * Open a sealed value with the key it names; a value that is not sealed comes back as it is. A
+   * `SealedValueError` when it was tampered with, is truncated, or names a key this sealer lacks.
+   */
   open(stored: Uint8Array, context = ""): Uint8Array {
     if (!isSealed(stored)) return stored;
     const idLength = stored[5]!;

@@ -27,6 +27,7 @@ export const SqlState = {
   DuplicatePreparedStatement: "42P05",
   InvalidSqlStatementName: "26000",
 } as const;
+/** One of the values of {@link SqlState}. */
 export type SqlState = (typeof SqlState)[keyof typeof SqlState];
 
 /** Class 08: connection exception (08000, 08003, 08006, 08001, 08004, ...). */

@@ -86,6 +86,11 @@ export interface AtomicStore<Tx> {
   readonly lockTimeoutMs?: number;
   /** One key as an operator sees it, or undefined when there is none (used before resuming a key). */
   inspect?(scope: string, key: string): Promise<KeyInspection | undefined>;
+  /**
+   * Claim the key and run `work` in the same transaction: the first request commits its work and its
+   * answer together; a retry gets the saved answer without running `work` (see the interface's notes
+   * for what it throws).
+   */
   atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,

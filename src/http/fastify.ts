@@ -85,10 +85,15 @@ export interface FastifyIdempotencyOptions extends LifecycleOptions<Tx>, Fastify
 
 /** The hooks `idempotency()` returns, to spread into a route's options. */
 export interface IdempotencyHooks {
+  /** Keeps a copy of the raw body bytes (for the fingerprint) while Fastify's parsers read them. */
   preParsing: preParsingAsyncHookHandler;
+  /** Claims the key and opens the transaction (`request.idempotency`), then lets the handler run. */
   preHandler: preHandlerAsyncHookHandler;
+  /** A handler error rolls back. */
   onError: onErrorAsyncHookHandler;
+  /** Hands the serialized reply to the engine, waits for the commit, sends what the engine chose. */
   onSend: onSendAsyncHookHandler<unknown>;
+  /** A reply that skipped `onSend` (hijacked) rolls back rather than hold the transaction open. */
   onResponse: onResponseAsyncHookHandler;
 }
 

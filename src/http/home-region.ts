@@ -30,6 +30,7 @@ import {
 } from "../core/problem.ts";
 import { toResponse } from "./fetch.ts";
 
+/** Options of {@link HomeRegionRouter} (and of the framework middlewares built on it). */
 export interface HomeRegionOptions {
   /** The region this instance runs in. Required. */
   region: string;
@@ -58,20 +59,26 @@ export interface HomeRegionOptions {
   onForward?: (event: ForwardEvent) => void;
 }
 
+/** One forwarded request, for logs and metrics (`onForward`). */
 export interface ForwardEvent {
+  /** The account. */
   scope: string;
+  /** The region it arrived in (this one). */
   from: string;
+  /** Its home region, where it was forwarded. */
   to: string;
   /** The status sent to the caller (the home region's, or 503 when it did not answer). */
   status: number;
   /** Why the home region did not answer, when it did not. */
   failure?: UnreachableReason;
+  /** How long the forward took, in milliseconds. */
   ms: number;
 }
 
 /** Why a forward failed: no target configured, no connection or a broken one, or no answer in time. */
 export type UnreachableReason = "no-target" | "network" | "timeout";
 
+/** Where a request is processed: here, forwarded to its home region, or refused as a loop. */
 export type HomeDecision =
   /** Serve the request here: this is the home region (or the account has none, or a read stays local). */
   | { kind: "local" }
@@ -82,9 +89,11 @@ export type HomeDecision =
 
 /** The request to forward, as any framework can describe it. */
 export interface ForwardRequest {
+  /** The HTTP method. */
   method: string;
   /** Path with query string, e.g. `/v1/payments?expand=customer`. */
   path: string;
+  /** The request's headers (hop-by-hop ones are dropped). */
   headers: Iterable<[string, string]>;
   /** The body bytes (ignored for GET and HEAD). */
   body?: Uint8Array;
@@ -92,7 +101,9 @@ export interface ForwardRequest {
   signal?: AbortSignal;
 }
 
+/** The problem code of a 503 when the home region did not answer. */
 export const PROBLEM_HOME_UNREACHABLE = "home-region-unreachable";
+/** The problem code of a request forwarded here that is not at home here either (a loop refused). */
 export const PROBLEM_HOME_LOOP = "home-region-loop";
 
 const DEFAULT_METHODS = ["POST", "PUT", "PATCH", "DELETE"];
@@ -120,6 +131,7 @@ export function forwardedThrough(via: string | null | undefined): string[] {
 
 /** Decides where an account's request is processed, and forwards it to its home region. */
 export class HomeRegionRouter {
+  /** The region this instance runs in. */
   readonly region: string;
   private readonly options: HomeRegionOptions;
   private readonly methods: Set<string> | "all";

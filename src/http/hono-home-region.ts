@@ -27,6 +27,7 @@ export {
   type UnreachableReason,
 } from "./home-region.ts";
 
+/** Options of {@link homeRegion}: the router's, and how to read the caller's scope. */
 export interface HonoHomeRegionOptions extends HomeRegionOptions {
   /** The caller's scope (their account id), from authentication. Required. */
   scope: (c: Context) => string | undefined | Promise<string | undefined>;
@@ -39,6 +40,10 @@ declare module "hono" {
   }
 }
 
+/**
+ * Hono middleware: a write of an account whose home is another region is forwarded there, and its
+ * answer returned; anything else goes on to the next handler.
+ */
 export function homeRegion(options: HonoHomeRegionOptions): MiddlewareHandler {
   const router = new HomeRegionRouter(options);
   return async function homeRegionMiddleware(c, next) {

@@ -143,6 +143,7 @@ function authorizer<E extends Env>(options: RouteOptions<E>, c: Context): RunOpt
 export function idempotency<E extends Env = any, Body = unknown>(
   options: HonoIdempotencyOptions<E> & { required?: true },
 ): MiddlewareHandler<IdempotencyEnv<Body>>;
+/** The same with `required: false`: a request without a key goes through, so `key` and `scope` may be undefined. */
 export function idempotency<E extends Env = any, Body = unknown>(
   options: HonoIdempotencyOptions<E>,
 ): MiddlewareHandler<IdempotencyEnv<Body, false>>;

@@ -52,11 +52,13 @@ export interface NodeIdempotencyContext<Body = unknown, Keyed extends boolean = 
 
 /** What the handler answers. */
 export interface NodeReply {
+  /** The HTTP status. */
   status: number;
   /** Header names and values; an array value sends the header once per value (Set-Cookie), undefined none. */
   headers?:
     | Record<string, string | number | readonly string[] | undefined>
     | Iterable<readonly [string, string]>;
+  /** The body; none when absent. */
   body?: string | Uint8Array;
 }
 
@@ -152,6 +154,7 @@ export function idempotency<Body = unknown>(
   handler: NodeIdempotentHandler<Body>,
   options: NodeIdempotencyOptions & { required?: true },
 ): (req: IncomingMessage, res: ServerResponse) => void;
+/** The same with `required: false`: a request without a key goes through, so `key` and `scope` may be undefined. */
 export function idempotency<Body = unknown>(
   handler: NodeIdempotentHandler<Body, false>,
   options: NodeIdempotencyOptions,

@@ -37,6 +37,7 @@ import {
   type StoredResponse,
 } from "../core/index.ts";
 
+/** Options of the operation lookup route (`GET /v1/operations/{ref}`). */
 export interface OperationLookupOptions<C = unknown> {
   /** Reads an operation by (scope, key): `operationReader(store)` from `idem/postgres`. Required. */
   read: OperationReader;
@@ -63,6 +64,7 @@ export interface OperationLookupOptions<C = unknown> {
   rebuild?: (saved: { status: number; id: string }) => StoredResponse | Promise<StoredResponse>;
 }
 
+/** The longest a lookup's long poll waits for the operation to finish, by default, in seconds. */
 export const DEFAULT_MAX_WAIT_SECONDS = 20;
 /** How often a long poll reads the operation again: from the first value, doubling up to the second. */
 const POLL_MS: [number, number] = [50, 500];

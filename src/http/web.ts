@@ -182,6 +182,7 @@ export function idempotency<C = unknown, Body = unknown>(
   handler: WebIdempotentHandler<C, Body>,
   options: WebIdempotencyOptions<C> & { required?: true },
 ): WebHandler<C>;
+/** The same with `required: false`: a request without a key goes through, so `key` and `scope` may be undefined. */
 export function idempotency<C = unknown, Body = unknown>(
   handler: WebIdempotentHandler<C, Body, false>,
   options: WebIdempotencyOptions<C>,

@@ -95,6 +95,7 @@ function lostConnection(err: Error, channelRefused: boolean): Error {
 
 /** Publishes outbox batches to RabbitMQ with publisher confirms. */
 export class AmqpPublisher implements Publisher {
+  /** Always `"amqp"`: the publisher's name in logs and metrics. */
   readonly name = "amqp";
   /** One confirm channel (one connection) carries a call's messages in order. */
   readonly keepsOrder = true;
@@ -150,6 +151,7 @@ export class AmqpPublisher implements Publisher {
     }
   }
 
+  /** Publish a batch on a confirm channel; one outcome per message, as the broker confirms each. */
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
     const link = await this.#get();
     const { channel } = link;
@@ -219,6 +221,7 @@ export class AmqpPublisher implements Publisher {
     }
   }
 
+  /** Close the channel and the connection. */
   async close(): Promise<void> {
     const link = this.#link;
     this.#link = undefined;
@@ -233,6 +236,7 @@ export class AmqpPublisher implements Publisher {
 
 /** Options of {@link consumeAmqp}. */
 export interface AmqpConsumerOptions extends ConsumerOptions {
+  /** The broker, e.g. `amqp://127.0.0.1:5672`. */
   url: string;
   /** The queue to consume. */
   queue: string;

@@ -35,10 +35,15 @@ export interface ConsumerOptions {
   crash?: (point: ConsumerCrashPoint, message: Delivery) => boolean;
 }
 
+/** What a consumer has done so far. */
 export interface ConsumerStats {
+  /** Deliveries whose effect was applied (and marked) now. */
   applied: number;
+  /** Deliveries dropped as already applied (the inbox had the message id). */
   duplicates: number;
+  /** Deliveries that failed and were handed back for a retry. */
   retried: number;
+  /** Messages parked after their last allowed attempt. */
   parked: number;
   /** Deliveries refused without processing (no producer message id). */
   refused: number;
@@ -46,6 +51,7 @@ export interface ConsumerStats {
 
 /** A consumer at work. */
 export interface RunningConsumer {
+  /** What it has done so far. */
   readonly stats: ConsumerStats;
   /** Stop taking deliveries, let the ones in hand finish, then close. */
   stop(): Promise<void>;

@@ -13,6 +13,7 @@ import { schemaOf } from "../postgres/migrate.ts";
 /** Counts stop at this many rows (a gauge at the cap means "at least this many"). */
 export const GAUGE_COUNT_CAP = 100_000;
 
+/** The gauges of one idem schema, as {@link IdemGauges} reads them. */
 export interface GaugeValues {
   /** Phases-mode keys not finished yet, by recovery point (`started` or a phase name). */
   unfinishedKeys: Record<string, number>;
@@ -63,6 +64,7 @@ export class IdemGauges {
     );
   }
 
+  /** Inbox messages parked after `maxAttempts` failed attempts (counted up to a cap). */
   async parkedInboxMessages(): Promise<number> {
     return this.#count(
       `SELECT count(*) AS n FROM (SELECT 1 FROM ${this.#s}.inbox_parked LIMIT ${GAUGE_COUNT_CAP}) p`,

@@ -5,6 +5,7 @@ import { Inbox, type ParkedMessage } from "./inbox.ts";
 
 /** A parked message and the consumer it failed in. */
 export interface ConsumerParkedMessage extends ParkedMessage {
+  /** The consumer it failed in. */
   consumer: string;
 }
 

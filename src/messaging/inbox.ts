@@ -47,6 +47,7 @@ export const InboxResult = {
   /** The handler failed for the last time: the message is parked with its error. Ack (or terminate). */
   parked: "parked",
 } as const;
+/** One of the values of {@link InboxResult}. */
 export type InboxResult = (typeof InboxResult)[keyof typeof InboxResult];
 
 /** The effect of one message, run inside the inbox's transaction. Throw to roll it back. */
@@ -80,7 +81,9 @@ export interface InboxOptions {
 
 /** Handles deliveries for one consumer: dedup, effect and mark in one transaction; retries; parking. */
 export class Inbox {
+  /** The consumer's name: message ids are deduplicated per consumer. */
   readonly consumer: string;
+  /** Attempts after which a failing message is parked. */
   readonly maxAttempts: number;
   readonly #db: Db;
   readonly #schema: string;
@@ -345,14 +348,23 @@ export class Inbox {
   }
 }
 
+/** A message parked by a consumer's inbox after its last allowed attempt. */
 export interface ParkedMessage {
+  /** The producer's message id. */
   messageId: string;
+  /** The topic it came from, when known. */
   topic: string | null;
+  /** Its type, when known. */
   type: string | null;
+  /** The raw body. */
   body: string;
+  /** Its headers. */
   headers: Record<string, string>;
+  /** Attempts made. */
   attempts: number;
+  /** The last attempt's error. */
   lastError: string | null;
+  /** When it was parked. */
   parkedAt: Date;
 }
 

@@ -13,7 +13,9 @@ import { isDirectPostgresJs } from "../postgres/drivers/postgres-js.ts";
  * URL straight to PostgreSQL instead (`IDEM_LISTEN_DATABASE_URL`), or poll.
  */
 export class ListenUnavailableError extends Error {
+  /** Always `"ListenUnavailableError"`: the name logs and stack traces show. */
   override name = "ListenUnavailableError";
+  /** Always `"IDEM_LISTEN_UNAVAILABLE"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_LISTEN_UNAVAILABLE";
   constructor() {
     super(

@@ -64,6 +64,7 @@ export interface MemoryBrokerOptions {
   confirmTimeoutMs?: number;
 }
 
+/** An in-process broker (see the module's notes): for the embedded default and tests, not production. */
 export class MemoryBroker {
   readonly #queues = new Map<string, Queue>();
   readonly #options: MemoryBrokerOptions;

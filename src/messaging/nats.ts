@@ -123,6 +123,7 @@ export interface NatsPublisherOptions {
 
 /** Publishes outbox batches to JetStream, all messages of a batch in flight at once. */
 export class NatsPublisher implements Publisher {
+  /** Always `"nats"`: the publisher's name in logs and metrics. */
   readonly name = "nats";
   /** One connection carries a call's messages to the stream in order (no client-side retries). */
   readonly keepsOrder = true;
@@ -153,6 +154,7 @@ export class NatsPublisher implements Publisher {
     return this.#conn;
   }
 
+  /** Publish a batch to JetStream with the event id as `Nats-Msg-Id`; one outcome per message. */
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
     const { nc, js } = await this.#get();
     if (nc.isClosed()) {
@@ -182,6 +184,7 @@ export class NatsPublisher implements Publisher {
     );
   }
 
+  /** Drain and close the connection, when the publisher opened it. */
   async close(): Promise<void> {
     const c = this.#conn;
     this.#conn = undefined;
@@ -218,7 +221,9 @@ export interface NatsConsumerOptions extends ConsumerOptions {
   servers?: string | string[];
   /** An open connection to use (not closed by `stop()`). */
   connection?: NatsConnection;
+  /** Passed to `connect` with `servers`. */
   connectOptions?: ConnectionOptions;
+  /** The JetStream stream the consumer reads. */
   stream: string;
   /** The durable consumer's name. */
   durable: string;

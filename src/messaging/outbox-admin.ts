@@ -25,17 +25,27 @@ export async function requeueParked(
 
 /** One parked outbox event, as a person looks at it. */
 export interface ParkedEvent {
+  /** The event id (the message id on the broker). */
   id: string;
+  /** Where it was to be published. */
   topic: string;
+  /** What happened, e.g. `"payment.succeeded"`. */
   type: string;
+  /** The aggregate's type; null when none. */
   aggregateType: string | null;
+  /** The aggregate's id; null when none. */
   aggregateId: string | null;
+  /** Failed publishes. */
   attempts: number;
+  /** The last publish's error. */
   lastError: string | null;
+  /** When it was written. */
   createdAt: Date;
+  /** When it was parked. */
   parkedAt: Date;
   /** Later unpublished events of the same aggregate it holds back (per-aggregate ordering). */
   heldBack: number;
+  /** The event's body. */
   payload: unknown;
 }
 

@@ -17,11 +17,15 @@ export interface OutboxMessage {
   type: string;
   /** The event's JSON body, already serialised. */
   body: string;
+  /** The event's own headers, published with it. */
   headers: Record<string, string>;
+  /** The aggregate's type, e.g. `"order"`; null when the event has none. */
   aggregateType: string | null;
+  /** The aggregate's id; null when the event has none. */
   aggregateId: string | null;
   /** Failed publish attempts before this one. */
   attempts: number;
+  /** When the event was written. */
   createdAt: Date;
 }
 
@@ -43,7 +47,9 @@ export type PublishOutcome =
 export interface Publisher {
   /** For logs: `"amqp"`, `"nats"`, `"webhook"`, `"memory"`... */
   readonly name: string;
+  /** Publish a batch; resolves with one outcome per message, in order, once the broker answered. */
   publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]>;
+  /** Close the publisher's connections. */
   close(): Promise<void>;
   /**
    * True when the messages of one `publish` call reach the broker, and are stored, in the call's order
@@ -56,10 +62,13 @@ export interface Publisher {
 export interface Delivery {
   /** The producer's message id (the outbox event id). */
   id: string;
+  /** The queue, subject or topic it came from. */
   topic: string;
+  /** What happened, e.g. `"payment.succeeded"` (the `idem-type` header). */
   type: string;
   /** The raw body (UTF-8), kept for parking. */
   body: string;
+  /** The message's headers. */
   headers: Record<string, string>;
   /** The broker says this is not the first delivery (it may still be the first to be processed). */
   redelivered: boolean;
@@ -67,7 +76,9 @@ export interface Delivery {
 
 /** The broker cannot be reached at all: the batch is put back without counting an attempt. */
 export class BrokerUnavailableError extends Error {
+  /** Always `"BrokerUnavailableError"`: the name logs and stack traces show. */
   override readonly name = "BrokerUnavailableError";
+  /** Always `"IDEM_BROKER_UNAVAILABLE"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_BROKER_UNAVAILABLE";
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -76,10 +87,13 @@ export class BrokerUnavailableError extends Error {
 
 /** A delivery that carries no producer message id: it cannot be deduplicated, so it is refused. */
 export class MissingMessageIdError extends Error {
+  /** Always `"MissingMessageIdError"`: the name logs and stack traces show. */
   override readonly name = "MissingMessageIdError";
+  /** Always `"IDEM_MISSING_MESSAGE_ID"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_MISSING_MESSAGE_ID";
 }
 
+/** Whether `err` is a {@link BrokerUnavailableError} (the broker could not be reached at all). */
 export function isBrokerUnavailable(err: unknown): err is BrokerUnavailableError {
   return err instanceof BrokerUnavailableError;
 }

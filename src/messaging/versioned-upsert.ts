@@ -8,6 +8,7 @@
  */
 import type { Queryable } from "../core/db.ts";
 
+/** A row written only when the event's version is newer than the stored one (see `versionedUpsert`). */
 export interface VersionedUpsert {
   /** The table, optionally schema-qualified: `"products"` or `"shop.products"`. */
   table: string;

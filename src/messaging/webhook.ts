@@ -20,6 +20,7 @@
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { errorOf, type OutboxMessage, type Publisher, type PublishOutcome } from "./types.ts";
 
+/** The Standard Webhooks headers every delivery carries: id, timestamp and signature. */
 export const WEBHOOK_HEADERS = {
   id: "webhook-id",
   timestamp: "webhook-timestamp",
@@ -50,8 +51,11 @@ export function signWebhook(
   };
 }
 
+/** A delivery's signature or timestamp does not check out (`verifyWebhook`). */
 export class WebhookVerificationError extends Error {
+  /** Always `"WebhookVerificationError"`: the name logs and stack traces show. */
   override readonly name = "WebhookVerificationError";
+  /** Always `"IDEM_WEBHOOK_INVALID"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_WEBHOOK_INVALID";
 }
 
@@ -111,6 +115,7 @@ export interface WebhookPublisherOptions {
 
 /** Publishes each outbox event as a signed HTTP POST. */
 export class WebhookPublisher implements Publisher {
+  /** Always `"webhook"`: the publisher's name in logs and metrics. */
   readonly name = "webhook";
   readonly #options: WebhookPublisherOptions;
   readonly #key: Buffer;
@@ -121,6 +126,7 @@ export class WebhookPublisher implements Publisher {
     if (this.#key.length === 0) throw new TypeError("WebhookPublisher needs a non-empty secret");
   }
 
+  /** POST each message to its URL (`url`), signed; one outcome per message. */
   async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
     const outcomes: PublishOutcome[] = new Array(messages.length);
     let next = 0;
@@ -165,5 +171,6 @@ export class WebhookPublisher implements Publisher {
     }
   }
 
+  /** Nothing to close (each delivery is its own request). */
   async close(): Promise<void> {}
 }

@@ -46,6 +46,7 @@ export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(
     idempotencyOf(ctx.switchToHttp().getRequest()),
 );
 
+/** The Nest module: `IdempotencyModule.forRoot({ store, scope })` (or `forRootAsync`) in the app module. */
 // A plain class (no @Module): its dynamic modules carry all the metadata, and idem needs no decorators.
 // biome-ignore lint/complexity/noStaticOnlyClass: a Nest module is a class, configured by forRoot()
 export class IdempotencyModule {

@@ -72,6 +72,7 @@ export type IdempotentRouteOptions<Req = IncomingMessage> = Partial<
   Omit<IdempotencyModuleOptions<Req>, "store" | "scope">
 >;
 
+/** A phases route's options: the module's, overridden per route, and the route's answer bound. */
 export interface IdempotentPhasesRouteOptions<Req = IncomingMessage>
   extends Partial<Omit<IdempotencyModuleOptions<Req>, "store" | "required" | "compact">> {
   /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
@@ -202,6 +203,7 @@ function bodyOf(req: NestRequest): Uint8Array | RequestBody {
   return parsedBody(req.body);
 }
 
+/** The interceptor `IdempotencyModule` installs: it runs the routes marked idempotent through idem. */
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly lifecycles = new WeakMap<object, Lifecycle<Tx>>();
   constructor(private readonly options: HeldOptions) {
@@ -209,6 +211,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     checkRouteOptions("IdempotencyModule.forRoot()", options, "atomic");
   }
 
+  /** Nest's hook: a marked route's handler runs inside a claim; other routes pass through. */
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     const route = context.getType() === "http" ? routes.get(context.getHandler()) : undefined;
     if (!route) return next.handle();

@@ -7,6 +7,7 @@
 /** `"hash"`: the first 16 hex digits of SHA-256 (default); `{ prefix: n }`: the first n characters; `"omit"`. */
 export type KeyForm = "hash" | "omit" | { prefix: number };
 
+/** Options of {@link configureTelemetry}. */
 export interface TelemetryOptions {
   /** How scopes and keys are exported. Default `"hash"`. */
   keys?: KeyForm;

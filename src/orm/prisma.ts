@@ -21,14 +21,19 @@ export type { OrmDb } from "./shared.ts";
 
 /** The slice of a Prisma client (or of its transaction client) used here. */
 export interface PrismaRawLike {
+  /** Run a query with `$1..$n` parameters; resolves with its rows. */
   $queryRawUnsafe<T = unknown>(query: string, ...values: any[]): Promise<T>;
+  /** Run a statement with `$1..$n` parameters; resolves with the rows affected. */
   $executeRawUnsafe(query: string, ...values: any[]): Promise<number>;
 }
+/** The slice of a `PrismaClient` used here: raw SQL, interactive transactions, disconnect. */
 export interface PrismaClientLike extends PrismaRawLike {
+  /** Run `fn` in an interactive transaction. */
   $transaction<R>(
     fn: (tx: any) => Promise<R>,
     options?: { maxWait?: number; timeout?: number; isolationLevel?: any },
   ): Promise<R>;
+  /** Close the client's connections. */
   $disconnect(): Promise<void>;
 }
 

@@ -8,7 +8,9 @@ import { schemaOf } from "./migrate.ts";
 
 /** What a person did, as recorded. */
 export interface AdminAction {
+  /** The record's id. */
   id: number;
+  /** When (the database's clock). */
   at: Date;
   /** Who: the name the admin API's `authorize` hook returned, or the CLI's `--by` / `$USER`. */
   actor: string;
@@ -16,6 +18,7 @@ export interface AdminAction {
   action: string;
   /** The key acted on, when the action is about one. */
   scope: string | null;
+  /** The key acted on, with `scope`. */
   key: string | null;
   /** What else it names: an outbox event id or aggregate, a consumer's message. */
   target: string | null;
@@ -25,6 +28,7 @@ export interface AdminAction {
   details: unknown;
 }
 
+/** An action to record: who and what, and what it is about (`recordAction`). */
 export type NewAdminAction = Pick<AdminAction, "actor" | "action"> &
   Partial<Pick<AdminAction, "scope" | "key" | "target" | "reason" | "details">>;
 

@@ -19,6 +19,7 @@ import {
 import { traced } from "../observability/phases.ts";
 import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "./phases/index.ts";
 
+/** Options of {@link complete}. */
 export interface CompleteOptions {
   /** The store holding the keys: a `PostgresStore`, or a `ShardedStore` (every shard is scanned). Required. */
   store: KeyTable | ShardedKeyTables;
@@ -37,6 +38,7 @@ export interface CompleteOptions {
   dryRun?: boolean;
 }
 
+/** What {@link complete} did with one key. */
 export type CompleteResult =
   | "completed" // resumed and finished now (a final answer saved, or a non-final one with the lease freed)
   | "replayed" // someone finished it between our scan and our turn
@@ -48,9 +50,11 @@ export type CompleteResult =
   | "no-runner" // no runner with the key's runner name was given
   | "pending"; // dry run
 
+/** What one {@link complete} run found and did. */
 export interface CompleteReport {
   /** Unfinished keys found (with a free or expired lease). */
   found: number;
+  /** One entry per key handled: where it was (`point`, its recovery point) and what was done. */
   results: Array<{
     scope: string;
     key: string;
@@ -77,6 +81,10 @@ interface Abandoned {
   sealer: Sealer | undefined;
 }
 
+/**
+ * Finish abandoned keys once (see the module's notes): the oldest unfinished keys with no activity for
+ * `olderThanMs` are resumed through their runners, `concurrency` at a time. Run it periodically.
+ */
 export function complete(options: CompleteOptions): Promise<CompleteReport> {
   return traced(
     "idem.complete",

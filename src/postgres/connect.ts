@@ -20,6 +20,7 @@ export interface DatabaseUrl {
   url: string;
   /** Host(s) and database, without user or password, for messages. */
   where: string;
+  /** The URL's hosts (`host:port`, as written), in order; several for failover. */
   hosts: string[];
   /** `false` with `?pgbouncer=true` (a transaction pooler: no named statements), `"auto"` otherwise. */
   prepare: false | "auto";
@@ -62,10 +63,14 @@ export function parseDatabaseUrl(raw: string): DatabaseUrl {
 
 /** Why a database could not be opened: `unreachable`, or a `pooler`, or the `server`, that answered no. */
 export class DatabaseConnectError extends Error {
+  /** Always `"DatabaseConnectError"`: the name logs and stack traces show. */
   override name = "DatabaseConnectError";
+  /** Always `"IDEM_DATABASE_CONNECT"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_DATABASE_CONNECT";
   constructor(
+    /** Who said no: nothing answered, a pooler, or the PostgreSQL server. */
     readonly kind: "unreachable" | "pooler" | "server",
+    /** Host(s) and database, without user or password. */
     readonly where: string,
     cause: unknown,
   ) {
@@ -124,10 +129,13 @@ export interface OpenDatabaseUrlOptions {
   onListenError?: (err: Error) => void;
 }
 
+/** What `openDatabaseUrl` opened: the `Db`, its LISTEN, the driver chosen, and where it is. */
 export interface OpenedDatabaseUrl {
+  /** The database. */
   db: Db;
   /** Wake-ups by LISTEN/NOTIFY (for the outbox relay); fails at subscription when only a pooler is there. */
   listen: Listen;
+  /** The driver used: node-postgres, or postgres.js (several hosts, `target_session_attrs`). */
   driver: "pg" | "postgres";
   /** Host(s) and database, without user or password. */
   where: string;

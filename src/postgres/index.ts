@@ -63,6 +63,7 @@ export {
   type ShardedKeyTables,
   SimulatedCrashError,
   settleKey,
+  settleReview,
 } from "./phases/index.ts";
 export { SealingKeyPromotionError } from "./sealing-keys.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";

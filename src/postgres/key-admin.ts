@@ -21,6 +21,7 @@ export type KeyRef = { scope: string; key: string } | { ref: string };
 
 /** Thrown when an `operation_ref` is not one of ours (they start with `op_`). */
 export class BadOperationRefError extends Error {
+  /** Always `"BadOperationRefError"`: the name logs and stack traces show. */
   override name = "BadOperationRefError";
   constructor(ref: string) {
     super(`${JSON.stringify(ref.slice(0, 200))} is not an operation_ref (they start with op_)`);
@@ -53,6 +54,7 @@ export async function findKey(
 export interface TimelineEvent {
   /** When; null when the records do not say (e.g. lookups that could not tell). */
   at: Date | null;
+  /** What happened. */
   kind:
     | "claimed"
     | "recovery-point"
@@ -71,13 +73,19 @@ export interface TimelineEvent {
     | "expires";
   /** One line for a person. */
   text: string;
+  /** The record's own fields, for tools. */
   details?: unknown;
 }
 
+/** Everything recorded about one key: the key itself, what happened to it, its reviews, people's actions. */
 export interface KeyStory {
+  /** The key as it is now. */
   key: KeyInspection;
+  /** What happened to it, oldest first. */
   timeline: TimelineEvent[];
+  /** Its reviews, open or settled. */
   reviews: Review[];
+  /** What people did to it. */
   actions: AdminAction[];
   /** What the records do not keep, so that nobody reads its absence as "it did not happen". */
   notRecorded: string[];
@@ -292,6 +300,7 @@ export async function expiringKeys(
 
 /** Thrown by `forgetKey` when forgetting the key could repeat an effect or cut a worker off. */
 export class CannotForgetError extends Error {
+  /** Always `"CannotForgetError"`: the name logs and stack traces show. */
   override name = "CannotForgetError";
 }
 

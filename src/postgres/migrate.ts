@@ -7,6 +7,7 @@ import { minPartitionSeconds, Partitions } from "./partitions.ts";
 /** Where the numbered `.sql` migrations live (the package's `sql/` folder). */
 export const MIGRATIONS_DIR = new URL("../../sql/", import.meta.url);
 
+/** Options of `migrate`. */
 export interface MigrateOptions {
   /** The schema idem's tables live in. Default: `"idem"`. */
   schema?: string;
@@ -28,6 +29,7 @@ export interface MigrateOptions {
   runtimeRole?: string;
 }
 
+/** What `migrate` did. */
 export interface MigrateResult {
   /** Migrations applied by this call (names), oldest first. Empty when the schema was up to date. */
   applied: string[];
@@ -46,9 +48,12 @@ export interface MigrateResult {
  * role may not (it has DML rights only).
  */
 export class SchemaBehindError extends Error {
+  /** Always `"SchemaBehindError"`: the name logs and stack traces show. */
   override name = "SchemaBehindError";
+  /** Always `"IDEM_SCHEMA_BEHIND"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_SCHEMA_BEHIND";
   constructor(
+    /** The schema that is behind. */
     readonly schema: string,
     /** Names of the migrations not applied (`["all"]` when idem's tables are missing). */
     readonly pending: string[],

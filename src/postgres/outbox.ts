@@ -14,6 +14,7 @@ import type { Queryable } from "./db.ts";
 import { checkSchemaName } from "./migrate.ts";
 import { uuidv7 } from "./uuid7.ts";
 
+/** An event written to the outbox in the caller's transaction (`writeOutbox`), published by the relay. */
 export interface OutboxEvent {
   /** Where the relay publishes it (a queue, a subject, a webhook topic). */
   topic: string;
@@ -23,6 +24,7 @@ export interface OutboxEvent {
   payload: unknown;
   /** With `aggregateId`: events of one aggregate are published in the order they were written. */
   aggregateType?: string;
+  /** The aggregate's id (e.g. the order's): with `orderByAggregate`, its events go out in order. */
   aggregateId?: string;
   /** Message headers to publish with it. Default: none. */
   headers?: Record<string, string>;

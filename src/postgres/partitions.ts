@@ -41,9 +41,12 @@ export function partitionsAhead(widthMs: number, retentionMs?: number): number {
  * Nothing was done: answered 503 with Retry-After; the request may be retried with the same key.
  */
 export class PartitionMissingError extends RetryableError {
+  /** Always `"PartitionMissingError"`: the name logs and stack traces show. */
   override name = "PartitionMissingError";
   constructor(
+    /** The partitioned table. */
     readonly table: string,
+    /** The buckets whose partitions are missing. */
     readonly buckets: number[],
     cause: unknown,
   ) {
@@ -67,10 +70,14 @@ export function minPartitionSeconds(retentionMs: number): number {
 
 /** The retention would spread a key's possible places over too many partitions of the migrated width. */
 export class PartitionWidthError extends Error {
+  /** Always `"PartitionWidthError"`: the name logs and stack traces show. */
   override name = "PartitionWidthError";
+  /** Always `"IDEM_PARTITION_WIDTH"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_PARTITION_WIDTH";
   constructor(
+    /** The retention asked for, in milliseconds. */
     readonly retentionMs: number,
+    /** The schema's partition width, in seconds. */
     readonly partitionSeconds: number,
   ) {
     const live = livePartitions(retentionMs, partitionSeconds * 1000);
@@ -104,10 +111,12 @@ export class Partitions {
     private readonly table = "keys",
   ) {}
 
+  /** The bucket (partition number) an instant falls in; `atMs` in ms since the epoch. */
   bucketOf(atMs: number): number {
     return Math.floor(atMs / this.widthMs);
   }
 
+  /** Where a bucket starts, in ms since the epoch. */
   startOf(bucket: number): number {
     return bucket * this.widthMs;
   }

@@ -24,7 +24,9 @@ export const SEALING_READER_LIVE_MS = 60_000;
 
 /** A promotion refused: some live instance cannot open the key yet. */
 export class SealingKeyPromotionError extends Error {
+  /** Always `"SealingKeyPromotionError"`: the name logs and stack traces show. */
   override name = "SealingKeyPromotionError";
+  /** Always `"sealing_key_not_everywhere"`: a code to check that does not depend on the class. */
   readonly code = "sealing_key_not_everywhere";
 }
 

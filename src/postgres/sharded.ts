@@ -24,6 +24,7 @@ import type {
 import type { Tx } from "./db.ts";
 import type { PostgresStore } from "./store.ts";
 
+/** Options of a {@link ShardedStore}. */
 export interface ShardedStoreOptions {
   /** The shards by name, each a store opened on its own database (all with the same retention). Required. */
   shards: Record<string, PostgresStore>;
@@ -38,15 +39,21 @@ export interface ShardedStoreOptions {
 
 /** A shard name the router returned is not one of the shards. */
 export class UnknownShardError extends Error {
+  /** Always `"UnknownShardError"`: the name logs and stack traces show. */
   override name = "UnknownShardError";
-  constructor(readonly shard: string) {
+  constructor(
+    /** The name the router returned. */
+    readonly shard: string,
+  ) {
     super(`the router returned the shard ${JSON.stringify(shard)}, which is not configured`);
   }
 }
 
 /** An `AtomicStore` over several PostgreSQL databases, routed by scope. */
 export class ShardedStore implements AtomicStore<Tx> {
+  /** How long a key is kept, in ms (the same on every shard). */
   readonly retentionMs: number;
+  /** The shards by name. */
   readonly shards: Readonly<Record<string, PostgresStore>>;
   private readonly route: (scope: string) => string;
   private readonly defaultShard: string | undefined;

@@ -34,6 +34,7 @@ import {
 } from "./partitions.ts";
 import { PromotedSealer, promoteSealingKey, SealingKeyPromotionError } from "./sealing-keys.ts";
 
+/** Options of a `PostgresStore`: its schema, retention, waits, clock shift (tests) and sealer. */
 export interface PostgresStoreOptions {
   /** The schema idem's tables live in (as given to `migrate`). Default: `"idem"`. */
   schema?: string;
@@ -78,12 +79,19 @@ export interface PostgresStoreOptions {
  * Create it with `await PostgresStore.open(db, options)` after `migrate(db)`.
  */
 export class PostgresStore implements AtomicStore<Tx> {
+  /** The database the keys live in. */
   readonly db: Db;
+  /** The schema idem's tables live in (default `idem`). */
   readonly schema: string;
+  /** How long a key is kept, in milliseconds. */
   readonly retentionMs: number;
+  /** How long a duplicate waits for the key's holder before it is answered 409, in milliseconds. */
   readonly lockTimeoutMs: number;
+  /** Claims made this soon after a partition starts also mark the previous partition, in ms. */
   readonly boundaryOverlapMs: number;
+  /** What seals saved replies and stored inputs; undefined: stored in clear. */
   readonly sealer: Sealer | undefined;
+  /** The keys table's partitions by time (their width and the bucket of an instant). */
   readonly partitions: Partitions;
   private readonly shift: TimeShift;
   private time: DbTime;

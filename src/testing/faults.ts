@@ -8,6 +8,7 @@
 import type { CrashInfo, CrashPointName, PhaseFaults } from "../postgres/phases/index.ts";
 import { createRng } from "./prng.ts";
 
+/** Phase faults that count the crashes they injected. */
 export interface CountingFaults extends PhaseFaults {
   /** How many crashes were injected so far. */
   readonly fired: number;

@@ -9,15 +9,20 @@
 import { Agent, request } from "node:http";
 import type { Charge, ProviderFault } from "./provider.ts";
 
+/** How a charge request ended: charged, declined (final), rejected (a bad request), or transient. */
 export type ChargeResult =
   | { kind: "charged"; charge: Charge; replayed: boolean }
   | { kind: "declined"; code: string; message: string; chargeId: string | null }
   | { kind: "rejected"; status: number; code: string; message: string }
   | { kind: "transient"; reason: "timeout" | "server-error" | "network" | "aborted"; status?: number };
 
+/** A charge to make (`chargeProvider`). */
 export interface ChargeRequest {
+  /** The amount in minor units (cents). */
   amount: number;
+  /** ISO 4217 currency. */
   currency: string;
+  /** The card number or token; the simulator declines chosen ones. */
   card?: string;
   /** Sent as `Idempotency-Key`: derive it from your own key (a phase's `ctx.idempotencyKey`). */
   idempotencyKey?: string;

@@ -34,18 +34,23 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { createRng, type Rng } from "./prng.ts";
 
+/** A fault the simulator can apply to one charge request (`failNext`, or the `X-Fault` header). */
 export type ProviderFault = "timeout" | "500" | "503" | "drop" | "late" | "decline";
 const FAULTS: readonly ProviderFault[] = ["timeout", "500", "503", "drop", "late", "decline"];
 
 /** Probabilities (0..1) of each random fault per charge request. */
 export interface FaultRates {
+  /** No answer until the client gives up; nothing is charged. */
   timeout?: number;
   /** 500 or 503, half each. */
   error?: number;
+  /** The connection is cut after the charge is made. */
   drop?: number;
+  /** The card is declined. */
   decline?: number;
 }
 
+/** Options of `startProvider`. */
 export interface ProviderOptions {
   /** Port to listen on. Default: 0 (any free port). */
   port?: number;
@@ -81,25 +86,35 @@ export interface ProviderOptions {
   clock?: () => number;
 }
 
+/** A charge as the simulator stores and returns it (Stripe-like fields). */
 export interface Charge {
+  /** The charge's id, e.g. `ch_...`. */
   id: string;
+  /** The amount in minor units (cents). */
   amount: number;
+  /** ISO 4217 currency, lower case. */
   currency: string;
+  /** The card (or token) charged, when one was given. */
   card: string | null;
   /** The `Idempotency-Key` the provider received, or null. */
   idempotency_key: string | null;
   /** The caller's own reference for the payment (searchable), or null. */
   reference: string | null;
+  /** Whether it went through or was declined. */
   status: "succeeded" | "failed";
+  /** Why it was declined (e.g. `card_declined`); null when it succeeded. */
   failure_code: string | null;
   /** Order of creation, from 1. */
   seq: number;
+  /** When it was made (ISO 8601). */
   created: string;
 }
 
+/** A running simulator (`startProvider`): its address, its charges, and its fault controls. */
 export interface Provider {
   /** Base URL, e.g. `http://127.0.0.1:43817`. */
   url: string;
+  /** The port it listens on. */
   port: number;
   /** The charges made (succeeded and declined) within the retention, in order. */
   charges(): Charge[];
@@ -113,6 +128,7 @@ export interface Provider {
   setSearch(available: boolean): void;
   /** Forget every charge, key and scripted fault (the generator keeps going). */
   reset(): void;
+  /** Stop listening. */
   close(): Promise<void>;
 }
 

@@ -17,6 +17,7 @@ import { randomInt } from "node:crypto";
 import { type IncomingMessage, type RequestListener, request, type ServerResponse } from "node:http";
 import { createRng } from "./prng.ts";
 
+/** Options of `stagingFaults`: off unless `enabled`, and the share of each fault. */
 export interface StagingFaultOptions {
   /** Must be `true` for anything to happen. Default: false (the handler is returned as it is). */
   enabled?: boolean;
@@ -40,6 +41,7 @@ export interface StagingFaultOptions {
 
 /** Staging faults were asked for in production. */
 export class StagingFaultsInProductionError extends Error {
+  /** Always `"StagingFaultsInProductionError"`: the name logs and stack traces show. */
   override name = "StagingFaultsInProductionError";
   constructor() {
     super("staging faults refuse to start with NODE_ENV=production: they drop replies on purpose");

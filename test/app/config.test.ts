@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { loadConfig } from "../../app/config.ts";
+import { loadConfig, providerUrlOf } from "../../app/config.ts";
+import { DECLINED_TEST_CARD, providerCard } from "../../app/payments-phases.ts";
 
 describe("the service's configuration: every variable read and checked in one place", () => {
   it("has the documented defaults with an empty environment", () => {
@@ -11,6 +12,7 @@ describe("the service's configuration: every variable read and checked in one pl
       retentionMs: 24 * 3_600_000,
       paymentsMode: "phases",
       provider: { url: undefined, port: 4100, retentionMs: undefined, idempotency: true },
+      cardTokenKey: undefined,
       sealer: undefined,
       requireKey: true,
       demo: false,
@@ -54,7 +56,28 @@ describe("the service's configuration: every variable read and checked in one pl
     ["IDEM_PAYMENTS_MODE", "eventually"],
     ["IDEM_DB_DRIVER", "mysql"],
     ["PROVIDER_IDEMPOTENCY", "maybe"],
+    ["IDEM_CARD_TOKEN_KEY", "short-secret"],
   ])("a bad %s (%s) stops start-up naming it", (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrow(name);
+  });
+
+  it("IDEM_CARD_TOKEN_KEY: instances with the same key give a card the same token, never the number", () => {
+    const key = "k".repeat(32);
+    const { cardTokenKey } = loadConfig({ IDEM_CARD_TOKEN_KEY: key });
+    expect(cardTokenKey).toBe(key);
+    const card = "4242424242424242";
+    const token = providerCard(card, cardTokenKey);
+    expect(token).toMatch(/^tok_[0-9a-f]{24}$/);
+    expect(providerCard(card, key)).toBe(token); // another instance, same key
+    expect(providerCard(card, "j".repeat(32))).not.toBe(token);
+    expect(providerCard(DECLINED_TEST_CARD, key)).toBe(DECLINED_TEST_CARD);
+  });
+
+  it("the provider's URL: PROVIDER_URL, else the in-process simulator's port (as the completer finds it)", () => {
+    expect(providerUrlOf(loadConfig({}))).toBe("http://127.0.0.1:4100");
+    expect(providerUrlOf(loadConfig({ PROVIDER_PORT: "4101" }))).toBe("http://127.0.0.1:4101");
+    expect(providerUrlOf(loadConfig({ PROVIDER_URL: "http://pay.internal:8080" }))).toBe(
+      "http://pay.internal:8080",
+    );
   });
 });

@@ -12,7 +12,13 @@ import {
   type OperationUncertainError,
 } from "../../src/core/index.ts";
 import { complete } from "../../src/postgres/complete.ts";
-import { openReviews, reviewGauge, SimulatedCrashError, settleKey } from "../../src/postgres/phases/index.ts";
+import {
+  openReviews,
+  reviewGauge,
+  SimulatedCrashError,
+  settleKey,
+  settleReview,
+} from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import {
   claimOf,
@@ -133,7 +139,7 @@ describe.each(serverOrEmbedded)("a provider without idempotency keys, on $name",
     // The person finds the charge at the provider and resumes the key after it, on the record.
     w.provider.setSearch(true);
     const chargeId = (await charges(key))[0]!.id;
-    const settled = await settleKey(
+    const settled = await settleReview(
       w.store,
       "acct",
       key,
@@ -163,7 +169,7 @@ describe.each(serverOrEmbedded)("a provider without idempotency keys, on $name",
         .run(c, PAY)
         .catch((e) => e),
     ).toBeInstanceOf(err.constructor);
-    await settleKey(
+    await settleReview(
       w.store,
       "acct",
       key,
@@ -176,4 +182,8 @@ describe.each(serverOrEmbedded)("a provider without idempotency keys, on $name",
     expect(JSON.parse(text(out.response))).toEqual({ error: "refunded after review" });
     expect(await charges(key)).toHaveLength(1);
   });
+});
+
+it("settleKey stays a deprecated alias of settleReview for one release", () => {
+  expect(settleKey).toBe(settleReview);
 });

@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AesGcmSealer, isSealed, SealedValueError } from "../../src/core/index.ts";
 import { complete } from "../../src/postgres/complete.ts";
-import { openReviews, SimulatedCrashError, settleKey } from "../../src/postgres/phases/index.ts";
+import { openReviews, SimulatedCrashError, settleReview } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import {
@@ -154,7 +154,7 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
     w.provider.failNext("late");
     await expect(runner({ noIdempotency: "none", timeoutMs: 300 }).run(c, input(950))).rejects.toThrow();
     const chargeId = "ch_found_by_hand";
-    await settleKey(store, "acct", key, { resume: "charged", data: { chargeId }, note: "found" }, "ops");
+    await settleReview(store, "acct", key, { resume: "charged", data: { chargeId }, note: "found" }, "ops");
     const { rows } = await w.db.query<{ phase_data: unknown }>(
       "SELECT phase_data FROM idem.keys WHERE key = $1 AND NOT marker",
       [key],
@@ -178,7 +178,7 @@ describe.each(serverOrEmbedded)("phases with a sealer on $name", (backend) => {
     expectSealedInput(reviewRaw.rows[0]!.request);
     const review = (await openReviews(store)).find((r) => r.key === key);
     expect(review?.request).toEqual(input(900));
-    await settleKey(
+    await settleReview(
       store,
       "acct",
       key,

@@ -13,8 +13,11 @@ interface PgQueryable {
   }): Promise<{ rows: any[]; rowCount: number | null }>;
   query(text: string): Promise<unknown>;
 }
+/** What `fromPg` needs of a `pg.Pool` (typed structurally, so `pg` is not imported at run time). */
 export interface PgPoolLike extends PgQueryable {
+  /** Check a client out of the pool (for a transaction). */
   connect(): Promise<PgClientLike>;
+  /** Close the pool. */
   end(): Promise<void>;
 }
 export interface PgClientLike extends PgQueryable {

@@ -8,8 +8,11 @@ interface PgliteQueryable {
   query<R>(sql: string, params?: any[]): Promise<{ rows: R[]; affectedRows?: number }>;
   exec(sql: string): Promise<unknown>;
 }
+/** What `fromPglite` needs of a `PGlite` instance (typed structurally: not imported at run time). */
 export interface PgliteLike extends PgliteQueryable {
+  /** Run `fn` in one transaction. */
   transaction<T>(fn: (tx: PgliteQueryable) => Promise<T>): Promise<T>;
+  /** Close the database. */
   close(): Promise<void>;
 }
 
@@ -61,8 +64,12 @@ export function fromPglite(pglite: PgliteLike, options: { owned?: boolean } = {}
 
 /** Another process has the embedded database directory open. */
 export class DataDirInUseError extends Error {
+  /** Always `"IDEM_DATA_DIR_IN_USE"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_DATA_DIR_IN_USE";
-  constructor(readonly dir: string) {
+  constructor(
+    /** The database directory. */
+    readonly dir: string,
+  ) {
     super(
       `the embedded database in ${dir} is open in another process (an idem service or command): stop it, ` +
         `or give this one a directory of its own (IDEM_DATA_DIR) or a PostgreSQL server (DATABASE_URL)`,

@@ -7,8 +7,11 @@ import type { Db, QueryResult, Tx } from "../db.ts";
 interface PostgresJsQueryable {
   unsafe(query: string, params?: any[], options?: { prepare?: boolean }): Promise<any>;
 }
+/** What `fromPostgresJs` needs of postgres.js's `sql` (typed structurally: not imported at run time). */
 export interface PostgresJsLike extends PostgresJsQueryable {
+  /** Run `fn` in one transaction. */
   begin(fn: (sql: any) => Promise<any>): Promise<any>;
+  /** Close the connections, waiting at most `timeout` seconds for running queries. */
   end(options?: { timeout?: number }): Promise<void>;
 }
 

@@ -14,12 +14,19 @@ import {
 
 /** A key row as read back. */
 export interface KeyRow {
+  /** The partition the row is in: floor(created_at epoch / partition width), sql/0001. */
   bucket: number;
+  /** The request's fingerprint (method, path, body), to tell another request under the same key. */
   fingerprint: Uint8Array;
+  /** When the key was first claimed. */
   created_at: Date;
+  /** Where the work stands: a phase name, or `done`. */
   recovery_point: string;
+  /** The saved answer's status; null until there is one. */
   status: number | null;
+  /** The saved answer's headers; null until there is one. */
   headers: Array<[string, string]> | null;
+  /** The saved answer's body (maybe sealed); null until there is one. */
   body: Uint8Array | null;
   /** The key row's claim identity (sql/0008; null for rows claimed before it). */
   claim_id?: string | null;
@@ -78,6 +85,7 @@ export function replayOf(table: ReplaySource, claim: Claim, row: KeyRow): Atomic
 
 /** A key saved in compact form was looked up by a route that cannot rebuild its reply. */
 export class CompactWithoutRebuildError extends Error {
+  /** Always `"CompactWithoutRebuildError"`: the name logs and stack traces show. */
   override name = "CompactWithoutRebuildError";
   constructor() {
     super(

@@ -9,7 +9,9 @@ import type { DbTime } from "../db-time.ts";
 
 /** One database's keys table (a `PostgresStore` is one). */
 export interface KeyTable {
+  /** The database the table is in. */
   readonly db: Db;
+  /** The schema idem's tables live in. */
   readonly schema: string;
   /** How long a key is kept, in ms; after it the same key is new. */
   readonly retentionMs: number;
@@ -27,8 +29,11 @@ export interface KeyTable {
 
 /** Several keys tables, one per shard, with the scope's route (a `ShardedStore` is one). */
 export interface ShardedKeyTables {
+  /** How long a key is kept, in ms (the same on every shard). */
   readonly retentionMs: number;
+  /** The shards by name. */
   readonly shards: Readonly<Record<string, KeyTable>>;
+  /** The shard a scope's keys live on. */
   shardOf(scope: string): KeyTable;
 }
 

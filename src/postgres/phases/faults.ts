@@ -9,11 +9,15 @@ export type CrashPointName =
   | "after-commit"
   | (string & {});
 
+/** Where a runner is when it asks its fault hooks (`PhaseFaults.at`). */
 export interface CrashInfo {
+  /** The crash point. */
   point: CrashPointName;
   /** The phase being run (or about to run). */
   phase: string;
+  /** The key's scope. */
   scope: string;
+  /** The idempotency key. */
   key: string;
 }
 
@@ -23,12 +27,15 @@ export interface CrashInfo {
  * lease has to expire). It may also wait, to model a worker that stalls.
  */
 export interface PhaseFaults {
+  /** Asked at every crash point: `true` crashes there. */
   at(info: CrashInfo): boolean | Promise<boolean>;
 }
 
 /** Thrown at a crash point chosen by `faults`. Never thrown in production (no `faults`, no crash). */
 export class SimulatedCrashError extends Error {
+  /** Always `"SimulatedCrashError"`: the name logs and stack traces show. */
   override name = "SimulatedCrashError";
+  /** Where it crashed. */
   readonly info: CrashInfo;
   constructor(info: CrashInfo) {
     super(`simulated crash at ${info.point} (phase ${info.phase})`);

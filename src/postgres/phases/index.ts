@@ -68,6 +68,7 @@ export {
   reviewsOf,
   type Settlement,
   settleKey,
+  settleReview,
 } from "./review.ts";
 export { definePhases, PhasesRunner, type RunOptions } from "./runner.ts";
 export {

@@ -50,21 +50,33 @@ export async function markForReview(lease: Lease<unknown, unknown>, reason: stri
 
 /** One review, open or settled. */
 export interface Review {
+  /** The review's id. */
   id: number;
+  /** The key's scope. */
   scope: string;
+  /** The idempotency key. */
   key: string;
   /** The key's `operation_ref` (what the client was given). */
   ref: string;
+  /** When the key row the review is about was created. */
   keyCreatedAt: Date;
+  /** The runner that owns the key (`definePhases`' name). */
   runner: string | null;
   /** The phase whose external call's outcome is unknown. */
   recoveryPoint: string;
+  /** The request's stored input, opened. */
   request: unknown;
+  /** What the phases had recorded so far, opened. */
   phaseData: Record<string, unknown> | null;
+  /** Why the key went to review. */
   reason: string;
+  /** When the review was opened. */
   openedAt: Date;
+  /** When it was settled; null while open. */
   settledAt: Date | null;
+  /** Who settled it. */
   settledBy: string | null;
+  /** The decision, with its note. */
   settlement: Settlement | null;
 }
 
@@ -154,8 +166,9 @@ export async function reviewGauge(
   return { open, oldestSeconds: open === 0 ? 0 : Math.max(0, oldestSeconds) };
 }
 
-/** Thrown by `settleKey` when the key has no open review. */
+/** Thrown by `settleReview` when the key has no open review. */
 export class NoOpenReviewError extends Error {
+  /** Always `"NoOpenReviewError"`: the name logs and stack traces show. */
   override name = "NoOpenReviewError";
   constructor(scope: string, key: string) {
     super(`the key ${JSON.stringify(key)} of ${JSON.stringify(scope)} has no open review`);
@@ -168,7 +181,7 @@ export class NoOpenReviewError extends Error {
  * so it is not looked up again), from where the next retry or the completer finishes it; `answer` saves
  * a final answer. When the key row is already gone (retention), only the decision is recorded.
  */
-export async function settleKey(
+export async function settleReview(
   store: KeyTable | ShardedKeyTables,
   scope: string,
   key: string,
@@ -241,3 +254,9 @@ export async function settleKey(
     return done;
   });
 }
+
+/**
+ * The old name of {@link settleReview}.
+ * @deprecated Use `settleReview` (same arguments); this alias is removed in the next release.
+ */
+export const settleKey: typeof settleReview = settleReview;

@@ -65,12 +65,23 @@ export interface RunOptions {
   answerWithinMs?: number;
 }
 
+/**
+ * A request as a state machine of phases (made by `definePhases`): `run` claims the key, runs the phases
+ * from its recovery point under a lease, and saves the answer; a retry, a takeover or the completer
+ * resumes where the last one stopped.
+ */
 export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Record<string, unknown>> {
+  /** The store holding the keys. */
   readonly store: PhaseStore;
+  /** The runner's name, stored with each key (the completer finds the runner by it). */
   readonly name: string;
+  /** The phase a new key starts at. */
   readonly first: string;
+  /** How long a lease lasts without a heartbeat, in milliseconds. */
   readonly leaseMs: number;
+  /** How often the lease is renewed while a phase runs, in milliseconds. */
   readonly heartbeatMs: number;
+  /** How long a request waits for its answer before it is answered 409 in flight, in milliseconds. */
   readonly answerWithinMs: number;
   private readonly phases: Record<string, Phase<I, D>>;
   private readonly policy: SavePolicy;

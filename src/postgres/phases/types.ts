@@ -16,7 +16,9 @@ export type PhaseStep<D> =
 
 /** What a phase sees. */
 export interface PhaseContext<I, D> {
+  /** The key's scope (e.g. the account). */
   readonly scope: string;
+  /** The request's idempotency key. */
   readonly key: string;
   /**
    * This claim's identity (`keys.claim_id`): the same on every retry, takeover and completer run of the
@@ -48,6 +50,7 @@ export interface PhaseContext<I, D> {
   crash(point: string): Promise<void>;
 }
 
+/** A phase that calls another system (a payment provider): outside any transaction, never rolled back. */
 export interface ExternalPhase<I, D> {
   /**
    * One call to another system, made idempotent with `ctx.idempotencyKey`. Throw `RetryableError` for a
@@ -74,6 +77,7 @@ export interface ExternalPhase<I, D> {
   lookup?: (ctx: PhaseContext<I, D>) => Promise<PhaseStep<D> | undefined>;
 }
 
+/** A phase that writes to this database, in one transaction with the key's recovery point. */
 export interface LocalPhase<I, D> {
   /**
    * One local transaction: write through `tx` only. It commits together with the recovery point, and only
@@ -86,8 +90,10 @@ export interface LocalPhase<I, D> {
   next?: string;
 }
 
+/** One step of a phases runner: an external call or a local transaction. */
 export type Phase<I, D> = ExternalPhase<I, D> | LocalPhase<I, D>;
 
+/** Options of `definePhases`: the store, the runner's name, its phases and how leases behave. */
 export interface PhasesOptions<I, D> extends SavePolicy {
   /**
    * The store holding the keys (its database's clock drives lease expiry): a `PostgresStore`, or a `ShardedStore`

@@ -6,6 +6,7 @@
 import type { Queryable } from "../../core/db.ts";
 import { type Placeholder, render, type TemplateVars, toParameterised } from "./template.ts";
 
+/** Counts an API's effects (rows, list items) per intent, for `verify` (`sqlEffects`, `listEffects`). */
 export interface EffectCounter {
   /** A short description for the report, e.g. the SQL or the URL. */
   readonly describe: string;
@@ -40,6 +41,7 @@ export function sqlEffects(db: Queryable, sql: string): EffectCounter {
   };
 }
 
+/** Options of `listEffects`: a list endpoint of the API, and which items mark an intent's effect. */
 export interface ListEffectsOptions {
   /** The list's full URL, e.g. `http://127.0.0.1:3000/v1/payments?limit=100`. */
   url: string;

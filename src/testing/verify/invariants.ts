@@ -6,6 +6,7 @@ import { isCheckedProblem, problemFieldsError, type SeenAnswer } from "./fields.
 import type { Exchange } from "./proxy.ts";
 import { type Answer, type IntentRun, isRetryable } from "./run.ts";
 
+/** The ways an API can break idempotency that `verify` checks. */
 export const ViolationKind = {
   /** A succeeded (or unresolved) intent caused more than one effect. */
   doubleEffect: "double-effect",
@@ -31,28 +32,38 @@ export const ViolationKind = {
   /** No intent succeeded, so nothing was really checked (wrong credentials, path or body?). */
   noSuccess: "no-success",
 } as const;
+/** One of the values of {@link ViolationKind}. */
 export type ViolationKind = (typeof ViolationKind)[keyof typeof ViolationKind];
 
+/** One broken invariant, with the intent it was seen in. */
 export interface Violation {
+  /** Which invariant. */
   kind: ViolationKind;
   /** The intent's number, or -1 for the whole run. */
   intent: number;
+  /** The idempotency key the intent used. */
   key: string;
+  /** What was seen, for a person. */
   message: string;
 }
 
 /** One row of the summary table. */
 export interface CheckResult {
+  /** The check's name. */
   name: string;
+  /** The violations it looks for. */
   kinds: ViolationKind[];
   /** How many intents or probes the check looked at (0: not checked). */
   checked: number;
+  /** Violations it found. */
   violations: number;
 }
 
 /** Effects counted per intent, after minus before. */
 export interface EffectCounts {
+  /** Effects of the intent's own request. */
   original: number;
+  /** Effects of the same key with a changed body (must be 0), when that probe ran. */
   mismatch?: number;
 }
 

@@ -16,6 +16,7 @@ import http, { type IncomingHttpHeaders, type IncomingMessage, type ServerRespon
 import https from "node:https";
 import type { AddressInfo } from "node:net";
 
+/** A fault for one request through the proxy: drop its reply, or hold it back. */
 export type ProxyFault = "drop" | "hold";
 
 /** What became of one reply. */
@@ -27,6 +28,7 @@ export const ReplyFate = {
   /** The target could not be reached or did not answer: the client got a 502. */
   failed: "failed",
 } as const;
+/** One of the values of {@link ReplyFate}. */
 export type ReplyFate = (typeof ReplyFate)[keyof typeof ReplyFate];
 
 /** One request that went through the proxy and what the target answered. */
@@ -47,6 +49,7 @@ export interface Exchange {
   serverMs: number;
 }
 
+/** Options of {@link startFaultProxy}. */
 export interface FaultProxyOptions {
   /** Where requests go: `http://host:port` (or https). Required. */
   target: string;
@@ -62,6 +65,7 @@ export interface FaultProxyOptions {
   upstreamTimeoutMs?: number;
 }
 
+/** A running fault proxy (see {@link startFaultProxy}). */
 export interface FaultProxy {
   /** The proxy's base URL, e.g. `http://127.0.0.1:53211`. */
   readonly url: string;
@@ -73,6 +77,7 @@ export interface FaultProxy {
   stats(): Record<ReplyFate, number>;
   /** Resolves once no request is in the proxy (every reply relayed, dropped or timed out). */
   idle(): Promise<void>;
+  /** Stop listening and drop what is held. */
   close(): Promise<void>;
 }
 
@@ -122,6 +127,10 @@ function readAll(stream: IncomingMessage): Promise<Buffer> {
   });
 }
 
+/**
+ * Start an HTTP proxy on loopback in front of `target` that can drop or hold the replies of the
+ * requests that carry a given idempotency key, and records every exchange.
+ */
 export async function startFaultProxy(options: FaultProxyOptions): Promise<FaultProxy> {
   const target = new URL(options.target);
   if (target.protocol !== "http:" && target.protocol !== "https:") {

@@ -6,23 +6,31 @@ import type { Delivery, Probe } from "./plan.ts";
 import type { ReplyFate } from "./proxy.ts";
 import type { Outcome } from "./run.ts";
 
+/** What {@link verify} found: the run's figures, each check's result and every violation. */
 export interface VerifyReport {
   /** True when every invariant held. */
   ok: boolean;
   /** The API's base URL and the request verified. */
   target: { url: string; method: string; path: string };
+  /** The seed of the run (the same seed plans the same intents and faults). */
   seed: number;
+  /** Intents run. */
   intents: number;
+  /** How long the run took, in milliseconds. */
   durationMs: number;
   /** Intents per delivery fault, and probes sent. */
   faults: Partial<Record<Delivery | "once" | Probe, number>>;
+  /** Intents by how they ended. */
   outcomes: Record<Outcome, number>;
   /** What became of the server's replies in the fault proxy. */
   replies: Record<ReplyFate, number>;
   /** How effects were counted (null: not counted) and how many the run caused in all. */
   effects: { counter: string | null; counted: number };
+  /** Each check's result (the summary table). */
   checks: CheckResult[];
+  /** Violations counted by kind. */
   violationsByKind: Partial<Record<ViolationKind, number>>;
+  /** Every violation seen. */
   violations: Violation[];
 }
 

@@ -18,6 +18,7 @@ import {
   usesPlaceholders,
 } from "./template.ts";
 
+/** Options of {@link verify}. */
 export interface VerifyOptions {
   /** The API's base URL, e.g. `http://127.0.0.1:3000`. Required. */
   url: string;
@@ -61,15 +62,19 @@ export interface VerifyOptions {
    * (no final answer, or a changed body not answered 422); the full checks run at the end.
    */
   onProgress?: (done: number, total: number, suspicious: number) => void;
+  /** Stops the run. */
   signal?: AbortSignal;
 }
 
+/** `verify` was given options it cannot use (the message says which and why). */
 export class VerifyUsageError extends Error {
+  /** Always `"VerifyUsageError"`: the name logs and stack traces show. */
   override readonly name = "VerifyUsageError";
 }
 
 /** The effect counter failed (a wrong query, URL or path); `cause` is its error. */
 export class EffectCountError extends Error {
+  /** Always `"EffectCountError"`: the name logs and stack traces show. */
   override readonly name = "EffectCountError";
 }
 
@@ -125,6 +130,10 @@ export function checkOptions(options: VerifyOptions): Required<Pick<VerifyOption
   return { faults };
 }
 
+/**
+ * Check that an API makes each intent's effect happen once under faults (see the module's notes):
+ * resolves with the report; `report.ok` is false when an invariant was broken.
+ */
 export async function verify(options: VerifyOptions): Promise<VerifyReport> {
   const { faults } = checkOptions(options);
   const started = Date.now();
