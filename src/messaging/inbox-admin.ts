@@ -1,7 +1,7 @@
 /** Operating the inbox by hand: every consumer's parked messages, and unparking one. */
 import type { Db } from "../core/db.ts";
 import { schemaOf } from "../postgres/migrate.ts";
-import { Inbox, type ParkedMessage } from "./inbox.ts";
+import { Inbox, type ParkedMessage, parkedMessageOf } from "./inbox.ts";
 
 /** A parked message and the consumer it failed in. */
 export interface ConsumerParkedMessage extends ParkedMessage {
@@ -21,17 +21,7 @@ export async function parkedMessages(
       ORDER BY parked_at, consumer, message_id LIMIT $2`,
     [options.consumer ?? null, Math.max(1, Math.floor(options.limit ?? 100))],
   );
-  return rows.map((r) => ({
-    consumer: String(r.consumer),
-    messageId: String(r.message_id),
-    topic: r.topic === null ? null : String(r.topic),
-    type: r.type === null ? null : String(r.type),
-    body: String(r.body),
-    headers: JSON.parse(String(r.headers)) as Record<string, string>,
-    attempts: Number(r.attempts),
-    lastError: r.last_error === null ? null : String(r.last_error),
-    parkedAt: new Date(r.parked_at as string),
-  }));
+  return rows.map((r) => ({ consumer: String(r.consumer), ...parkedMessageOf(r) }));
 }
 
 /** `Inbox.unpark` for any consumer: its next delivery of the message is processed again. */

@@ -317,16 +317,7 @@ export class Inbox {
        FROM ${this.#schema}.inbox_parked WHERE consumer = $1::text ORDER BY parked_at, message_id`,
       [this.consumer],
     );
-    return rows.map((r) => ({
-      messageId: String(r.message_id),
-      topic: r.topic === null ? null : String(r.topic),
-      type: r.type === null ? null : String(r.type),
-      body: String(r.body),
-      headers: JSON.parse(String(r.headers)) as Record<string, string>,
-      attempts: Number(r.attempts),
-      lastError: r.last_error === null ? null : String(r.last_error),
-      parkedAt: new Date(r.parked_at as string),
-    }));
+    return rows.map(parkedMessageOf);
   }
 
   /**
@@ -387,4 +378,18 @@ export async function sweepInbox(
   const partitions = new Partitions(db, schema, Number(rows[0]!.partition_seconds) * 1000, "inbox");
   await partitions.makeAhead(now);
   return { dropped: await partitions.dropExpired(now, options.retentionMs) };
+}
+
+/** A parked message as read from `inbox_parked` (headers selected as text). */
+export function parkedMessageOf(r: Record<string, unknown>): ParkedMessage {
+  return {
+    messageId: String(r.message_id),
+    topic: r.topic === null ? null : String(r.topic),
+    type: r.type === null ? null : String(r.type),
+    body: String(r.body),
+    headers: JSON.parse(String(r.headers)) as Record<string, string>,
+    attempts: Number(r.attempts),
+    lastError: r.last_error === null ? null : String(r.last_error),
+    parkedAt: new Date(r.parked_at as string),
+  };
 }

@@ -12,7 +12,7 @@
 import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
 import { type AdminAction, listActions, recordAction } from "./admin-actions.ts";
 import { inspectKey } from "./keys/inspect.ts";
-import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "./keys/table.ts";
+import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor, tablesOf } from "./keys/table.ts";
 import { type KeyEvent, keyEvents } from "./phases/history.ts";
 import { type Review, reviewsOf } from "./phases/review.ts";
 
@@ -182,11 +182,8 @@ export async function keyStory(
   const k = await findKey(store, ref);
   if (!k) return undefined;
   const table = tableFor(store, k.scope);
-  const t = table.dbTime;
   const { rows } = await table.db.query<ExtraRow>(
-    `SELECT attempted_at, lookup_failures, needs_review_at FROM ${table.schema}.keys
-      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
-      ORDER BY bucket DESC LIMIT 1`,
+    `SELECT attempted_at, lookup_failures, needs_review_at ${liveKeyRow(table)}`,
     [k.scope, k.key],
   );
   const extra = rows[0];

@@ -4,7 +4,7 @@
  * opens it. One indexed read of the key's row, like a replay's lookup; no lock, no write.
  */
 import { type OperationReader, type OperationRecord, openReply } from "../core/index.ts";
-import { type KeyTable, type ShardedKeyTables, tableFor } from "./keys/table.ts";
+import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "./keys/table.ts";
 
 interface OperationRow {
   created_at: Date;
@@ -29,15 +29,12 @@ export async function readOperation(
   scope: string,
   key: string,
 ): Promise<OperationRecord | undefined> {
-  const t = table.dbTime;
   // The body is read only once the row is finished (a CASE, so an unfinished row sends none).
   const { rows } = await table.db.query<OperationRow>(
     `SELECT created_at, updated_at, recovery_point, status, headers,
             CASE WHEN recovery_point = 'done' THEN body END AS body, resource_id, needs_review_at,
             claim_id::text AS claim_id
-       FROM ${table.schema}.keys
-      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
-      ORDER BY bucket DESC LIMIT 1`,
+       ${liveKeyRow(table)}`,
     [scope, key],
   );
   const r = rows[0];

@@ -10,7 +10,7 @@ import {
   plainLength,
   SealedValueError,
 } from "../../core/index.ts";
-import type { KeyTable } from "./table.ts";
+import { type KeyTable, liveKeyRow } from "./table.ts";
 
 interface InspectRow {
   created_at: Date;
@@ -36,15 +36,12 @@ export async function inspectKey(
   scope: string,
   key: string,
 ): Promise<KeyInspection | undefined> {
-  const t = table.dbTime;
   const { rows } = await table.db.query<InspectRow>(
     `SELECT created_at, updated_at, recovery_point, status, headers, octet_length(body) AS body_bytes,
             substring(body FROM 1 FOR 6) AS body_head,
             fingerprint, lease_token::text AS lease_token, lease_until, runner, phase_data, needs_review_at,
             claim_id::text AS claim_id
-       FROM ${table.schema}.keys
-      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
-      ORDER BY bucket DESC LIMIT 1`,
+       ${liveKeyRow(table)}`,
     [scope, key],
   );
   const r = rows[0];

@@ -72,3 +72,15 @@ export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): 
     return fn();
   }
 }
+
+/**
+ * The clause that selects the live row of ($1 scope, $2 key): not a boundary marker, within retention by
+ * the table's time (the database's now), the newest bucket first. For readers (inspection, the operation
+ * lookup, the console); the runners' statements carry their own (atomic/sql.ts, phases/sql.ts).
+ */
+export function liveKeyRow(table: Pick<KeyTable, "schema" | "dbTime">): string {
+  const t = table.dbTime;
+  return `FROM ${table.schema}.keys
+      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+      ORDER BY bucket DESC LIMIT 1`;
+}
