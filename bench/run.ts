@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, keys, prepared, sealing, otel, retention, scale (or names after `--`:
+ * http, compare, client, phases, messaging, keys, prepared, sealing, otel, retention, scale, citus (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -309,6 +309,30 @@ if (wanted("scale")) {
         note: `${r.missBuffers} buffers per miss, ${f0(r.bytesPerKey)} B and ${f0(r.walPerKey)} B of WAL per key`,
       })),
     );
+  });
+}
+
+// --- Issue 28: a single-shard keyed transaction on Citus against plain PostgreSQL (bench/citus.ts) ---------
+if (wanted("citus")) {
+  const group = "Citus: keyed atomic requests, coordinator + 2 workers on this machine vs one plain node";
+  process.env.DATABASE_URL ??= DATABASE_URL; // its plain node (test/helpers/db.ts reads it on import)
+  await optionalBench("citus", group, (value) => {
+    const v = value as {
+      plain?: number;
+      citus?: number;
+      latency?: Record<string, { p50: number; p99: number }>;
+    };
+    if (v?.plain === undefined || v.citus === undefined || !v.latency) return [];
+    const note = `16 concurrent, 64 tenants; Citus / plain ${f2(v.citus / v.plain)}`;
+    return (["plain", "citus"] as const).map((k) => ({
+      group,
+      scenario: k === "plain" ? "plain PostgreSQL" : "Citus, through the coordinator",
+      throughput: v[k]!,
+      unit: "req/s",
+      p50Ms: v.latency![k]!.p50,
+      p99Ms: v.latency![k]!.p99,
+      note: `${note}; p50/p99 of one request alone`,
+    }));
   });
 }
 

@@ -25,22 +25,24 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
   const claimable = `o.published_at IS NULL AND o.parked_at IS NULL
         AND (o.locked_until IS NULL OR o.locked_until <= now())
         ${filtered ? "AND o.topic = ANY (ARRAY(SELECT jsonb_array_elements_text($3::text::jsonb)))" : ""}`;
-  const claim = ordered
-    ? /*
-       * Ordered: a run of events per aggregate (the relay publishes them in order, each once the one
-       * before it is confirmed).
-       *   held        aggregates with an unpublished event in flight, backing off or parked (few rows:
-       *               the partial index outbox_held): none of their events may go now.
-       *   candidates  the oldest claimable events of the other aggregates, row-locked.
-       *   checked     an event is good if no unpublished event of its aggregate lies between it and
-       *               the candidate just before it (or, for the first, before it at all). (A concurrent
-       *               claim may hold an older one's row lock, which SKIP LOCKED passes over, or may
-       *               have committed after this statement's snapshot.) Between two candidates that is
-       *               a short range of the index; only the first of each aggregate looks further back.
-       *   the UPDATE  keeps the events of an aggregate up to its first that is not good.
-       * The ids go to the UPDATE as an array, so it finds them by primary key.
-       */
-      `
+  /*
+   * Ordered: a run of events per aggregate (the relay publishes them in order, each once the one
+   * before it is confirmed).
+   *   held        aggregates with an unpublished event in flight, backing off or parked (few rows:
+   *               the partial index outbox_held): none of their events may go now.
+   *   candidates  the oldest claimable events of the other aggregates, row-locked.
+   *   checked     an event is good if no unpublished event of its aggregate lies between it and
+   *               the candidate just before it (or, for the first, before it at all). (A concurrent
+   *               claim may hold an older one's row lock, which SKIP LOCKED passes over, or may
+   *               have committed after this statement's snapshot.) Between two candidates that is
+   *               a short range of the index; only the first of each aggregate looks further back.
+   *   the UPDATE  keeps the events of an aggregate up to its first that is not good.
+   * The ids go to the UPDATE as an array, so it finds them by primary key.
+   * On Citus (the outbox a reference table) the UPDATE on this selection fails ("invalid input syntax
+   * for type uuid: PGCOPY", Citus 13.2), while the selection alone runs: there the claim is the
+   * selection (`claimSelect`, rows locked FOR UPDATE) and then `claimIds`, in one transaction.
+   */
+  const ordering = `
     WITH held AS (
       SELECT DISTINCT aggregate_type, aggregate_id FROM ${t}
       WHERE published_at IS NULL AND aggregate_id IS NOT NULL
@@ -71,12 +73,16 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
              END AS good
       FROM ranked r
     )
-    UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
-    WHERE o.id = ANY (ARRAY(
+    , kept AS (
       SELECT k.id FROM (
         SELECT id, bool_and(good) OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) AS kept
         FROM checked) k
-      WHERE k.kept))
+      WHERE k.kept)`;
+  const lock = `UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'`;
+  const claim = ordered
+    ? `${ordering}
+    ${lock}
+    WHERE o.id = ANY (ARRAY(SELECT id FROM kept))
     ${returning}`
     : `
     WITH claimed AS (
@@ -89,18 +95,25 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
     UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'
     FROM claimed WHERE o.id = claimed.id
     ${returning}`;
+  // $2 unused but typed, so both claims take the same parameters.
+  const claimSelect = `${ordering}
+    SELECT id::text AS id, $2::int AS lease_ms FROM kept`;
+  const claimIds = `${lock}
+    WHERE o.id = ANY(string_to_array($1::text, ',')::uuid[]) AND o.published_at IS NULL
+    ${returning}`;
   const published = `
     UPDATE ${t} SET published_at = now(), locked_until = NULL, last_error = NULL
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL`;
   // $6: the jitter (0.5-1) of this group of failures, one draw for the group, so that the relay knows
-  // when each row's backoff ends (and wakes then) from its attempts alone.
+  // when each row's backoff ends (and wakes then) from its attempts alone. Epoch arithmetic: Citus
+  // refuses a STABLE function (timestamptz + interval) over a column in an UPDATE, and now() in a CASE.
   const failed = `
     UPDATE ${t} SET
       attempts = attempts + 1,
       last_error = $2::text,
-      locked_until = now() + least($4::float8, $3::float8 * power(2, attempts)) * $6::float8
-                             * interval '1 millisecond',
-      parked_at = CASE WHEN attempts + 1 >= $5::int THEN now() END
+      locked_until = to_timestamp(extract(epoch FROM now())::float8
+                             + least($4::float8, $3::float8 * power(2, attempts)) * $6::float8 / 1000),
+      parked_at = to_timestamp(extract(epoch FROM now())::float8 + CASE WHEN attempts + 1 >= $5::int THEN 0 END)
     WHERE id = ANY(string_to_array($1::text, ',')::uuid[]) AND published_at IS NULL
     RETURNING parked_at IS NOT NULL AS parked, attempts`;
   // The broker lost these (a connection cut, no ack in time): no attempt counted, back in $3 ms.
@@ -114,7 +127,7 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
     DELETE FROM ${t} WHERE id IN (
       SELECT id FROM ${t} WHERE published_at < now() - $1::float8 * interval '1 millisecond'
       ORDER BY published_at LIMIT $2::int)`;
-  return { claim, published, failed, hold, release, cleanup };
+  return { claim, claimSelect, claimIds, published, failed, hold, release, cleanup };
 }
 
 export function toMessage(r: Row): OutboxMessage {

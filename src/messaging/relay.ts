@@ -28,6 +28,7 @@
  */
 import type { Db } from "../core/db.ts";
 import { countParked } from "../observability/messaging.ts";
+import { placedOnCitus } from "../postgres/citus.ts";
 import { schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
 import { Alarms, marker, publishBatch } from "./relay-batch.ts";
@@ -110,10 +111,14 @@ export class Relay {
   /** Wakes the loops when rows this relay put off (backoff, broker away) become claimable. */
   readonly #alarms = new Alarms(() => this.#wake());
   #claims: Promise<unknown> = Promise.resolve();
+  readonly #schema: string;
+  /** Whether the outbox is on Citus (asked once, by an ordered relay's first claim). */
+  #citus: Promise<boolean> | undefined;
 
   constructor(options: RelayOptions) {
     const schema = schemaOf(options);
     this.#db = options.db;
+    this.#schema = schema;
     this.#publisher = options.publisher;
     this.#topics = options.topics ? JSON.stringify(options.topics) : undefined;
     this.#ordered = options.orderByAggregate ?? false;
@@ -299,9 +304,28 @@ export class Relay {
   #claim() {
     const claim = () => this.#db.query<Row>(this.#sql.claim, this.#claimParams());
     if (!this.#ordered) return claim();
-    const p = this.#claims.then(claim);
+    const p = this.#claims.then(async () => {
+      this.#citus ??= placedOnCitus(this.#db, this.#schema).catch((e) => {
+        this.#citus = undefined;
+        throw e;
+      });
+      return (await this.#citus) ? this.#claimInTwo() : claim();
+    });
     this.#claims = p.catch(() => {});
     return p;
+  }
+
+  /**
+   * The ordered claim on Citus, where its UPDATE fails (relay-sql.ts): the selection locks and returns
+   * the ids, then an UPDATE by primary key claims them, in one transaction (a round trip more).
+   */
+  #claimInTwo() {
+    return this.#db.transaction(async (tx) => {
+      const { rows } = await tx.query<{ id: string }>(this.#sql.claimSelect, this.#claimParams());
+      if (rows.length === 0) return { rows: [] as Row[] };
+      const ids = rows.map((r) => r.id).join(",");
+      return tx.query<Row>(this.#sql.claimIds, [ids, this.#leaseMs]);
+    });
   }
 
   /** Wake the loops at `at` (process clock), when rows put off until then become claimable. */
