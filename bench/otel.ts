@@ -37,6 +37,7 @@ import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
+import { load } from "./load.ts";
 
 const KEYS = Number(process.env.BENCH_OTEL_KEYS ?? 800);
 const ROUNDS = Number(process.env.BENCH_OTEL_ROUNDS ?? 10);
@@ -108,20 +109,6 @@ function enter(mode: Mode): () => Promise<void> {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-async function load(n: number, fn: (i: number) => Promise<unknown>): Promise<{ rps: number; cpuUs: number }> {
-  let next = 0;
-  const cpu = process.cpuUsage();
-  const t = performance.now();
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      for (let i = next++; i < n; i = next++) await fn(i);
-    }),
-  );
-  const ms = performance.now() - t;
-  const used = process.cpuUsage(cpu);
-  return { rps: (n / ms) * 1000, cpuUs: (used.user + used.system) / n };
-}
-
 const REPLY: StoredResponse = {
   status: 201,
   headers: [["content-type", "application/json"]],
@@ -171,15 +158,15 @@ export async function otelBench(): Promise<OtelBenchResult> {
     };
     // Warm up (JIT, the pool, the partitions' caches).
     const warm = Array.from({ length: 500 }, () => randomUUID());
-    await load(warm.length, (i) => once(warm[i]!));
-    await load(warm.length, (i) => once(warm[i]!));
+    await load(warm.length, CONCURRENCY, (i) => once(warm[i]!));
+    await load(warm.length, CONCURRENCY, (i) => once(warm[i]!));
     for (let round = 0; round < ROUNDS; round++) {
       const order = MODES.map((_, i) => MODES[(i + round) % MODES.length]!);
       for (const mode of order) {
         const leave = enter(mode);
         const keys = Array.from({ length: KEYS }, () => randomUUID());
-        const first = await load(KEYS, (i) => once(keys[i]!));
-        const replay = await load(KEYS, (i) => once(keys[i]!));
+        const first = await load(KEYS, CONCURRENCY, (i) => once(keys[i]!));
+        const replay = await load(KEYS, CONCURRENCY, (i) => once(keys[i]!));
         runs[mode].first.push(first.rps);
         runs[mode].firstCpu.push(first.cpuUs);
         runs[mode].replay.push(replay.rps);

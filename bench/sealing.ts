@@ -23,6 +23,7 @@ import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
+import { load } from "./load.ts";
 
 const KEYS = Number(process.env.BENCH_SEALING_KEYS ?? 3_000);
 const ROUNDS = 3;
@@ -74,21 +75,6 @@ function micro(sealer: Sealer): SealingResult["micro"] {
   };
 }
 
-/** Run `n` calls of `fn`, `CONCURRENCY` at a time: requests/s and this process's CPU µs per call. */
-async function load(n: number, fn: (i: number) => Promise<unknown>): Promise<{ rps: number; cpuUs: number }> {
-  let next = 0;
-  const cpu = process.cpuUsage();
-  const t = performance.now();
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      for (let i = next++; i < n; i = next++) await fn(i);
-    }),
-  );
-  const ms = performance.now() - t;
-  const used = process.cpuUsage(cpu);
-  return { rps: (n / ms) * 1000, cpuUs: (used.user + used.system) / n };
-}
-
 export async function sealingBench(): Promise<SealingResult> {
   const sealer = new AesGcmSealer([{ id: "k1", key: randomBytes(32) }]);
   const m = micro(sealer);
@@ -132,13 +118,13 @@ export async function sealingBench(): Promise<SealingResult> {
           key: randomUUID(),
           fingerprint: randomBytes(32),
         }));
-        const first = await load(KEYS, (i) =>
+        const first = await load(KEYS, CONCURRENCY, (i) =>
           store.atomic(claims[i]!, async () => {
             const r = reply();
             return { response: r, save: r };
           }),
         );
-        const replay = await load(KEYS, (i) =>
+        const replay = await load(KEYS, CONCURRENCY, (i) =>
           store.atomic(claims[i]!, async () => {
             throw new Error("a replay ran the work");
           }),

@@ -51,7 +51,7 @@ export function listenExpress(app: express.Express): Started {
 const crashOf = (h: IncomingMessage["headers"]) => h[CRASH_HEADER] !== undefined;
 const keyOf = (h: IncomingMessage["headers"]) => h["idempotency-key"] as string | undefined;
 
-function readJson(req: IncomingMessage): Promise<Payment> {
+export function readJson(req: IncomingMessage): Promise<Payment> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));

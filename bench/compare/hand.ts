@@ -11,10 +11,10 @@
  * Neither has a fingerprint, retention, bounded waits that free the connection, or sealing: they
  * price the statements, not the guarantees.
  */
-import { createServer, type IncomingMessage } from "node:http";
+import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import type pg from "pg";
-import { pool } from "./frameworks.ts";
+import { pool, readJson } from "./frameworks.ts";
 import { CREATED, type Payment } from "./handler.ts";
 import type { Variant } from "./variants.ts";
 
@@ -82,21 +82,6 @@ async function handCte(db: pg.Pool, key: string, p: Payment): Promise<Reply> {
   const r = rows[0]!;
   const body = r.body ?? r.saved;
   return body ? { status: CREATED, body } : IN_FLIGHT;
-}
-
-function readJson(req: IncomingMessage): Promise<Payment> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
-    req.on("end", () => {
-      try {
-        resolve(JSON.parse(Buffer.concat(chunks).toString()));
-      } catch (err) {
-        reject(err);
-      }
-    });
-    req.on("error", reject);
-  });
 }
 
 export function startHand(v: Variant, url: string): Promise<number> {
