@@ -172,6 +172,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   readonly lockTimeoutMs: number;
   /** This process's calls in progress by (scope, key): a duplicate here waits for it in memory. */
   private readonly inFlight = new Map<string, Promise<boolean>>();
+  /**
+   * Keys this process saw finished, with when they expire (by this process's clock: a hint; the lookup
+   * decides). Bounded; the oldest go first.
+   */
+  private readonly finished = new Map<string, number>();
   private readonly texts = new Map<string, { key: string; text: string }>();
 
   constructor(readonly store: PostgresStore) {
@@ -245,6 +250,15 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     save: StoredResponse,
   ): Promise<AtomicOutcome> {
     const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    // A key this process saw finished is read with the lookup alone: no statement, no wait.
+    const until = this.finished.get(id);
+    if (until !== undefined) {
+      if (until > Date.now()) {
+        const answer = await this.replayOf(claim);
+        if (answer) return answer;
+      }
+      this.finished.delete(id);
+    }
     const deadline = Date.now() + this.lockTimeoutMs;
     // A duplicate in this process waits for the call in progress; when that call finished the key,
     // every waiter reads the replay at once, side by side.
@@ -260,7 +274,9 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     );
     this.inFlight.set(id, entry);
     try {
-      return await running;
+      const out = await running;
+      if (out.kind === "replayed" || out.saved) this.rememberFinished(id, out.expiresAt);
+      return out;
     } finally {
       if (this.inFlight.get(id) === entry) this.inFlight.delete(id);
     }
@@ -335,14 +351,26 @@ export class SingleStatementStore implements AtomicStore<Tx> {
 
   /** A handler that answered without its statement: the key's live row answers first, if there is one. */
   private async withoutStatement(claim: Claim, response: StoredResponse): Promise<AtomicOutcome> {
-    const row = (await this.store.db.query<StatementRow>(this.lookupText(), [claim.scope, claim.key]))
-      .rows[0];
-    if (row) {
-      const answer = replayOf(this.store, claim, row as KeyRow);
-      if (answer) return answer;
-      throw new KeyInFlightError(RETRY_AFTER_S);
-    }
-    return unsaved(response, this.store);
+    const answer = await this.replayOf(claim);
+    if (answer === null) throw new KeyInFlightError(RETRY_AFTER_S);
+    return answer ?? unsaved(response, this.store);
+  }
+
+  /**
+   * The key's live row read alone: its replay (or 422, 409 in review), null when it is not finished,
+   * undefined when there is none.
+   */
+  private async replayOf(claim: Claim): Promise<AtomicOutcome | null | undefined> {
+    const { rows } = await this.store.db.query<KeyRow>(this.lookupText(), [claim.scope, claim.key]);
+    const row = rows[0];
+    if (!row) return undefined;
+    return replayOf(this.store, claim, row) ?? null;
+  }
+
+  private rememberFinished(id: string, expiresAt: Date): void {
+    this.finished.delete(id); // re-inserted last: the map's order is the eviction order
+    this.finished.set(id, expiresAt.getTime());
+    if (this.finished.size > FINISHED_HINTS) this.finished.delete(this.finished.keys().next().value!);
   }
 
   private lookupText(): string {
@@ -401,6 +429,9 @@ async function settlesBefore(p: Promise<boolean>, deadline: number): Promise<boo
 
 /** The Retry-After of a 409 for a key still in flight (atomic mode's). */
 const RETRY_AFTER_S = 1;
+
+/** How many finished keys a store remembers to read with the lookup alone. */
+const FINISHED_HINTS = 10_000;
 
 /** How many distinct route statements a store keeps built. */
 const MAX_TEXTS = 256;
