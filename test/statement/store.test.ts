@@ -158,6 +158,19 @@ describe.each(backends)("single-statement store on $name", (backend) => {
     expect(await payments(open, "sneaky")).toBe(1);
   });
 
+  it("rethrows the statement's own unique violation (not a duplicate of the key), keeping nothing", async () => {
+    await open.db.exec("CREATE TABLE IF NOT EXISTS orders (ref text PRIMARY KEY)");
+    const order: StatementSpec = {
+      sql: "INSERT INTO orders (ref) SELECT 'o-1' FROM idem_claim RETURNING ref",
+    };
+    expect((await store.runStatement(paymentClaim("acct_1", "k-order-1", "{}"), order)).kind).toBe(
+      "executed",
+    );
+    const err = await store.runStatement(paymentClaim("acct_1", "k-order-2", "{}"), order).catch((e) => e);
+    expect((err as { code?: string }).code).toBe("23505");
+    expect(await keyRows(open, "k-order-2")).toEqual([]);
+  });
+
   it("refuses a sealing store: the reply is built in SQL, which cannot seal it", async () => {
     const sealer = new AesGcmSealer([{ id: "k1", key: new Uint8Array(32).fill(7) }]);
     const sealed = await PostgresStore.open(open.db, { sealer });

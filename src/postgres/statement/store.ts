@@ -138,9 +138,10 @@ export async function statement(tx: Tx, spec: StatementSpec): Promise<StatementR
   return { status, headers, body: rows[0]!.body ?? "" };
 }
 
-const checked = new WeakSet<StatementSpec>();
+/** Statements checked already, with their parameter count (a route sends the same text each time). */
+const checked = new Map<string, number>();
 function checkSpec(spec: StatementSpec): void {
-  if (checked.has(spec)) return;
+  if (checked.get(spec?.sql) === (spec.params?.length ?? 0)) return;
   if (typeof spec?.sql !== "string" || !new RegExp(`\\b${CLAIM_RELATION}\\b`).test(spec.sql)) {
     throw new StatementModeError(
       `a single statement must read its input FROM ${CLAIM_RELATION} (one row when this request holds the key), e.g. INSERT INTO t (a, claim_id) SELECT $1, claim_id FROM ${CLAIM_RELATION} RETURNING id`,
@@ -152,7 +153,8 @@ function checkSpec(spec: StatementSpec): void {
   if (max > n) {
     throw new StatementModeError(`the statement reads $${max} but is given ${n} parameters`);
   }
-  checked.add(spec);
+  if (checked.size >= 1_000) checked.clear();
+  checked.set(spec.sql, n);
 }
 
 /**
@@ -302,13 +304,18 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     );
     let remade = false;
     for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
-      let row: StatementRow;
+      let row: StatementRow | undefined;
       try {
         row = (await this.store.db.query<StatementRow>(text, params)).rows[0]!;
       } catch (err) {
-        // A duplicate committed after this statement's snapshot (the boundary marker or the key row met
-        // it): nothing of this statement was kept; read again.
-        if (sqlStateOf(err) !== SqlState.UniqueViolation) {
+        if (sqlStateOf(err) === SqlState.UniqueViolation) {
+          // A duplicate committed after this statement's snapshot (the boundary marker or the key row met
+          // it): nothing of this statement was kept; its row answers. No live row: the violation was the
+          // route statement's own (its table's unique index), an error of the route.
+          const answer = await this.replayOf(claim);
+          if (answer === undefined) throw err;
+          if (answer) return answer;
+        } else {
           if (!isMissingPartition(err) || remade) throw err;
           // The database's now moved past the partitions made so far: make them, and send it again
           // (one statement: its work was rolled back with it).
@@ -316,7 +323,6 @@ export class SingleStatementStore implements AtomicStore<Tx> {
           await this.store.ensurePartitions();
           continue;
         }
-        row = undefined as unknown as StatementRow;
       }
       if (row?.saved_status != null) {
         const body = toBytes(row.saved_body);
