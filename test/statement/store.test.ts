@@ -190,6 +190,19 @@ describe.each(backends)("single-statement store on $name", (backend) => {
     expect((await keyRows(open, "k-expire")).filter((r) => !r.marker)).toHaveLength(1);
   });
 
+  it("is dropped with its partition by the sweep once past retention", async () => {
+    const now = new TestTime(Date.UTC(2031, 8, 1, 12));
+    const s = await stores({ timeShift: now, retentionMs: DAY });
+    const c = paymentClaim("acct_1", "k-sweep", "{}");
+    expect((await s.runStatement(c, pay("sweep"))).kind).toBe("executed");
+    const bucket = s.store.partitions.bucketOf(now.ms);
+    now.ms += 3 * DAY;
+    const { dropped } = await s.store.sweep();
+    expect(dropped).toContain(bucket);
+    expect(await keyRows(open, "k-sweep")).toEqual([]);
+    expect((await s.runStatement(c, pay("sweep"))).kind).toBe("executed"); // a new key after the window
+  });
+
   it("marks the previous partition in the first minutes of a new one, and replays across the boundary", async () => {
     const boundary = Date.UTC(2032, 7, 9);
     const before = await stores({ timeShift: new TestTime(boundary - 30_000) });
