@@ -137,6 +137,14 @@ describe.each(backends)("single-statement store on $name", (backend) => {
     expect(out.response.status).toBe(404);
     expect(dec.decode(out.response.body)).toBe("none");
     expect(await keyRows(open, "k-empty")).toEqual([]);
+    // Without `empty`: 404 problem+json.
+    const plain = await store.runStatement(paymentClaim("acct_1", "k-empty-2", "{}"), {
+      ...spec,
+      empty: undefined,
+    });
+    expect(plain.response.status).toBe(404);
+    expect(plain.response.headers).toContainEqual(["content-type", "application/problem+json"]);
+    expect(JSON.parse(dec.decode(plain.response.body))).toMatchObject({ status: 404 });
   });
 
   it("refuses a statement that does not read idem_claim, and one that runs without it", async () => {

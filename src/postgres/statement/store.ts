@@ -32,6 +32,7 @@ import {
   isMissingPartition,
   KeyInFlightError,
   type KeyInspection,
+  problemResponse,
   SqlState,
   type StoredResponse,
   sqlStateOf,
@@ -102,16 +103,11 @@ class StatementCapture implements Tx {
 }
 
 const DEFAULT_BODY = "row_to_json(work)";
-const EMPTY: NonNullable<StatementSpec["empty"]> = {
-  status: 404,
-  headers: { "content-type": "application/problem+json" },
-  body: JSON.stringify({
-    type: "https://idem.dev/problems/not-found",
-    title: "Not found",
-    status: 404,
-    detail: "The statement changed nothing; nothing was saved.",
-  }),
-};
+/** The answer to a statement that returned no row, when the route gives none: 404 problem+json. */
+const EMPTY: NonNullable<StatementSpec["empty"]> = (() => {
+  const r = problemResponse(404, "not-found", "The statement changed nothing; nothing was saved.");
+  return { status: r.status, headers: Object.fromEntries(r.headers), body: new TextDecoder().decode(r.body) };
+})();
 
 /**
  * The handler's answer on a single-statement route: hand the statement to the store (keyed requests)
