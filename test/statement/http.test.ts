@@ -6,8 +6,10 @@
 import { createServer, type IncomingMessage } from "node:http";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
+import express from "express";
 import { Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { idempotency as expressIdempotency } from "../../src/http/express.ts";
 import { idempotency as honoIdempotency } from "../../src/http/hono.ts";
 import { idempotency } from "../../src/http/node.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
@@ -45,6 +47,7 @@ describe.each(backends)("single-statement routes on $name", (backend) => {
   let open: OpenDb;
   let node: string;
   let hono: string;
+  let exp: string;
   const closers: Array<() => void> = [];
 
   beforeAll(async () => {
@@ -83,6 +86,23 @@ describe.each(backends)("single-statement routes on $name", (backend) => {
         return c.body(reply.body, reply.status as 201, reply.headers);
       },
     );
+    const ex = express();
+    ex.post(
+      "/v1/payments",
+      express.json(),
+      expressIdempotency({ store, scope: (req) => req.header("x-account") }),
+      async (req, res) => {
+        const { tx, scope, body } = req.idempotency;
+        const reply = await statement(tx, spec(scope, body as Payment));
+        res.status(reply.status).set(reply.headers).send(reply.body);
+      },
+    );
+    const exServer = createServer(ex);
+    exp = await listen(exServer);
+    closers.push(() => {
+      exServer.close();
+      exServer.closeAllConnections();
+    });
     await new Promise<void>((resolve) => {
       const s = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => {
         hono = `http://127.0.0.1:${info.port}`;
@@ -112,8 +132,8 @@ describe.each(backends)("single-statement routes on $name", (backend) => {
     return rows[0]!.n;
   };
 
-  for (const adapter of ["node", "hono"] as const) {
-    const base = () => (adapter === "node" ? node : hono);
+  for (const adapter of ["node", "hono", "express"] as const) {
+    const base = () => (adapter === "node" ? node : adapter === "hono" ? hono : exp);
 
     it(`${adapter}: answers 201 from the statement, then replays it byte for byte`, async () => {
       const before = await count();

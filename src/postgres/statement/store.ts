@@ -225,7 +225,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
       throw new StatementModeError("single-statement mode saves whole replies: a route cannot be `compact`");
     }
     if (options.signal?.aborted) return unsaved(result.response, this.store);
-    return this.run(claim, spec, result.response, result.save);
+    // The handler's answer carried a placeholder body: what a framework derived from it (its length, an
+    // ETag) would be wrong for the body the statement builds, sent and saved.
+    const response = { ...result.response, headers: result.response.headers.filter(notOfThePlaceholder) };
+    const save = { ...result.save, headers: result.save.headers.filter(notOfThePlaceholder) };
+    return this.run(claim, spec, response, save);
   }
 
   /**
@@ -401,6 +405,12 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     this.texts.set(cacheKey, { key: time.key, text });
     return text;
   }
+}
+
+/** Whether a header is not derived from the body (Content-Length, ETag: a framework's, of the placeholder). */
+function notOfThePlaceholder([name]: readonly [string, string]): boolean {
+  const n = name.toLowerCase();
+  return n !== "content-length" && n !== "etag";
 }
 
 function unsaved(response: StoredResponse, _store: PostgresStore): AtomicOutcome {
