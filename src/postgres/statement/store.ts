@@ -9,7 +9,8 @@
  * It is an `AtomicStore`, so every adapter's `idempotency()` mounts it: the handler validates, then
  * returns `statement(tx, { sql, params, body })` instead of running queries itself. The handler runs
  * first, with a `tx` that only records the statement; the store then sends it (the reply's status and
- * allow-listed headers come from the handler's answer, its body from the SQL).
+ * allow-listed headers come from the handler's answer, its body from the SQL). So the handler runs for
+ * every request, a duplicate's or a replay's too: it must have no effect of its own (validation only).
  *
  * Timeline of two duplicates A and B in two processes:
  *   A: statement: no live row, try-lock taken, work, key row inserted, COMMIT (lock released)
