@@ -7,9 +7,11 @@ import { createServer, type IncomingMessage } from "node:http";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
 import express from "express";
+import Fastify from "fastify";
 import { Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { idempotency as expressIdempotency } from "../../src/http/express.ts";
+import { idempotency as fastifyIdempotency } from "../../src/http/fastify.ts";
 import { idempotency as honoIdempotency } from "../../src/http/hono.ts";
 import { idempotency } from "../../src/http/node.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
@@ -48,6 +50,7 @@ describe.each(backends)("single-statement routes on $name", (backend) => {
   let node: string;
   let hono: string;
   let exp: string;
+  let fst: string;
   const closers: Array<() => void> = [];
 
   beforeAll(async () => {
@@ -103,6 +106,19 @@ describe.each(backends)("single-statement routes on $name", (backend) => {
       exServer.close();
       exServer.closeAllConnections();
     });
+    const fa = Fastify();
+    fa.post(
+      "/v1/payments",
+      { ...fastifyIdempotency({ store, scope: (req) => req.headers["x-account"] as string | undefined }) },
+      async (request, reply) => {
+        const { tx, scope, body } = request.idempotency;
+        const r = await statement(tx, spec(scope, body as Payment));
+        return reply.code(r.status).headers(r.headers).send(r.body);
+      },
+    );
+    await fa.listen({ port: 0, host: "127.0.0.1" });
+    fst = `http://127.0.0.1:${(fa.server.address() as AddressInfo).port}`;
+    closers.push(() => void fa.close());
     await new Promise<void>((resolve) => {
       const s = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => {
         hono = `http://127.0.0.1:${info.port}`;
@@ -132,8 +148,9 @@ describe.each(backends)("single-statement routes on $name", (backend) => {
     return rows[0]!.n;
   };
 
-  for (const adapter of ["node", "hono", "express"] as const) {
-    const base = () => (adapter === "node" ? node : adapter === "hono" ? hono : exp);
+  const bases = () => ({ node, hono, express: exp, fastify: fst });
+  for (const adapter of ["node", "hono", "express", "fastify"] as const) {
+    const base = () => bases()[adapter];
 
     it(`${adapter}: answers 201 from the statement, then replays it byte for byte`, async () => {
       const before = await count();
