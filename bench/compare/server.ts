@@ -14,8 +14,10 @@ if (!url) throw new Error("DATABASE_URL is required");
 const port =
   v.kind === "peer"
     ? await (await import("./peers.ts")).startPeer(v, url)
-    : v.kind === "hand"
-      ? await (await import("./hand.ts")).startHand(v, url)
-      : await (await import("./frameworks.ts")).startFramework(v, url);
+    : v.name === "idem-statement"
+      ? await (await import("./statement.ts")).startStatement(url)
+      : v.kind === "hand"
+        ? await (await import("./hand.ts")).startHand(v, url)
+        : await (await import("./frameworks.ts")).startFramework(v, url);
 console.log(`listening http://127.0.0.1:${port}`);
 process.on("SIGTERM", () => process.exit(0));

@@ -61,6 +61,13 @@ export const VARIANTS: readonly Variant[] = [
   },
   { name: "idem-node", short: "idem/node", label: "idem/node, pg pipeline", framework: "node", kind: "idem" },
   {
+    name: "idem-statement",
+    short: "idem single statement",
+    label: "idem/node, single-statement mode (claim + INSERT + reply in one statement)",
+    framework: "node",
+    kind: "idem",
+  },
+  {
     name: "hand-tx",
     short: "hand-tx",
     label: "hand-written transaction, node:http, pg pipeline",

@@ -67,4 +67,11 @@ export {
 } from "./phases/index.ts";
 export { SealingKeyPromotionError } from "./sealing-keys.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
+export {
+  SingleStatementStore,
+  StatementModeError,
+  type StatementReply,
+  type StatementSpec,
+  statement,
+} from "./statement/store.ts";
 export { PostgresStore, type PostgresStoreOptions } from "./store.ts";

@@ -1,0 +1,150 @@
+/**
+ * Single-statement mode's SQL: the claim of the key, the route's work and the saved reply in ONE
+ * autocommitted statement (the "hand-cte" shape of bench/compare/hand.ts, on idem's keys table).
+ *
+ *   WITH idem_live  the key's live row, read with the statement's snapshot (as atomic mode's lookup)
+ *        idem_gate  where a row made now goes (bucket, boundary marker due?), and, only when no live
+ *                   row was seen, pg_try_advisory_xact_lock on the key's lock (atomic mode's lock id)
+ *        idem_claim one row when the lock was taken and no live row was seen; none otherwise. The
+ *                   route's statement reads its input FROM idem_claim, so it does nothing when the
+ *                   key is taken (a data-modifying CTE always runs: it must gate itself)
+ *        work       the route's statement (INSERT/UPDATE/DELETE ... RETURNING), gated on idem_claim
+ *        idem_reply the saved reply's body, built in SQL from the first row the work returned
+ *        idem_put   the finished key row (and a boundary marker), replacing an expired row in place
+ *        idem_dup   the same rows again, plain INSERT, for those `idem_put` did not write: a live row
+ *                   in their place (a concurrent duplicate that committed after this statement's
+ *                   snapshot) fails the whole statement with 23505, the work rolled back with it
+ *   SELECT what happened: the live row (a replay, 422, in flight), or the saved row, or "busy"
+ *
+ * Why the marker: the unique index is per partition, and the statement's snapshot cannot see a
+ * duplicate that committed after it began (the lock alone does not help: taking it inside the
+ * statement does not refresh the snapshot). Statements whose `now()` fall in the first
+ * `boundaryOverlapMs` of a partition also write a marker row into the previous partition, as phases
+ * mode's claims do (sql/0001): two duplicates on either side of a boundary then meet on one unique
+ * index, and the later one fails with 23505. The lock keeps that race to the microseconds between a
+ * statement's snapshot and its lock, and turns every other concurrent duplicate into a "busy" answer
+ * that did no work and waited for nothing.
+ *
+ * Parameters: the route's own $1..$n first, then ours: $n+1 scope, $n+2 key, $n+3 fingerprint,
+ * $n+4 claim id, $n+5 lock id, $n+6 status, $n+7 saved headers (JSON text).
+ */
+import type { DbTime } from "../db-time.ts";
+
+/** What the statement returns (always one row). */
+export interface StatementRow {
+  /** The advisory lock was taken (false: a live row was seen, or the key is held by another statement). */
+  locked: boolean;
+  /** The live row seen, if any (its columns as `KeyRow`), bucket null when none. */
+  bucket: number | null;
+  fingerprint: Uint8Array;
+  created_at: Date;
+  recovery_point: string;
+  status: number | null;
+  headers: Array<[string, string]> | null;
+  body: Uint8Array | null;
+  resource_id: string | null;
+  claim_id: string | null;
+  needs_review_at: Date | null;
+  /** This statement's saved key row: its status (null: nothing saved), body and creation. */
+  saved_status: number | null;
+  saved_body: Uint8Array | null;
+  saved_at: Date | null;
+  saved_claim_id: string | null;
+}
+
+/** The table-side constants a statement is built for. */
+export interface StatementTable {
+  schema: string;
+  dbTime: DbTime;
+  boundaryOverlapMs: number;
+}
+
+/** How far past the database's now a lookup still reads partitions (atomic/sql.ts: LOOKUP_AHEAD_MS). */
+const LOOKUP_AHEAD_MS = 600_000;
+
+/** The name the route's statement reads its claim from. */
+export const CLAIM_RELATION = "idem_claim";
+
+/**
+ * The whole statement for the route's `sql` (with `n` parameters of its own) and its reply body
+ * expression (over one row of `work`).
+ */
+export function statementSql(table: StatementTable, sql: string, n: number, bodyExpr: string): string {
+  const s = table.schema;
+  const t = table.dbTime;
+  const p = (i: number) => `$${n + i}`;
+  const [scope, key, fp, claimId, lockId, status, headers] = [1, 2, 3, 4, 5, 6, 7].map(p);
+  const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
+  const overlap = Math.trunc(table.boundaryOverlapMs);
+  const width = Math.trunc(t.widthMs);
+  const expired = t.expiredAgainst("k.created_at", "excluded.created_at");
+  return `WITH idem_live AS MATERIALIZED (
+    SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
+           claim_id::text AS claim_id, needs_review_at
+      FROM ${s}.keys
+     WHERE scope = ${scope}::text AND key = ${key}::text AND NOT marker
+       AND bucket >= ${t.oldestBucket} AND bucket <= ${newest} AND created_at > ${t.oldest}
+     ORDER BY bucket DESC LIMIT 1
+  ),
+  idem_gate AS MATERIALIZED (
+    SELECT ${t.bucket} AS bucket,
+           extract(epoch FROM ${t.now})::float8 * 1000 - ${t.bucket}::float8 * ${width} < ${overlap} AS marker,
+           CASE WHEN EXISTS (SELECT 1 FROM idem_live) THEN false
+                ELSE pg_try_advisory_xact_lock(${lockId}::bigint) END AS locked
+  ),
+  ${CLAIM_RELATION} AS MATERIALIZED (
+    SELECT ${scope}::text AS scope, ${key}::text AS key, ${claimId}::uuid AS claim_id
+      FROM idem_gate WHERE locked
+  ),
+  work AS (
+${sql}
+  ),
+  idem_reply AS MATERIALIZED (
+    SELECT (${bodyExpr})::text AS body FROM work LIMIT 1
+  ),
+  idem_want AS MATERIALIZED (
+    SELECT g.bucket - m.back AS bucket, m.back = 1 AS marker, r.body
+      FROM idem_gate g, ${CLAIM_RELATION} c, idem_reply r, (VALUES (0), (1)) AS m (back)
+     WHERE m.back = 0 OR g.marker
+  ),
+  idem_put AS (
+    INSERT INTO ${s}.keys AS k (bucket, scope, key, marker, fingerprint, created_at, recovery_point, status,
+                                headers, body, claim_id)
+    SELECT w.bucket, ${scope}, ${key}, w.marker, ${fp}, ${t.now}, 'done',
+           CASE WHEN w.marker THEN NULL ELSE ${status}::int END,
+           CASE WHEN w.marker THEN NULL ELSE ${headers}::text::jsonb END,
+           CASE WHEN w.marker THEN NULL ELSE convert_to(w.body, 'UTF8') END, ${claimId}::uuid
+      FROM idem_want w
+    ON CONFLICT (scope, key, bucket) DO UPDATE
+       SET marker = excluded.marker, fingerprint = excluded.fingerprint, created_at = excluded.created_at,
+           recovery_point = 'done', status = excluded.status, headers = excluded.headers, body = excluded.body,
+           resource_id = NULL, lease_token = NULL, lease_until = NULL, runner = NULL, request = NULL,
+           phase_data = NULL, updated_at = NULL, attempted_at = NULL, lookup_failures = 0,
+           needs_review_at = NULL, claim_id = excluded.claim_id
+     WHERE ${expired}
+    RETURNING bucket, marker, status, body, created_at, claim_id::text AS claim_id
+  ),
+  idem_dup AS (
+    INSERT INTO ${s}.keys (bucket, scope, key, marker, fingerprint, created_at)
+    SELECT w.bucket, ${scope}, ${key}, w.marker, ${fp}, ${t.now} FROM idem_want w
+     WHERE NOT EXISTS (SELECT 1 FROM idem_put p WHERE p.bucket = w.bucket)
+    RETURNING 1
+  )
+  SELECT g.locked, l.*, p.status AS saved_status, p.body AS saved_body, p.created_at AS saved_at,
+         p.claim_id AS saved_claim_id,
+         CASE WHEN NOT g.locked AND EXISTS (SELECT 1 FROM work)
+              THEN concat('idem: the single statement ran without reading FROM ${CLAIM_RELATION} (',
+                          (SELECT count(*) FROM work), ' rows)')::int END AS ungated
+    FROM idem_gate g LEFT JOIN idem_live l ON true LEFT JOIN idem_put p ON NOT p.marker`;
+}
+
+/** The route's statement alone, for a request without a key (`required: false`): no claim is saved. */
+export function unkeyedSql(sql: string, bodyExpr: string): string {
+  return `WITH ${CLAIM_RELATION} AS MATERIALIZED (
+    SELECT NULL::text AS scope, NULL::text AS key, gen_random_uuid() AS claim_id
+  ),
+  work AS (
+${sql}
+  )
+  SELECT (${bodyExpr})::text AS body FROM work LIMIT 1`;
+}

@@ -1,0 +1,450 @@
+/**
+ * Single-statement mode: for a route whose work is one SQL statement, the key's claim, the work and the
+ * saved reply are ONE autocommitted statement (sql.ts). One round trip and no transaction to hold, with
+ * atomic mode's guarantees: the work runs once under concurrent duplicates, a crash leaves nothing
+ * half-done (it is one statement), another request under the key is 422, the saved reply is replayed
+ * byte for byte through the same code (keys/row.ts `replayOf`), and the row is an ordinary key row
+ * (inspection, retention by partitions, the operation lookup, admin).
+ *
+ * It is an `AtomicStore`, so every adapter's `idempotency()` mounts it: the handler validates, then
+ * returns `statement(tx, { sql, params, body })` instead of running queries itself. The handler runs
+ * first, with a `tx` that only records the statement; the store then sends it (the reply's status and
+ * allow-listed headers come from the handler's answer, its body from the SQL). So the handler runs for
+ * every request, a duplicate's or a replay's too: it must have no effect of its own (validation only).
+ *
+ * Timeline of two duplicates A and B in two processes:
+ *   A: statement: no live row, try-lock taken, work, key row inserted, COMMIT (lock released)
+ *   B: statement while A runs: no live row (A not committed), try-lock refused -> no work, "busy"
+ *   B: sleeps (no connection held), sends the statement again: A's row is live -> replay
+ * Past `lockTimeoutMs`: 409 with Retry-After, as atomic mode. In one process, B waits in memory behind
+ * A's call and then reads the replay. A statement that took the lock in the microseconds after A's
+ * commit but with a snapshot from before it runs the work and fails on the unique index (23505, its
+ * work rolled back with it): B then reads again and replays.
+ *
+ * Not with a sealer: the reply is built in SQL, which cannot seal it (AES-GCM in this process), so a
+ * sealed store is refused (`StatementModeError`) rather than saving a reply in clear.
+ */
+import { randomUUID } from "node:crypto";
+import {
+  type AtomicOutcome,
+  type AtomicRunOptions,
+  type AtomicStore,
+  type Claim,
+  isMissingPartition,
+  KeyInFlightError,
+  type KeyInspection,
+  problemResponse,
+  SqlState,
+  type StoredResponse,
+  sqlStateOf,
+  type WorkResult,
+} from "../../core/index.ts";
+import type { Db, Tx } from "../db.ts";
+import { expiryOf, type KeyRow, replayOf } from "../keys/row.ts";
+import { keyLockId, type PostgresStore } from "../store.ts";
+import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
+
+/** A route's one statement, as its handler gives it to `statement()`. */
+export interface StatementSpec {
+  /**
+   * One INSERT, UPDATE or DELETE with RETURNING (or a MERGE ... RETURNING, PostgreSQL 17), that reads its
+   * input `FROM idem_claim` (columns `scope`, `key`, `claim_id`): that relation has one row when this
+   * request holds the key and none otherwise, so the statement does nothing for a duplicate. E.g.
+   * `INSERT INTO payments (account, amount_cents, claim_id) SELECT $1, $2, claim_id FROM idem_claim
+   *  RETURNING id, amount_cents`. A statement that returns rows without reading it fails (nothing kept).
+   */
+  sql: string;
+  /** Its parameters, `$1..$n`. Default: none. */
+  params?: readonly unknown[];
+  /**
+   * The saved (and sent) body: an SQL expression over one row the statement returned (its columns by
+   * name, the row as `work`), cast to text. Default: `row_to_json(work)::text` (the row as JSON).
+   */
+  body?: string;
+  /** The answer's status when this request holds the key. Default: 201. */
+  status?: number;
+  /** The answer's headers (the route's replay allow-list decides which are saved). Default: none. */
+  headers?: Record<string, string>;
+  /**
+   * The answer when the statement returned no row (it changed nothing): sent, never saved, so a retry
+   * runs the statement again. Default: 404 with a problem+json body.
+   */
+  empty?: { status: number; headers?: Record<string, string>; body?: string };
+}
+
+/** What `statement()` returns for the handler to return: the status and headers, and the body to come. */
+export interface StatementReply {
+  status: number;
+  headers: Record<string, string>;
+  /** Empty here: the body is built by the statement (the answer sent carries it). */
+  body: string;
+}
+
+/** A single-statement route used in a way it cannot honour (the message says which, and what to do). */
+export class StatementModeError extends Error {
+  /** Always `"StatementModeError"`: the name logs and stack traces show. */
+  override name = "StatementModeError";
+}
+
+/** The transaction a single-statement handler gets: it records the statement, and runs nothing. */
+class StatementCapture implements Tx {
+  spec: StatementSpec | undefined;
+  readonly raw = undefined;
+  query(): never {
+    throw new StatementModeError(
+      "in single-statement mode the handler runs no query: return statement(tx, { sql, params, body })",
+    );
+  }
+  exec(): never {
+    return this.query();
+  }
+  final(): never {
+    return this.query();
+  }
+}
+
+const DEFAULT_BODY = "row_to_json(work)";
+/** The answer to a statement that returned no row, when the route gives none: 404 problem+json. */
+const EMPTY: NonNullable<StatementSpec["empty"]> = (() => {
+  const r = problemResponse(404, "not-found", "The statement changed nothing; nothing was saved.");
+  return { status: r.status, headers: Object.fromEntries(r.headers), body: new TextDecoder().decode(r.body) };
+})();
+
+/**
+ * The handler's answer on a single-statement route: hand the statement to the store (keyed requests)
+ * or run it in `tx` (a request without a key on a `required: false` route). Return what it resolves to.
+ */
+export async function statement(tx: Tx, spec: StatementSpec): Promise<StatementReply> {
+  checkSpec(spec);
+  const status = spec.status ?? 201;
+  const headers = spec.headers ?? {};
+  if (tx instanceof StatementCapture) {
+    if (tx.spec) throw new StatementModeError("a single-statement handler calls statement() once");
+    tx.spec = spec;
+    return { status, headers, body: "" };
+  }
+  const params = spec.params ?? [];
+  const { rows } = await tx.query<{ body: string | null }>(
+    unkeyedSql(spec.sql, spec.body ?? DEFAULT_BODY),
+    params,
+  );
+  if (rows.length === 0) {
+    const e = spec.empty ?? EMPTY;
+    return { status: e.status, headers: e.headers ?? {}, body: e.body ?? "" };
+  }
+  return { status, headers, body: rows[0]!.body ?? "" };
+}
+
+/** Statements checked already, with their parameter count (a route sends the same text each time). */
+const checked = new Map<string, number>();
+function checkSpec(spec: StatementSpec): void {
+  if (checked.get(spec?.sql) === (spec.params?.length ?? 0)) return;
+  if (typeof spec?.sql !== "string" || !new RegExp(`\\b${CLAIM_RELATION}\\b`).test(spec.sql)) {
+    throw new StatementModeError(
+      `a single statement must read its input FROM ${CLAIM_RELATION} (one row when this request holds the key), e.g. INSERT INTO t (a, claim_id) SELECT $1, claim_id FROM ${CLAIM_RELATION} RETURNING id`,
+    );
+  }
+  const n = spec.params?.length ?? 0;
+  let max = 0;
+  for (const m of spec.sql.matchAll(/\$(\d+)/g)) max = Math.max(max, Number(m[1]));
+  if (max > n) {
+    throw new StatementModeError(`the statement reads $${max} but is given ${n} parameters`);
+  }
+  if (checked.size >= 1_000) checked.clear();
+  checked.set(spec.sql, n);
+}
+
+/**
+ * Single-statement mode over a `PostgresStore`'s keys table: pass it as a route's `store`, and answer
+ * with `statement(tx, ...)` from the handler.
+ *
+ *   const payments = new SingleStatementStore(store);
+ *   http.createServer(idempotency(async (req, { tx, scope, body }) => statement(tx, {
+ *     sql: `INSERT INTO payments (account, amount_cents, claim_id)
+ *           SELECT $1, $2, claim_id FROM idem_claim RETURNING id::text, amount_cents`,
+ *     params: [scope, body.amount_cents],
+ *     headers: { "content-type": "application/json" },
+ *   }), { store: payments, scope: accountOf }));
+ */
+export class SingleStatementStore implements AtomicStore<Tx> {
+  readonly retentionMs: number;
+  readonly lockTimeoutMs: number;
+  /** This process's calls in progress by (scope, key): a duplicate here waits for it in memory. */
+  private readonly inFlight = new Map<string, Promise<boolean>>();
+  /**
+   * Keys this process saw finished, with when they expire (by this process's clock: a hint; the lookup
+   * decides). Bounded; the oldest go first.
+   */
+  private readonly finished = new Map<string, number>();
+  private readonly texts = new Map<string, { key: string; text: string }>();
+
+  constructor(readonly store: PostgresStore) {
+    if (store.sealer) {
+      throw new StatementModeError(
+        "single-statement mode builds the saved reply in SQL, which cannot seal it: use atomic mode with a sealing store",
+      );
+    }
+    this.retentionMs = store.retentionMs;
+    this.lockTimeoutMs = store.lockTimeoutMs;
+  }
+
+  get db(): Db {
+    return this.store.db;
+  }
+
+  inspect(scope: string, key: string): Promise<KeyInspection | undefined> {
+    return this.store.inspect(scope, key);
+  }
+
+  transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T> {
+    return this.store.transaction(work);
+  }
+
+  /**
+   * Run the handler (`work`) with a recording `tx`, then its statement under the claim. A handler that
+   * answers without a statement (a validation error) saves nothing; the key's live row, if any, still
+   * answers first (a replay, 422).
+   */
+  async atomic(
+    claim: Claim,
+    work: (tx: Tx) => Promise<WorkResult>,
+    options: AtomicRunOptions<Tx> = {},
+  ): Promise<AtomicOutcome> {
+    if (options.rebuild) {
+      throw new StatementModeError("single-statement mode saves whole replies: a route cannot be `compact`");
+    }
+    const capture = new StatementCapture();
+    const result = await work(capture);
+    const spec = capture.spec;
+    if (!spec) return this.withoutStatement(claim, result.response);
+    if (!result.save) {
+      throw new StatementModeError(
+        `status ${result.response.status} is not saved by this route: a single statement's answer must be final`,
+      );
+    }
+    if (result.compactId !== undefined) {
+      throw new StatementModeError("single-statement mode saves whole replies: a route cannot be `compact`");
+    }
+    if (options.signal?.aborted) return unsaved(result.response, this.store);
+    // The handler's answer carried a placeholder body: what a framework derived from it (its length, an
+    // ETag) would be wrong for the body the statement builds, sent and saved.
+    const response = { ...result.response, headers: result.response.headers.filter(notOfThePlaceholder) };
+    const save = { ...result.save, headers: result.save.headers.filter(notOfThePlaceholder) };
+    return this.run(claim, spec, response, save);
+  }
+
+  /**
+   * The store-level call: run `spec` under `claim` and say what happened (`AtomicOutcome`), without an
+   * HTTP adapter. `status` and `headers` are the answer's (all headers are saved).
+   */
+  runStatement(claim: Claim, spec: StatementSpec): Promise<AtomicOutcome> {
+    checkSpec(spec);
+    const headers = Object.entries(spec.headers ?? {}).map(
+      ([k, v]) => [k.toLowerCase(), v] as [string, string],
+    );
+    const response = { status: spec.status ?? 201, headers, body: new Uint8Array() };
+    return this.run(claim, spec, response, response);
+  }
+
+  private async run(
+    claim: Claim,
+    spec: StatementSpec,
+    response: StoredResponse,
+    save: StoredResponse,
+  ): Promise<AtomicOutcome> {
+    const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    // A key this process saw finished is read with the lookup alone: no statement, no wait.
+    const until = this.finished.get(id);
+    if (until !== undefined) {
+      if (until > Date.now()) {
+        const answer = await this.replayOf(claim);
+        if (answer) return answer;
+      }
+      this.finished.delete(id);
+    }
+    const deadline = Date.now() + this.lockTimeoutMs;
+    // A duplicate in this process waits for the call in progress; when that call finished the key,
+    // every waiter reads the replay at once, side by side.
+    for (let prior = this.inFlight.get(id); prior; prior = this.inFlight.get(id)) {
+      const finished = await settlesBefore(prior, deadline);
+      if (finished === undefined) throw new KeyInFlightError(RETRY_AFTER_S);
+      if (finished) return this.loop(claim, spec, response, save, deadline);
+    }
+    const running = this.loop(claim, spec, response, save, deadline);
+    const entry = running.then(
+      (out) => out.kind === "replayed" || out.saved,
+      () => false,
+    );
+    this.inFlight.set(id, entry);
+    try {
+      const out = await running;
+      if (out.kind === "replayed" || out.saved) this.rememberFinished(id, out.expiresAt);
+      return out;
+    } finally {
+      if (this.inFlight.get(id) === entry) this.inFlight.delete(id);
+    }
+  }
+
+  private async loop(
+    claim: Claim,
+    spec: StatementSpec,
+    response: StoredResponse,
+    save: StoredResponse,
+    deadline: number,
+  ): Promise<AtomicOutcome> {
+    const params = [...(spec.params ?? [])];
+    const text = this.textOf(spec.sql, params.length, spec.body ?? DEFAULT_BODY);
+    params.push(
+      claim.scope,
+      claim.key,
+      claim.fingerprint,
+      randomUUID(),
+      keyLockId(claim.scope, claim.key),
+      save.status,
+      JSON.stringify(save.headers),
+    );
+    let remade = false;
+    for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
+      let row: StatementRow | undefined;
+      try {
+        row = (await this.store.db.query<StatementRow>(text, params)).rows[0]!;
+      } catch (err) {
+        if (sqlStateOf(err) === SqlState.UniqueViolation) {
+          // A duplicate committed after this statement's snapshot (the boundary marker or the key row met
+          // it): nothing of this statement was kept; its row answers. No live row: the violation was the
+          // route statement's own (its table's unique index), an error of the route.
+          const answer = await this.replayOf(claim);
+          if (answer === undefined) throw err;
+          if (answer) return answer;
+        } else {
+          if (!isMissingPartition(err) || remade) throw err;
+          // The database's now moved past the partitions made so far: make them, and send it again
+          // (one statement: its work was rolled back with it).
+          remade = true;
+          await this.store.ensurePartitions();
+          continue;
+        }
+      }
+      if (row?.saved_status != null) {
+        const body = toBytes(row.saved_body);
+        return {
+          kind: "executed",
+          response: { status: response.status, headers: response.headers, body },
+          saved: true,
+          expiresAt: expiryOf(this.store, { created_at: row.saved_at! }),
+          claimId: row.saved_claim_id,
+        };
+      }
+      if (row && row.bucket !== null) {
+        const answer = replayOf(this.store, claim, row as KeyRow);
+        if (answer) return answer;
+      } else if (row?.locked) {
+        // Claimed, and the statement returned no row: it changed nothing, and nothing was saved.
+        const e = spec.empty ?? EMPTY;
+        const headers = Object.entries(e.headers ?? {}).map(
+          ([k, v]) => [k.toLowerCase(), v] as [string, string],
+        );
+        return unsaved(
+          { status: e.status, headers, body: new TextEncoder().encode(e.body ?? "") },
+          this.store,
+        );
+      }
+      // Busy: the key is held by a statement (or a transaction of atomic mode) in progress elsewhere.
+      const left = deadline - Date.now();
+      if (left <= 0) throw new KeyInFlightError(RETRY_AFTER_S);
+      await new Promise((r) => setTimeout(r, Math.min(left, pause * (0.5 + Math.random()))));
+    }
+  }
+
+  /** A handler that answered without its statement: the key's live row answers first, if there is one. */
+  private async withoutStatement(claim: Claim, response: StoredResponse): Promise<AtomicOutcome> {
+    const answer = await this.replayOf(claim);
+    if (answer === null) throw new KeyInFlightError(RETRY_AFTER_S);
+    return answer ?? unsaved(response, this.store);
+  }
+
+  /**
+   * The key's live row read alone: its replay (or 422, 409 in review), null when it is not finished,
+   * undefined when there is none.
+   */
+  private async replayOf(claim: Claim): Promise<AtomicOutcome | null | undefined> {
+    const { rows } = await this.store.db.query<KeyRow>(this.lookupText(), [claim.scope, claim.key]);
+    const row = rows[0];
+    if (!row) return undefined;
+    return replayOf(this.store, claim, row) ?? null;
+  }
+
+  private rememberFinished(id: string, expiresAt: Date): void {
+    this.finished.delete(id); // re-inserted last: the map's order is the eviction order
+    this.finished.set(id, expiresAt.getTime());
+    if (this.finished.size > FINISHED_HINTS) this.finished.delete(this.finished.keys().next().value!);
+  }
+
+  private lookupText(): string {
+    const t = this.store.dbTime;
+    return `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
+                   claim_id::text AS claim_id, needs_review_at
+              FROM ${this.store.schema}.keys
+             WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket}
+               AND created_at > ${t.oldest}
+             ORDER BY bucket DESC LIMIT 1`;
+  }
+
+  /** The statement's text, built once per route statement (and again when the store's time shift moved). */
+  private textOf(sql: string, n: number, body: string): string {
+    const time = this.store.dbTime;
+    const cacheKey = `${n}\0${body}\0${sql}`;
+    const hit = this.texts.get(cacheKey);
+    if (hit && hit.key === time.key) return hit.text;
+    const text = statementSql(
+      { schema: this.store.schema, dbTime: time, boundaryOverlapMs: this.store.boundaryOverlapMs },
+      sql,
+      n,
+      body,
+    );
+    if (this.texts.size >= MAX_TEXTS) this.texts.delete(this.texts.keys().next().value!);
+    this.texts.set(cacheKey, { key: time.key, text });
+    return text;
+  }
+}
+
+/** Whether a header is not derived from the body (Content-Length, ETag: a framework's, of the placeholder). */
+function notOfThePlaceholder([name]: readonly [string, string]): boolean {
+  const n = name.toLowerCase();
+  return n !== "content-length" && n !== "etag";
+}
+
+function unsaved(response: StoredResponse, _store: PostgresStore): AtomicOutcome {
+  return { kind: "executed", response, saved: false, expiresAt: new Date() };
+}
+
+function toBytes(b: Uint8Array | null): Uint8Array {
+  if (!b) return new Uint8Array();
+  return b instanceof Uint8Array ? b : new Uint8Array(b);
+}
+
+/** What `p` resolves to, if it does before `deadline` (epoch ms); undefined past it. */
+async function settlesBefore(p: Promise<boolean>, deadline: number): Promise<boolean | undefined> {
+  const left = deadline - Date.now();
+  if (left <= 0) return undefined;
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<undefined>((r) => {
+        timer = setTimeout(() => r(undefined), left);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The Retry-After of a 409 for a key still in flight (atomic mode's). */
+const RETRY_AFTER_S = 1;
+
+/** How many finished keys a store remembers to read with the lookup alone. */
+const FINISHED_HINTS = 10_000;
+
+/** How many distinct route statements a store keeps built. */
+const MAX_TEXTS = 256;
