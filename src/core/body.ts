@@ -76,13 +76,24 @@ export function parsedBody(value: unknown): RequestBody {
 /** JSON with object keys sorted at every depth, so `{"b":1,"a":2}` and `{"a":2,"b":1}` are equal. */
 export function canonicalJson(value: unknown): string {
   if (value === null || typeof value !== "object") return JSON.stringify(value) ?? "null";
-  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  if (Array.isArray(value)) {
+    let out = "[";
+    for (let i = 0; i < value.length; i++) {
+      if (i > 0) out += ",";
+      if (i in value) out += canonicalJson(value[i]); // a hole stays empty, as join() leaves it
+    }
+    return `${out}]`;
+  }
   const o = value as Record<string, unknown>;
-  const entries = Object.keys(o)
-    .filter((k) => o[k] !== undefined)
-    .sort()
-    .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`);
-  return `{${entries.join(",")}}`;
+  const keys = Object.keys(o).sort();
+  let out = "{";
+  for (const k of keys) {
+    const v = o[k];
+    if (v === undefined) continue;
+    if (out.length > 1) out += ",";
+    out += `${JSON.stringify(k)}:${canonicalJson(v)}`;
+  }
+  return `${out}}`;
 }
 
 /** What the fingerprint hashes for a body: sorted JSON, the form's pairs sorted by name, or the bytes. */

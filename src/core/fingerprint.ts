@@ -1,3 +1,4 @@
+import * as crypto from "node:crypto";
 import { createHash } from "node:crypto";
 import { canonicalBytes, canonicalJson, type RequestBody, readRequestBody } from "./body.ts";
 
@@ -28,15 +29,20 @@ function normalisePath(path: string): string {
  * same key with another fingerprint is answered with 422.
  */
 export function fingerprintRequest(method: string, path: string, body: RequestBody): Buffer {
-  const h = createHash("sha256");
-  h.update(method.toUpperCase());
-  h.update("\n");
-  h.update(normalisePath(path));
-  h.update("\n");
-  h.update(body.kind);
-  h.update("\n");
-  h.update(canonicalBytes(body));
-  return h.digest();
+  const head = `${method.toUpperCase()}\n${normalisePath(path)}\n${body.kind}\n`;
+  const canonical = canonicalBytes(body);
+  if (typeof canonical === "string") return sha256(head + canonical);
+  // Bytes (possibly large): hashed where they are, not copied behind the head.
+  return createHash("sha256").update(head).update(canonical).digest();
+}
+
+/**
+ * SHA-256 of a string in one call (`crypto.hash`, Node 20.12+: no Hash object, one UTF-8 conversion),
+ * the same digest as `createHash` fed the same text in parts.
+ */
+const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: "buffer") => Buffer }).hash;
+function sha256(text: string): Buffer {
+  return oneShot ? oneShot("sha256", text, "buffer") : createHash("sha256").update(text).digest();
 }
 
 /**
@@ -58,7 +64,5 @@ export function fingerprint(input: FingerprintInput): Buffer {
  * carry parts that may differ between retries (a client timestamp, a trace id).
  */
 export function fieldsFingerprint(method: string, path: string, fields: Record<string, unknown>): Buffer {
-  return createHash("sha256")
-    .update(`${method.toUpperCase()}\n${normalisePath(path)}\nfields\n${canonicalJson(fields)}`)
-    .digest();
+  return sha256(`${method.toUpperCase()}\n${normalisePath(path)}\nfields\n${canonicalJson(fields)}`);
 }

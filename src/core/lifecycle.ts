@@ -36,13 +36,7 @@ import {
   OUTCOME_UNKNOWN_RETRY,
   problemResponse,
 } from "./problem.ts";
-import {
-  DamagedReplyError,
-  DEFAULT_REPLAYED_HEADERS,
-  filterHeaders,
-  isSaved,
-  type StoredResponse,
-} from "./response.ts";
+import { DamagedReplyError, DEFAULT_REPLAYED_HEADERS, isSaved, type StoredResponse } from "./response.ts";
 import { SealedValueError } from "./sealing.ts";
 import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
@@ -84,6 +78,8 @@ export class Lifecycle<Tx> {
   }
 
   private readonly replayHeaders: readonly string[];
+  /** The replayed headers as a lower-case set, Set-Cookie never in it (`filterHeaders`, made once). */
+  private readonly replayed: ReadonlySet<string>;
   private readonly answerWithin: [string, string];
   private readonly phasesMode: boolean;
   private readonly answerWithinMs: number;
@@ -95,6 +91,9 @@ export class Lifecycle<Tx> {
   constructor(options: LifecycleOptions<Tx>, phases?: { answerWithinMs?: number }) {
     this.options = options;
     this.replayHeaders = options.replayHeaders ?? DEFAULT_REPLAYED_HEADERS;
+    this.replayed = new Set(
+      this.replayHeaders.map((h) => h.toLowerCase()).filter((h) => h !== "set-cookie" && h !== "set-cookie2"),
+    );
     this.phasesMode = phases !== undefined;
     const ms = phases
       ? (phases.answerWithinMs ?? DEFAULT_ANSWER_WITHIN_MS)
@@ -169,7 +168,7 @@ export class Lifecycle<Tx> {
           if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
           const save = {
             status: produced.status,
-            headers: filterHeaders(produced.headers, this.replayHeaders),
+            headers: keepHeaders(produced.headers, this.replayed),
             body: produced.body,
           };
           const compactId = compact?.id(produced);
@@ -308,7 +307,7 @@ export class Lifecycle<Tx> {
   /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
   private async rebuild(compact: CompactOptions<Tx>, saved: CompactSaved, tx: Tx): Promise<StoredResponse> {
     const r = await compact.rebuild(saved, tx);
-    return { status: saved.status, headers: filterHeaders(r.headers, this.replayHeaders), body: r.body };
+    return { status: saved.status, headers: keepHeaders(r.headers, this.replayed), body: r.body };
   }
 
   private refused(claim: Claim): Settled {
@@ -362,7 +361,7 @@ export class Lifecycle<Tx> {
       const headers: Array<[string, string]> = [
         ...r.headers,
         [REPLAYED_HEADER, "true"],
-        [EXPIRES_HEADER, outcome.expiresAt.toUTCString()],
+        [EXPIRES_HEADER, httpDate(outcome.expiresAt)],
         this.answerWithin,
         refHeader(claim, outcome.claimId),
       ];
@@ -376,7 +375,7 @@ export class Lifecycle<Tx> {
     }
     const headers = [...r.headers, this.answerWithin, refHeader(claim, outcome.claimId)];
     if (outcome.saved) {
-      headers.push([EXPIRES_HEADER, outcome.expiresAt.toUTCString()]);
+      headers.push([EXPIRES_HEADER, httpDate(outcome.expiresAt)]);
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);
     }
     return this.report(claim, {
@@ -386,6 +385,31 @@ export class Lifecycle<Tx> {
       executed: true,
     });
   }
+}
+
+/** `filterHeaders` with the allow-list made a set once per route. */
+function keepHeaders(
+  headers: Iterable<[string, string]>,
+  allowed: ReadonlySet<string>,
+): Array<[string, string]> {
+  const out: Array<[string, string]> = [];
+  for (const [name, value] of headers) {
+    const n = name.toLowerCase();
+    if (allowed.has(n)) out.push([n, value]);
+  }
+  return out;
+}
+
+/** `date.toUTCString()`, formatted once per second (keys saved in the same second expire in the same one). */
+let lastSecond = Number.NaN;
+let lastDate = "";
+function httpDate(date: Date): string {
+  const second = Math.floor(date.getTime() / 1000);
+  if (second !== lastSecond) {
+    lastDate = date.toUTCString();
+    lastSecond = second;
+  }
+  return lastDate;
 }
 
 const ROLLBACK = Symbol("idem: roll back an unkeyed request whose answer is not final");

@@ -123,9 +123,20 @@ async function payloadBytes(payload: unknown): Promise<Uint8Array> {
 }
 
 function setHeaders(reply: FastifyReply, headers: Array<[string, string]>): void {
-  for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
-  for (const [name, values] of groupHeaders(headers))
-    reply.header(name, values.length === 1 ? values[0] : values);
+  for (const name in reply.getHeaders()) reply.removeHeader(name);
+  if (headers.length === 0) return;
+  // One value per name (the usual case): set as they come; a repeated name (Set-Cookie) grouped.
+  const seen = new Set<string>();
+  for (const [name] of headers) {
+    const lower = name.toLowerCase();
+    if (seen.has(lower)) {
+      for (const [n, values] of groupHeaders(headers))
+        reply.header(n, values.length === 1 ? values[0] : values);
+      return;
+    }
+    seen.add(lower);
+  }
+  for (const [name, value] of headers) reply.header(name, value);
 }
 
 /** The body as a Buffer over the same bytes (Fastify sends Buffers as they are; no copy). */

@@ -11,10 +11,30 @@ export const NULL_BODY_STATUSES: ReadonlySet<number> = new Set([101, 204, 205, 3
 
 /** A saved or owed answer as a `Response` (no body for 101, 204, 205, 304 or an empty one). */
 export function toResponse(r: StoredResponse): Response {
-  const headers = new Headers();
-  for (const [k, v] of r.headers) headers.append(k, v);
   const empty = NULL_BODY_STATUSES.has(r.status) || r.body.length === 0;
-  return new Response(empty ? null : (r.body as Uint8Array<ArrayBuffer>), { status: r.status, headers });
+  return new Response(empty ? null : (r.body as Uint8Array<ArrayBuffer>), {
+    status: r.status,
+    headers: headersInit(r.headers),
+  });
+}
+
+/**
+ * The pairs as a plain object when every name is there once (the usual case), else as `Headers`
+ * (repeated Set-Cookie). A plain object is what @hono/node-server's lightweight Response writes out
+ * without building a `Headers`; elsewhere both mean the same.
+ */
+function headersInit(pairs: ReadonlyArray<readonly [string, string]>): Record<string, string> | Headers {
+  const record: Record<string, string> = {};
+  for (const [k, v] of pairs) {
+    const name = k.toLowerCase();
+    if (Object.hasOwn(record, name) || name === "__proto__") {
+      const headers = new Headers();
+      for (const [n, value] of pairs) headers.append(n, value);
+      return headers;
+    }
+    record[name] = v;
+  }
+  return record;
 }
 
 /** A handler's `Response`, read whole (Set-Cookie stays one pair per cookie). */

@@ -73,23 +73,69 @@ interface RouteOptions<E extends Env> {
 export interface HonoIdempotencyOptions<E extends Env = any> extends LifecycleOptions<Tx>, RouteOptions<E> {}
 
 const encoder = new TextEncoder();
+const decoder = new TextDecoder();
 /**
- * @hono/node-server's lightweight Response keeps a string or byte body, with its status and headers,
- * in an own symbol property described "cache"; reading the body there spares building a web Response
- * and a stream for every request (a tenth of a keyed request's CPU). Elsewhere (other runtimes, a
- * streamed body, another version) the body is read the standard way.
+ * @hono/node-server's lightweight Response keeps its status, a string or byte body and its headers (a
+ * plain object, an array of pairs or a `Headers`) in an own symbol property described "cache"; reading
+ * them there spares building a web Response, a `Headers` and a stream for every request (a tenth of a
+ * keyed request's CPU). Elsewhere (other runtimes, a streamed body, another version) the response is
+ * read the standard way.
  */
 let cacheSymbol: symbol | undefined;
-async function bodyOf(res: Response): Promise<Uint8Array> {
+function cacheOf(res: Response): unknown[] | undefined {
   cacheSymbol ??= Object.getOwnPropertySymbols(res).find((s) => s.description === "cache");
   const cached = cacheSymbol ? (res as unknown as Record<symbol, unknown>)[cacheSymbol] : undefined;
-  if (Array.isArray(cached) && cached.length === 3) {
+  return Array.isArray(cached) && cached.length === 3 ? cached : undefined;
+}
+
+async function bodyOf(res: Response, cached: unknown[] | undefined): Promise<Uint8Array> {
+  if (cached) {
     const body: unknown = cached[1];
     if (typeof body === "string") return encoder.encode(body);
     if (body instanceof Uint8Array) return body;
     if (body === null) return new Uint8Array(0);
   }
   return new Uint8Array(await res.arrayBuffer());
+}
+
+/**
+ * The response's headers as lower-case pairs: from the lightweight cache when it holds a plain object
+ * that `Headers` would take as it is (one value per name, no surrounding spaces), else from `res.headers`.
+ */
+function headersOf(res: Response, cached: unknown[] | undefined): Array<[string, string]> {
+  const h = cached?.[2];
+  if (h && typeof h === "object" && !Array.isArray(h) && !(h instanceof Headers)) {
+    const pairs: Array<[string, string]> = [];
+    const seen = new Set<string>();
+    for (const name in h) {
+      const value = (h as Record<string, unknown>)[name];
+      const lower = name.toLowerCase();
+      if (typeof value !== "string" || seen.has(lower) || value.trim() !== value) return [...res.headers];
+      seen.add(lower);
+      pairs.push([lower, value]);
+    }
+    return pairs;
+  }
+  return [...res.headers];
+}
+
+/**
+ * What the handler reads again through `c.req` (`json()`, `text()`, `arrayBuffer()`) comes from the
+ * bytes read here: Hono would otherwise build a web Response around them for each reading.
+ */
+function seedBodyCache(c: Context, bytes: Uint8Array): void {
+  const cache = c.req.bodyCache as Record<string, Promise<unknown> | undefined>;
+  if (!cache.text) {
+    let text: Promise<string> | undefined;
+    Object.defineProperty(cache, "text", {
+      configurable: true,
+      enumerable: true,
+      get: () => (text ??= Promise.resolve(decoder.decode(bytes))),
+      set: (v: Promise<string>) => {
+        text = v;
+      },
+    });
+  }
 }
 
 function setResponse(c: Context, r: StoredResponse): void {
@@ -127,6 +173,7 @@ function hangUpOf(c: Context): HangUp {
 
 async function begin(lifecycle: Lifecycle<Tx>, c: Context, scope: string | undefined): Promise<Begun> {
   const bytes = new Uint8Array(await c.req.arrayBuffer()); // Hono caches it for a handler that reads it again
+  seedBodyCache(c, bytes);
   return lifecycle.begin(new HonoRequest(c), scope, bytes);
 }
 
@@ -178,10 +225,11 @@ export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions
           await next();
           if (c.error) throw c.error;
           const res = c.res;
+          const cached = cacheOf(res);
           return {
             status: res.status,
-            headers: [...res.headers],
-            body: await bodyOf(res),
+            headers: headersOf(res, cached),
+            body: await bodyOf(res, cached),
           };
         },
         { signal: hangUpOf(c), authorize: authorizer(options, c) },

@@ -124,22 +124,29 @@ function listener(
   ) => Promise<StoredResponse>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
   const onError = options.onError ?? ((err: unknown) => console.error(err));
-  async function handle(req: IncomingMessage, res: ServerResponse, state: { begun?: Begun }): Promise<void> {
-    const raw = await readBody(req, options.limit);
-    const scope = await options.scope(req);
-    const begun = lifecycle.begin(new NodeIdemRequest(req, req.url ?? "/"), scope, raw);
-    state.begun = begun;
-    if (begun.kind === "answer") return writeResponse(res, begun.response);
-    writeResponse(res, await run(req, begun, raw, res));
-  }
-  return function idempotentListener(req, res) {
-    const state: { begun?: Begun } = {};
-    handle(req, res, state).catch((err: unknown) => {
-      const owed = lifecycle.failure(err, state.begun); // 413, or the database down
+  const limit = options.limit;
+  // One async function per request: read, begin, run, write; what escapes is answered in its catch.
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    let begun: Begun | undefined;
+    try {
+      const raw = await readBody(req, limit);
+      const scoped = options.scope(req);
+      const scope = typeof scoped === "object" ? await scoped : scoped; // a string, undefined or a promise
+      begun = lifecycle.begin(new NodeIdemRequest(req, req.url ?? "/"), scope, raw);
+      writeResponse(res, begun.kind === "answer" ? begun.response : await run(req, begun, raw, res));
+    } catch (err) {
+      const owed = lifecycle.failure(err, begun); // 413, or the database down
       if (owed) return writeResponse(res, owed);
       onError(err, req); // the handler threw: the transaction rolled back, nothing was saved
-      if (!res.headersSent) writeResponse(res, lifecycle.internalError(state.begun));
+      if (!res.headersSent) writeResponse(res, lifecycle.internalError(begun));
       else res.destroy();
+    }
+  }
+  return function idempotentListener(req, res) {
+    handle(req, res).catch((err: unknown) => {
+      // onError itself threw: nothing more can be said on this request
+      console.error(err);
+      res.destroy();
     });
   };
 }

@@ -93,11 +93,27 @@ export function headerOf(req: IncomingMessage, name: string): string | undefined
 
 /** Send a response as the lifecycle returned it. */
 export function writeResponse(res: ServerResponse, r: StoredResponse): void {
-  for (const [name, values] of groupHeaders(r.headers)) {
-    res.setHeader(name, values.length === 1 ? values[0]! : values);
-  }
+  const headers = r.headers;
+  if (hasRepeatedName(headers)) {
+    for (const [name, values] of groupHeaders(headers)) {
+      res.setHeader(name, values.length === 1 ? values[0]! : values);
+    }
+  } else for (const [name, value] of headers) res.setHeader(name, value);
   res.statusCode = r.status;
   res.end(NULL_BODY_STATUSES.has(r.status) || r.body.length === 0 ? undefined : r.body);
+}
+
+/** Whether a name comes twice (then grouped: setHeader replaces); compared pairwise, as there are few. */
+function hasRepeatedName(headers: ReadonlyArray<readonly [string, string]>): boolean {
+  const n = headers.length;
+  if (n > 16) return true; // many: grouped anyway
+  const names: string[] = new Array(n);
+  for (let i = 0; i < n; i++) {
+    const name = headers[i]![0].toLowerCase();
+    for (let j = 0; j < i; j++) if (names[j] === name) return true;
+    names[i] = name;
+  }
+  return false;
 }
 
 /** The framework-free request the lifecycle reads, over a Node request (a class: no closure per request). */
