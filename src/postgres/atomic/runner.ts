@@ -67,8 +67,8 @@ export interface AtomicHost extends ReplaySource {
   readonly lockTimeoutMs: number;
   /** The statements, with the store's current time shift. */
   readonly sql: AtomicSql;
-  /** The SQL, sent with BEGIN, that serialises every request for one (scope, key). */
-  lockSql(scope: string, key: string): string;
+  /** What serialises every request for one (scope, key), sent with BEGIN (SQL text or one statement). */
+  lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] };
   /** This process's estimate of the database's time (a hint, never a decision). */
   estimatedNowMs(): number;
   /** Make the partitions of now when this process's hint says they may be missing (undefined: none due). */
