@@ -133,6 +133,25 @@ describe.each(chosen)("the store's time on $name", (backend) => {
     expect((await s.atomic(c, (tx) => charge(tx))).kind).toBe("executed");
   });
 
+  it("a key expired in the partition it is saved again in: its row is replaced, the new reply replays", async () => {
+    // Retention (10 min) shorter than a partition (1 h): the expired row is still in the bucket.
+    const now = new TestTime(Date.UTC(2031, 2, 4, 14, 5));
+    const s = await stores({ timeShift: now, retentionMs: 600_000 });
+    const c = claimOf("k-replaced");
+    const first = await s.atomic(c, (tx) => charge(tx));
+    now.ms += 20 * 60_000; // 14:25, the same hourly partition, the first row expired
+    const again = await s.atomic(c, (tx) => charge(tx));
+    expect(again).toMatchObject({ kind: "executed", saved: true });
+    expect(Buffer.from(again.response.body).toString()).not.toBe(Buffer.from(first.response.body).toString());
+    const { rows } = await open.db.query<{ n: number }>(
+      "SELECT count(*)::int AS n FROM idem.keys WHERE key = 'k-replaced'",
+    );
+    expect(rows[0]!.n).toBe(1);
+    const replay = await s.atomic(c, (tx) => charge(tx));
+    expect(replay.kind).toBe("replayed");
+    expect(Buffer.from(replay.response.body).toString()).toBe(Buffer.from(again.response.body).toString());
+  });
+
   it("a key saved in an earlier partition is still found (and replayed) within retention", async () => {
     const now = new TestTime(Date.UTC(2031, 2, 5, 8, 59, 50));
     const s = await stores({ timeShift: now, retentionMs: 3 * HOUR });

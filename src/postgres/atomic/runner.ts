@@ -86,6 +86,19 @@ type Attempt =
   /** The work (or a compact reply's rebuild) threw: everything rolled back, and its error is rethrown. */
   | { kind: "failed"; error: unknown };
 
+/** A row of the locked lookup (atomic/sql.ts `lockedLookup`). */
+type LockedRow = KeyRow & { live: boolean | null; here: boolean | null; new_expires_at: Date };
+
+/** What the locked lookup found. */
+interface Looked {
+  /** The key's live row (the newest), if any. */
+  row: KeyRow | undefined;
+  /** When a key saved in this transaction expires. */
+  expiresAt: Date;
+  /** A row of the key that is not live is in the bucket the key row goes to: it is replaced. */
+  replace: boolean;
+}
+
 /** How a wait behind this process's call in flight ended. */
 type Woken = "finished" | "yours" | "timeout";
 
@@ -251,6 +264,7 @@ export class AtomicRunner {
     const lookup = this.lookupIn(tx, claim);
     let result: WorkResult;
     let expiresAt: Date;
+    let replace: boolean;
     if (speculate && tx.pipelined && !rebuild) {
       // The work starts now, and its first statement leaves with BEGIN, the lock and the lookup, in
       // one write. The lookup answers first (statements answer in order), and the work sees its own
@@ -270,7 +284,7 @@ export class AtomicRunner {
       }
       let existing: KeyRow | undefined;
       try {
-        ({ row: existing, expiresAt } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
+        ({ row: existing, expiresAt, replace } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
       } catch (err) {
         if (sqlStateOf(err) !== SqlState.LockNotAvailable) gate.abandon();
         throw err;
@@ -287,12 +301,13 @@ export class AtomicRunner {
         return rollback({ kind: "failed", error });
       }
     } else {
-      const { row: existing, expiresAt: fresh } = await lookup;
+      const { row: existing, expiresAt: fresh, replace: here } = await lookup;
       if (existing) {
         const answer = await this.answerInTx(claim, existing, tx, rebuild);
         return answer.kind === "failed" ? rollback(answer) : commit(answer);
       }
       expiresAt = fresh;
+      replace = here;
       try {
         // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
         result = await withGuardedTx(tx, work);
@@ -307,7 +322,7 @@ export class AtomicRunner {
     const claimId = randomUUID(); // given here, so the answer can name its claim without a read
     // Its bucket and created_at are the database's now (this transaction's start, the instant the
     // lookup read), whatever this process's clock says.
-    tx.final(this.host.sql.insertDone, [
+    tx.final(replace ? this.host.sql.replaceDone : this.host.sql.insertDone, [
       claim.scope,
       claim.key,
       claim.fingerprint,
@@ -332,13 +347,17 @@ export class AtomicRunner {
    * The live row of a key, and when a key saved in this transaction expires: the database's now (the
    * transaction's start, which the saved row's created_at will be) plus the retention.
    */
-  private async lookupIn(tx: Tx, claim: Claim): Promise<{ row: KeyRow | undefined; expiresAt: Date }> {
-    const { rows } = await tx.query<KeyRow & { new_expires_at: Date }>(this.host.sql.lookup, [
-      claim.scope,
-      claim.key,
-    ]);
-    const r = rows[0]!;
-    return { row: r.bucket === null ? undefined : r, expiresAt: new Date(r.new_expires_at) };
+  private async lookupIn(tx: Tx, claim: Claim): Promise<Looked> {
+    const { rows } = await tx.query<LockedRow>(this.host.sql.lockedLookup, [claim.scope, claim.key]);
+    let row: KeyRow | undefined;
+    let replace = false;
+    for (const r of rows) {
+      if (r.bucket === null) break; // no row: the one row of NULLs
+      if (r.live) {
+        row ??= r;
+      } else if (r.here) replace = true;
+    }
+    return { row, expiresAt: new Date(rows[0]!.new_expires_at), replace };
   }
 
   /**
