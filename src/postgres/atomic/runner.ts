@@ -21,7 +21,7 @@
  *
  * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
  * take the whole pool from every other account):
- *   - in this process, a duplicate waits in memory behind the call in flight (`InFlight`): when that
+ *   - in this process, a duplicate waits in memory behind the call in flight (`inFlight`): when that
  *     call finished the key, every waiter reads the replay at once, side by side; otherwise the key is
  *     handed to the first waiter only;
  *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
@@ -102,14 +102,15 @@ interface Looked {
 /** How a wait behind this process's call in flight ended. */
 type Woken = "finished" | "yours" | "timeout";
 
-/** A call in flight in this process for one key, and the duplicates waiting behind it. */
-interface InFlight {
-  waiters: Array<(woken: Woken) => void>;
-}
+/** The duplicates waiting in this process behind the call in flight for one key, in arrival order. */
+type Waiters = Array<(woken: Woken) => void>;
 
 export class AtomicRunner {
-  /** This process's atomic calls in progress, by (scope, key). */
-  private readonly inFlight = new Map<string, InFlight>();
+  /**
+   * This process's atomic calls in progress, by (scope, key): the duplicates waiting behind each, or
+   * null while none waits (the list is made by the first duplicate, so a call alone allocates nothing).
+   */
+  private readonly inFlight = new Map<string, Waiters | null>();
   /**
    * Keys this process saw finished (saved or replayed), with when they expire: a retry of one is read
    * first without a lock or a transaction, one statement (a finished key never changes). A hint only:
@@ -131,20 +132,21 @@ export class AtomicRunner {
     }
     const deadline = Date.now() + this.host.lockTimeoutMs;
     let waited = false;
-    let entry = this.inFlight.get(id);
-    while (entry) {
+    let ours = false;
+    while (this.inFlight.has(id)) {
       waited = true;
-      const woken = await waitBehind(entry, deadline);
+      let waiters = this.inFlight.get(id);
+      if (!waiters) this.inFlight.set(id, (waiters = []));
+      const woken = await waitBehind(waiters, deadline);
       if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
-      if (woken === "yours") break; // handed over: the entry is this call's now
+      if (woken === "yours") {
+        ours = true; // handed over: the key is this call's now
+        break;
+      }
       const answer = await this.replayWithoutLock(id, claim);
       if (answer) return answer;
-      entry = this.inFlight.get(id);
     }
-    if (!entry) {
-      entry = { waiters: [] };
-      this.inFlight.set(id, entry);
-    }
+    if (!ours) this.inFlight.set(id, null);
     let finished = false;
     // A speculative work started once lives on across attempts: its handler cannot be run twice.
     const spec: Speculation = {};
@@ -181,16 +183,17 @@ export class AtomicRunner {
         // (bounded: an error handler that never answers must not hold this request).
         await settlesBefore(spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS);
       }
-      this.handOver(id, entry, finished);
+      this.handOver(id, finished);
     }
   }
 
   /** The call in flight ended: every waiter reads a finished key; otherwise the first one takes it. */
-  private handOver(id: string, entry: InFlight, finished: boolean): void {
-    if (finished || entry.waiters.length === 0) {
+  private handOver(id: string, finished: boolean): void {
+    const waiters = this.inFlight.get(id);
+    if (finished || !waiters?.length) {
       this.inFlight.delete(id);
-      for (const wake of entry.waiters.splice(0)) wake("finished");
-    } else entry.waiters.shift()!("yours");
+      if (waiters) for (const wake of waiters.splice(0)) wake("finished");
+    } else waiters.shift()!("yours");
   }
 
   private knownFinished(id: string): boolean {
@@ -397,7 +400,7 @@ export class AtomicRunner {
 }
 
 /** Wait behind this process's call in flight for the key, until `deadline` (epoch ms). */
-function waitBehind(entry: InFlight, deadline: number): Promise<Woken> {
+function waitBehind(waiters: Waiters, deadline: number): Promise<Woken> {
   return new Promise<Woken>((resolve) => {
     const wake = (woken: Woken) => {
       clearTimeout(timer);
@@ -405,13 +408,13 @@ function waitBehind(entry: InFlight, deadline: number): Promise<Woken> {
     };
     const timer = setTimeout(
       () => {
-        const i = entry.waiters.indexOf(wake);
-        if (i >= 0) entry.waiters.splice(i, 1);
+        const i = waiters.indexOf(wake);
+        if (i >= 0) waiters.splice(i, 1);
         resolve("timeout");
       },
       Math.max(0, deadline - Date.now()),
     );
-    entry.waiters.push(wake);
+    waiters.push(wake);
   });
 }
 
