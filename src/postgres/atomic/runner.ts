@@ -15,9 +15,15 @@
  * boundary would not meet on one index. The lock is per key whatever the partition (`lockSql`), and the
  * key row is written once, with its response, instead of inserted and then updated. The primary key
  * still backs it up: a duplicate row in one partition fails and rolls the whole transaction back.
+ * Measured (issue 30, pgbench -M prepared, pipelined, 10 clients, 1 Dec, load 15): a claim with the
+ * key row itself (INSERT into the current partition ON CONFLICT DO NOTHING, a lookup of the older
+ * partitions, UPDATE with the reply) cost PostgreSQL 246 us per request, the lock path with its key
+ * row as a plain INSERT 249 us: no cheaper, and it would need boundary markers as phases mode has.
  *
  * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
- * and [INSERT key row, COMMIT].
+ * and [INSERT key row, COMMIT]. The lock is one prepared statement when the driver takes one with
+ * BEGIN, and the key row a plain INSERT unless a row of the key that is not live is in its bucket
+ * (`lookupIn`, atomic/sql.ts).
  *
  * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
  * take the whole pool from every other account):
