@@ -12,6 +12,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import pg from "pg";
 import type { Claim, StoredResponse } from "../src/core/index.ts";
+import type { AtomicSql } from "../src/postgres/atomic/sql.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
@@ -72,10 +73,16 @@ try {
   await migrate(db);
   const store = await PostgresStore.open(db);
   // The path as it was before issue 30: the lock as SQL text sent with BEGIN (what drivers without a
-  // parameterised `begin` still get), and the key row always through the upsert.
+  // parameterised `begin` still get), the key row always through the upsert, and the lookup's
+  // partitions pruned at every execution.
   const before = await PostgresStore.open({ ...db, supportsBeginParams: false });
-  const internals = before as unknown as { statements: { insertDone: string; replaceDone: string } };
-  internals.statements = { ...internals.statements, insertDone: internals.statements.replaceDone };
+  const internals = before as unknown as { statements: AtomicSql };
+  const old = internals.statements;
+  internals.statements = {
+    ...old,
+    insertDone: old.replaceDone,
+    lockedLookupAround: () => old.lockedLookup,
+  };
   const pay = async (tx: { query: typeof db.query }, key: string) => {
     const { rows } = await tx.query<{ id: string }>(INSERT, [key, 5000, "eur"]);
     const response: StoredResponse = {

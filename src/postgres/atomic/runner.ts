@@ -93,7 +93,13 @@ type Attempt =
   | { kind: "failed"; error: unknown };
 
 /** A row of the locked lookup (atomic/sql.ts `lockedLookup`). */
-type LockedRow = KeyRow & { live: boolean | null; here: boolean | null; new_expires_at: Date };
+type LockedRow = KeyRow & {
+  live: boolean | null;
+  here: boolean | null;
+  new_expires_at: Date;
+  /** `lockedLookupAround` only: whether the partitions it read are all those a live row may be in. */
+  covered?: boolean;
+};
 
 /** What the locked lookup found. */
 interface Looked {
@@ -357,7 +363,12 @@ export class AtomicRunner {
    * transaction's start, which the saved row's created_at will be) plus the retention.
    */
   private async lookupIn(tx: Tx, claim: Claim): Promise<Looked> {
-    const { rows } = await tx.query<LockedRow>(this.host.sql.lockedLookup, [claim.scope, claim.key]);
+    const sql = this.host.sql;
+    const params = [claim.scope, claim.key];
+    let { rows } = await tx.query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params);
+    // The partitions named from this process's estimate of the time miss one the database's clock says
+    // a live row may be in: read by that clock alone (same lock, same transaction).
+    if (rows[0]!.covered === false) ({ rows } = await tx.query<LockedRow>(sql.lockedLookup, params));
     let row: KeyRow | undefined;
     let replace = false;
     for (const r of rows) {

@@ -22,6 +22,12 @@ export type AtomicSql = ReturnType<typeof atomicSql>;
  */
 const LOOKUP_AHEAD_MS = 600_000;
 
+/**
+ * How far the process's estimate of the database's time may be off before a locked lookup named by it
+ * misses a partition (it then reads again by the database's clock alone: `lockedLookupAround`).
+ */
+const HINT_MARGIN_MS = 60_000;
+
 export function atomicSql(s: string, t: DbTime) {
   const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
   const lookupWhere = `FROM ${s}.keys
@@ -34,6 +40,15 @@ export function atomicSql(s: string, t: DbTime) {
   const values = `${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid`;
   const insertColumns = `bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
                                      body, resource_id, claim_id`;
+  const lockedLookup = (range = "", covered = "") => `SELECT k.*, ${expiresNew}${covered}
+               FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
+                 SELECT bucket, NOT marker AND created_at > ${t.oldest} AS live, bucket = ${t.bucket} AS here,
+                        ${columns}
+                   FROM ${s}.keys
+                  WHERE scope = $1 AND key = $2${range} AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
+                  ORDER BY bucket DESC
+               ) k ON true`;
+  let around: { lo: number; hi: number; text: string } | undefined;
   return {
     // Always one row: the key's live row (or NULLs), and when a key saved in this transaction expires.
     lookup: `SELECT k.*, ${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at
@@ -45,14 +60,23 @@ export function atomicSql(s: string, t: DbTime) {
     // a miss probes the same partitions as `lookup`), or one row of NULLs; with when a key saved in this
     // transaction expires. `live`: not a marker and within retention; `here`: in the bucket a row saved
     // now goes to (an expired one there is replaced by `replaceDone`).
-    lockedLookup: `SELECT k.*, ${expiresNew}
-               FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
-                 SELECT bucket, NOT marker AND created_at > ${t.oldest} AS live, bucket = ${t.bucket} AS here,
-                        ${columns}
-                   FROM ${s}.keys
-                  WHERE scope = $1 AND key = $2 AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
-                  ORDER BY bucket DESC
-               ) k ON true`,
+    lockedLookup: lockedLookup(),
+    /**
+     * `lockedLookup` with the partitions it reads also named as constants, from this process's estimate
+     * of the database's time (`estimatedMs`) with a margin: PostgreSQL then prunes the others when it
+     * plans the statement (once per connection), not at every execution, and locks only those. Its
+     * `covered` says whether they hold every partition the database's clock says a live row may be in;
+     * when false (the estimate was off by more than the margin), the caller reads `lockedLookup`.
+     */
+    lockedLookupAround(estimatedMs: number): string {
+      const lo = Math.floor((estimatedMs - t.retentionMs - HINT_MARGIN_MS) / t.widthMs);
+      const hi = Math.floor((estimatedMs + LOOKUP_AHEAD_MS + HINT_MARGIN_MS) / t.widthMs);
+      if (around?.lo !== lo || around.hi !== hi) {
+        const covered = `, ${t.oldestBucket} >= ${lo} AND ${newest} <= ${hi} AS covered`;
+        around = { lo, hi, text: lockedLookup(` AND bucket >= ${lo} AND bucket <= ${hi}`, covered) };
+      }
+      return around.text;
+    },
     // The key row with its reply, when the locked lookup found no row of the key in this bucket: a plain
     // INSERT (no arbiter to look up, no subplan). A row there meanwhile fails it on the primary key
     // (23505), which rolls the transaction back.
