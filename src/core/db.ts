@@ -54,7 +54,10 @@ export interface Db extends Queryable {
   exec(sql: string): Promise<void>;
   /**
    * Run `fn` in one transaction on one connection: commit when it resolves, roll back when it throws.
-   * `begin` is extra SQL sent with BEGIN in the same round trip (e.g. `SET LOCAL lock_timeout = '5s'`).
+   * `begin` is extra SQL sent with BEGIN in the same round trip (e.g. `SET LOCAL lock_timeout = '5s'`);
+   * for a `Db` whose `supportsBeginParams` is true, it may be one parameterised statement instead (run
+   * right after BEGIN, prepared like any other; its rows are not returned, and its failure fails the
+   * transaction's first statement).
    * `batch`: a pipelining driver holds BEGIN and the first statement until the second is queued (or the
    * current turn of the event loop ends), so the three leave in one write; others ignore it.
    * `before`: a statement committed on its own just before BEGIN, on the same connection, so that a
@@ -64,10 +67,16 @@ export interface Db extends Queryable {
    */
   transaction<T>(
     fn: (tx: Tx) => Promise<T>,
-    options?: { begin?: string; batch?: boolean; before?: { sql: string; params?: readonly unknown[] } },
+    options?: {
+      begin?: string | { sql: string; params?: readonly unknown[] };
+      batch?: boolean;
+      before?: { sql: string; params?: readonly unknown[] };
+    },
   ): Promise<T>;
   /** Whether `transaction()` honours its `before` option (callers run that statement first otherwise). */
   readonly supportsBefore?: boolean;
+  /** Whether `transaction()` takes a parameterised statement as `begin` (callers send a string otherwise). */
+  readonly supportsBeginParams?: boolean;
   /** Close the pool (only when the adapter owns it). */
   close(): Promise<void>;
   /** A short name of the driver, for logs and error messages. */

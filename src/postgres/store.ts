@@ -299,19 +299,35 @@ export class PostgresStore implements AtomicStore<Tx> {
   }
 
   /**
-   * The SQL that serialises every request for one (scope, key): a transaction-scoped advisory lock,
-   * waited for in the server at most `LOCK_WAIT_MS` (then 55P03, and the caller sleeps without a
-   * connection and tries again). Sent with BEGIN (a literal, no parameters) so that it costs no round
-   * trip of its own; the lock timeout is reset afterwards so it does not bound the work.
+   * What serialises every request for one (scope, key), sent with BEGIN so that it costs no round trip
+   * of its own: a transaction-scoped advisory lock, waited for in the server at most `LOCK_WAIT_MS`
+   * (then 55P03, and the caller sleeps without a connection and tries again); the lock timeout is put
+   * back right after the lock, so it does not bound the work.
+   *
+   * One parameterised statement (prepared on a direct connection) when the driver takes one with
+   * BEGIN: `set_config(..., true)` is transaction-local, so nothing outlives the transaction (safe
+   * through PgBouncer's transaction mode); evaluated in order, the inner row saves the timeout, sets
+   * the wait and takes the lock (OFFSET 0 keeps that subquery whole), the outer puts the timeout back.
+   * Otherwise, and on Citus (`shardLockSql`), the same as SQL text with the lock id as a literal.
    */
-  lockSql(scope: string, key: string): string {
+  lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] } {
     const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
     if (this.onCitus) return shardLockSql(this.schema, scope, keyLockId(scope, key), wait);
+    if (this.db.supportsBeginParams) return { sql: lockStatement(wait), params: [keyLockId(scope, key)] };
     return (
       `SET LOCAL lock_timeout = '${wait}ms'; ` +
       `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`
     );
   }
+}
+
+/** The per-key lock as one statement ($1: the lock id), waiting at most `waitMs` (see `lockSql`). */
+function lockStatement(waitMs: number): string {
+  return (
+    "SELECT set_config('lock_timeout', w.prev, true) AS lock_timeout FROM (" +
+    `SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', '${waitMs}ms', true) AS wait, ` +
+    "pg_advisory_xact_lock($1::bigint) AS locked OFFSET 0) w"
+  );
 }
 
 const DEFAULT_RETENTION_MS = 24 * 3_600_000;

@@ -15,13 +15,19 @@
  * boundary would not meet on one index. The lock is per key whatever the partition (`lockSql`), and the
  * key row is written once, with its response, instead of inserted and then updated. The primary key
  * still backs it up: a duplicate row in one partition fails and rolls the whole transaction back.
+ * Measured (issue 30, pgbench -M prepared, pipelined, 10 clients, 1 Dec, load 15): a claim with the
+ * key row itself (INSERT into the current partition ON CONFLICT DO NOTHING, a lookup of the older
+ * partitions, UPDATE with the reply) cost PostgreSQL 246 us per request, the lock path with its key
+ * row as a plain INSERT 249 us: no cheaper, and it would need boundary markers as phases mode has.
  *
  * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
- * and [INSERT key row, COMMIT].
+ * and [INSERT key row, COMMIT]. The lock is one prepared statement when the driver takes one with
+ * BEGIN, and the key row a plain INSERT unless a row of the key that is not live is in its bucket
+ * (`lookupIn`, atomic/sql.ts).
  *
  * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
  * take the whole pool from every other account):
- *   - in this process, a duplicate waits in memory behind the call in flight (`InFlight`): when that
+ *   - in this process, a duplicate waits in memory behind the call in flight (`inFlight`): when that
  *     call finished the key, every waiter reads the replay at once, side by side; otherwise the key is
  *     handed to the first waiter only;
  *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
@@ -67,8 +73,8 @@ export interface AtomicHost extends ReplaySource {
   readonly lockTimeoutMs: number;
   /** The statements, with the store's current time shift. */
   readonly sql: AtomicSql;
-  /** The SQL, sent with BEGIN, that serialises every request for one (scope, key). */
-  lockSql(scope: string, key: string): string;
+  /** What serialises every request for one (scope, key), sent with BEGIN (SQL text or one statement). */
+  lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] };
   /** This process's estimate of the database's time (a hint, never a decision). */
   estimatedNowMs(): number;
   /** Make the partitions of now when this process's hint says they may be missing (undefined: none due). */
@@ -86,17 +92,37 @@ type Attempt =
   /** The work (or a compact reply's rebuild) threw: everything rolled back, and its error is rethrown. */
   | { kind: "failed"; error: unknown };
 
+/** A row of the locked lookup (atomic/sql.ts `lockedLookup`). */
+type LockedRow = KeyRow & {
+  live: boolean | null;
+  here: boolean | null;
+  new_expires_at: Date;
+  /** `lockedLookupAround` only: whether the partitions it read are all those a live row may be in. */
+  covered?: boolean;
+};
+
+/** What the locked lookup found. */
+interface Looked {
+  /** The key's live row (the newest), if any. */
+  row: KeyRow | undefined;
+  /** When a key saved in this transaction expires. */
+  expiresAt: Date;
+  /** A row of the key that is not live is in the bucket the key row goes to: it is replaced. */
+  replace: boolean;
+}
+
 /** How a wait behind this process's call in flight ended. */
 type Woken = "finished" | "yours" | "timeout";
 
-/** A call in flight in this process for one key, and the duplicates waiting behind it. */
-interface InFlight {
-  waiters: Array<(woken: Woken) => void>;
-}
+/** The duplicates waiting in this process behind the call in flight for one key, in arrival order. */
+type Waiters = Array<(woken: Woken) => void>;
 
 export class AtomicRunner {
-  /** This process's atomic calls in progress, by (scope, key). */
-  private readonly inFlight = new Map<string, InFlight>();
+  /**
+   * This process's atomic calls in progress, by (scope, key): the duplicates waiting behind each, or
+   * null while none waits (the list is made by the first duplicate, so a call alone allocates nothing).
+   */
+  private readonly inFlight = new Map<string, Waiters | null>();
   /**
    * Keys this process saw finished (saved or replayed), with when they expire: a retry of one is read
    * first without a lock or a transaction, one statement (a finished key never changes). A hint only:
@@ -118,20 +144,21 @@ export class AtomicRunner {
     }
     const deadline = Date.now() + this.host.lockTimeoutMs;
     let waited = false;
-    let entry = this.inFlight.get(id);
-    while (entry) {
+    let ours = false;
+    while (this.inFlight.has(id)) {
       waited = true;
-      const woken = await waitBehind(entry, deadline);
+      let waiters = this.inFlight.get(id);
+      if (!waiters) this.inFlight.set(id, (waiters = []));
+      const woken = await waitBehind(waiters, deadline);
       if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
-      if (woken === "yours") break; // handed over: the entry is this call's now
+      if (woken === "yours") {
+        ours = true; // handed over: the key is this call's now
+        break;
+      }
       const answer = await this.replayWithoutLock(id, claim);
       if (answer) return answer;
-      entry = this.inFlight.get(id);
     }
-    if (!entry) {
-      entry = { waiters: [] };
-      this.inFlight.set(id, entry);
-    }
+    if (!ours) this.inFlight.set(id, null);
     let finished = false;
     // A speculative work started once lives on across attempts: its handler cannot be run twice.
     const spec: Speculation = {};
@@ -168,16 +195,17 @@ export class AtomicRunner {
         // (bounded: an error handler that never answers must not hold this request).
         await settlesBefore(spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS);
       }
-      this.handOver(id, entry, finished);
+      this.handOver(id, finished);
     }
   }
 
   /** The call in flight ended: every waiter reads a finished key; otherwise the first one takes it. */
-  private handOver(id: string, entry: InFlight, finished: boolean): void {
-    if (finished || entry.waiters.length === 0) {
+  private handOver(id: string, finished: boolean): void {
+    const waiters = this.inFlight.get(id);
+    if (finished || !waiters?.length) {
       this.inFlight.delete(id);
-      for (const wake of entry.waiters.splice(0)) wake("finished");
-    } else entry.waiters.shift()!("yours");
+      if (waiters) for (const wake of waiters.splice(0)) wake("finished");
+    } else waiters.shift()!("yours");
   }
 
   private knownFinished(id: string): boolean {
@@ -251,6 +279,7 @@ export class AtomicRunner {
     const lookup = this.lookupIn(tx, claim);
     let result: WorkResult;
     let expiresAt: Date;
+    let replace: boolean;
     if (speculate && tx.pipelined && !rebuild) {
       // The work starts now, and its first statement leaves with BEGIN, the lock and the lookup, in
       // one write. The lookup answers first (statements answer in order), and the work sees its own
@@ -270,7 +299,7 @@ export class AtomicRunner {
       }
       let existing: KeyRow | undefined;
       try {
-        ({ row: existing, expiresAt } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
+        ({ row: existing, expiresAt, replace } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
       } catch (err) {
         if (sqlStateOf(err) !== SqlState.LockNotAvailable) gate.abandon();
         throw err;
@@ -287,12 +316,13 @@ export class AtomicRunner {
         return rollback({ kind: "failed", error });
       }
     } else {
-      const { row: existing, expiresAt: fresh } = await lookup;
+      const { row: existing, expiresAt: fresh, replace: here } = await lookup;
       if (existing) {
         const answer = await this.answerInTx(claim, existing, tx, rebuild);
         return answer.kind === "failed" ? rollback(answer) : commit(answer);
       }
       expiresAt = fresh;
+      replace = here;
       try {
         // Fenced: what the work keeps past its return fails at once (guarded-tx.ts).
         result = await withGuardedTx(tx, work);
@@ -307,7 +337,7 @@ export class AtomicRunner {
     const claimId = randomUUID(); // given here, so the answer can name its claim without a read
     // Its bucket and created_at are the database's now (this transaction's start, the instant the
     // lookup read), whatever this process's clock says.
-    tx.final(this.host.sql.insertDone, [
+    tx.final(replace ? this.host.sql.replaceDone : this.host.sql.insertDone, [
       claim.scope,
       claim.key,
       claim.fingerprint,
@@ -332,13 +362,22 @@ export class AtomicRunner {
    * The live row of a key, and when a key saved in this transaction expires: the database's now (the
    * transaction's start, which the saved row's created_at will be) plus the retention.
    */
-  private async lookupIn(tx: Tx, claim: Claim): Promise<{ row: KeyRow | undefined; expiresAt: Date }> {
-    const { rows } = await tx.query<KeyRow & { new_expires_at: Date }>(this.host.sql.lookup, [
-      claim.scope,
-      claim.key,
-    ]);
-    const r = rows[0]!;
-    return { row: r.bucket === null ? undefined : r, expiresAt: new Date(r.new_expires_at) };
+  private async lookupIn(tx: Tx, claim: Claim): Promise<Looked> {
+    const sql = this.host.sql;
+    const params = [claim.scope, claim.key];
+    let { rows } = await tx.query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params);
+    // The partitions named from this process's estimate of the time miss one the database's clock says
+    // a live row may be in: read by that clock alone (same lock, same transaction).
+    if (rows[0]!.covered === false) ({ rows } = await tx.query<LockedRow>(sql.lockedLookup, params));
+    let row: KeyRow | undefined;
+    let replace = false;
+    for (const r of rows) {
+      if (r.bucket === null) break; // no row: the one row of NULLs
+      if (r.live) {
+        row ??= r;
+      } else if (r.here) replace = true;
+    }
+    return { row, expiresAt: new Date(rows[0]!.new_expires_at), replace };
   }
 
   /**
@@ -378,7 +417,7 @@ export class AtomicRunner {
 }
 
 /** Wait behind this process's call in flight for the key, until `deadline` (epoch ms). */
-function waitBehind(entry: InFlight, deadline: number): Promise<Woken> {
+function waitBehind(waiters: Waiters, deadline: number): Promise<Woken> {
   return new Promise<Woken>((resolve) => {
     const wake = (woken: Woken) => {
       clearTimeout(timer);
@@ -386,13 +425,13 @@ function waitBehind(entry: InFlight, deadline: number): Promise<Woken> {
     };
     const timer = setTimeout(
       () => {
-        const i = entry.waiters.indexOf(wake);
-        if (i >= 0) entry.waiters.splice(i, 1);
+        const i = waiters.indexOf(wake);
+        if (i >= 0) waiters.splice(i, 1);
         resolve("timeout");
       },
       Math.max(0, deadline - Date.now()),
     );
-    entry.waiters.push(wake);
+    waiters.push(wake);
   });
 }
 

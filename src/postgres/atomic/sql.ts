@@ -2,8 +2,12 @@
  * Atomic mode's statements, with the store's time (db-time.ts): every expiry is the database's.
  *
  * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs) and when a key saved in
- * the statement's transaction expires. `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status,
- * $5 headers, $6 body, $7 resource id, $8 claim id): the key row with its reply, as the transaction's last statement.
+ * the statement's transaction expires; what a replay without a lock reads. `lockedLookup` (same
+ * parameters): what the locked attempt reads, every row of the key in the partitions a live row may be
+ * in (or one row of NULLs), with whether each is live and whether it is in the partition a row saved
+ * now goes to. `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status, $5 headers, $6 body,
+ * $7 resource id, $8 claim id): the key row with its reply, as the transaction's last statement;
+ * `replaceDone` (the same parameters) when an expired row of the key is in that partition.
  */
 import type { DbTime } from "../db-time.ts";
 
@@ -18,12 +22,33 @@ export type AtomicSql = ReturnType<typeof atomicSql>;
  */
 const LOOKUP_AHEAD_MS = 600_000;
 
+/**
+ * How far the process's estimate of the database's time may be off before a locked lookup named by it
+ * misses a partition (it then reads again by the database's clock alone: `lockedLookupAround`).
+ */
+const HINT_MARGIN_MS = 60_000;
+
 export function atomicSql(s: string, t: DbTime) {
   const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
   const lookupWhere = `FROM ${s}.keys
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
                 AND created_at > ${t.oldest}
               ORDER BY bucket DESC LIMIT 1`;
+  const expiresNew = `${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at`;
+  const columns = `fingerprint, created_at, recovery_point, status, headers, body, resource_id,
+                        claim_id::text AS claim_id`;
+  const values = `${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid`;
+  const insertColumns = `bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
+                                     body, resource_id, claim_id`;
+  const lockedLookup = (range = "", covered = "") => `SELECT k.*, ${expiresNew}${covered}
+               FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
+                 SELECT bucket, NOT marker AND created_at > ${t.oldest} AS live, bucket = ${t.bucket} AS here,
+                        ${columns}
+                   FROM ${s}.keys
+                  WHERE scope = $1 AND key = $2${range} AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
+                  ORDER BY bucket DESC
+               ) k ON true`;
+  let around: { lo: number; hi: number; text: string } | undefined;
   return {
     // Always one row: the key's live row (or NULLs), and when a key saved in this transaction expires.
     lookup: `SELECT k.*, ${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at
@@ -31,14 +56,38 @@ export function atomicSql(s: string, t: DbTime) {
                  SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
                         claim_id::text AS claim_id ${lookupWhere}
                ) k ON true`,
-    // The key row with its reply. A row of the same (scope, key) in this bucket that has expired (the
-    // retention is shorter than a partition, so it is still there) is replaced in place, every column
-    // reset; a live one is never touched: the second INSERT then runs and fails on the primary key
-    // (23505), which rolls the transaction back as a duplicate row always did.
-    insertDone: `WITH put AS (
-              INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
-                                     body, resource_id, claim_id)
-              VALUES (${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid)
+    // Every row of the key a live row may be among (markers and expired rows too, newest bucket first;
+    // a miss probes the same partitions as `lookup`), or one row of NULLs; with when a key saved in this
+    // transaction expires. `live`: not a marker and within retention; `here`: in the bucket a row saved
+    // now goes to (an expired one there is replaced by `replaceDone`).
+    lockedLookup: lockedLookup(),
+    /**
+     * `lockedLookup` with the partitions it reads also named as constants, from this process's estimate
+     * of the database's time (`estimatedMs`) with a margin: PostgreSQL then prunes the others when it
+     * plans the statement (once per connection), not at every execution, and locks only those. Its
+     * `covered` says whether they hold every partition the database's clock says a live row may be in;
+     * when false (the estimate was off by more than the margin), the caller reads `lockedLookup`.
+     */
+    lockedLookupAround(estimatedMs: number): string {
+      const lo = Math.floor((estimatedMs - t.retentionMs - HINT_MARGIN_MS) / t.widthMs);
+      const hi = Math.floor((estimatedMs + LOOKUP_AHEAD_MS + HINT_MARGIN_MS) / t.widthMs);
+      if (around?.lo !== lo || around.hi !== hi) {
+        const covered = `, ${t.oldestBucket} >= ${lo} AND ${newest} <= ${hi} AS covered`;
+        around = { lo, hi, text: lockedLookup(` AND bucket >= ${lo} AND bucket <= ${hi}`, covered) };
+      }
+      return around.text;
+    },
+    // The key row with its reply, when the locked lookup found no row of the key in this bucket: a plain
+    // INSERT (no arbiter to look up, no subplan). A row there meanwhile fails it on the primary key
+    // (23505), which rolls the transaction back.
+    insertDone: `INSERT INTO ${s}.keys (${insertColumns}) VALUES (${values})`,
+    // The key row with its reply, when the locked lookup found a row of the key in this bucket that is
+    // not live. One that has expired (the retention is shorter than a partition, so it is still there)
+    // is replaced in place, every column reset; a live one is never touched: the second INSERT then
+    // runs and fails on the primary key (23505), which rolls the transaction back.
+    replaceDone: `WITH put AS (
+              INSERT INTO ${s}.keys (${insertColumns})
+              VALUES (${values})
               ON CONFLICT (scope, key, bucket) DO UPDATE
                  SET marker = false, fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
                      recovery_point = 'done', status = EXCLUDED.status, headers = EXCLUDED.headers,

@@ -131,13 +131,18 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
   return {
     driver: "pg",
     supportsBefore: true,
+    supportsBeginParams: true,
     query: (sql, params) => onOwnClient(checkout, (client) => run(client, sql, params, named === true)),
     async exec(sql: string) {
       await onOwnClient(checkout, (client) => client.query(sql));
     },
     async transaction<T>(
       fn: (tx: Tx) => Promise<T>,
-      opts?: { begin?: string; batch?: boolean; before?: { sql: string; params?: readonly unknown[] } },
+      opts?: {
+        begin?: string | { sql: string; params?: readonly unknown[] };
+        batch?: boolean;
+        before?: { sql: string; params?: readonly unknown[] };
+      },
     ): Promise<T> {
       const client = await checkout();
       const asNamed = named === true;
@@ -157,7 +162,16 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
       // `before` commits on its own (autocommit) ahead of BEGIN on this connection; it fails the
       // transaction where BEGIN would, at the first statement or at COMMIT.
       const before = opts?.before && run(client, opts.before.sql, opts.before.params, asNamed);
-      let begun: Promise<unknown> | undefined = client.query(opts?.begin ? `BEGIN; ${opts.begin}` : "BEGIN");
+      const extra = opts?.begin;
+      let begun: Promise<unknown> | undefined = client.query(
+        typeof extra === "string" && extra ? `BEGIN; ${extra}` : "BEGIN",
+      );
+      // A parameterised `begin` follows BEGIN on the wire (prepared like any statement, so it is not
+      // parsed and planned each time as a script would be).
+      if (extra && typeof extra !== "string") {
+        const first = run(client, extra.sql, extra.params, asNamed);
+        begun = Promise.all([begun, first]);
+      }
       if (before) begun = Promise.all([before, begun]);
       begun.catch(() => {});
       // With `batch`, the first statement does not uncork: the second one (the handler's first, sent

@@ -37,9 +37,16 @@ export function fromPglite(pglite: PgliteLike, options: { owned?: boolean } = {}
     async exec(sql: string) {
       await pglite.exec(sql);
     },
-    transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
+    supportsBeginParams: true,
+    transaction<T>(
+      fn: (tx: Tx) => Promise<T>,
+      opts?: { begin?: string | { sql: string; params?: readonly unknown[] } },
+    ): Promise<T> {
+      const begin = opts?.begin;
       return pglite.transaction(async (t) => {
-        if (opts?.begin) await t.exec(opts.begin);
+        if (typeof begin === "string") {
+          if (begin) await t.exec(begin);
+        } else if (begin) await run(t, begin.sql, begin.params);
         let last: Promise<unknown> | undefined;
         const value = await fn({
           final(sql, params) {

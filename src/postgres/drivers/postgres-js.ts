@@ -84,10 +84,17 @@ export function fromPostgresJs(sql: PostgresJsLike, options: FromPostgresJsOptio
     async exec(text: string) {
       await sql.unsafe(text);
     },
-    async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: { begin?: string }): Promise<T> {
+    supportsBeginParams: true,
+    async transaction<T>(
+      fn: (tx: Tx) => Promise<T>,
+      opts?: { begin?: string | { sql: string; params?: readonly unknown[] } },
+    ): Promise<T> {
       const prepare = named ?? (await decided());
+      const begin = opts?.begin;
       const body = async (tsql: PostgresJsQueryable) => {
-        if (opts?.begin) await tsql.unsafe(opts.begin);
+        if (typeof begin === "string") {
+          if (begin) await tsql.unsafe(begin);
+        } else if (begin) await run(tsql, begin.sql, begin.params, prepare);
         let last: Promise<unknown> | undefined;
         const value = await fn({
           final(text, params) {

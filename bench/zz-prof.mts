@@ -1,0 +1,18 @@
+import { randomBytes, randomUUID } from "node:crypto";
+import pg from "pg";
+import { fromPg } from "../src/postgres/drivers/pg.ts";
+import { PostgresStore } from "../src/postgres/store.ts";
+const pool = new pg.Pool({ connectionString: "postgres://postgres@127.0.0.1:5432/claimfloor", max: 10, pipeline: true } as any);
+const db = fromPg(pool);
+const store = await PostgresStore.open(db);
+const enc = new TextEncoder();
+const INSERT = "INSERT INTO payments (idem_key, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id, amount_cents, currency";
+const one = () => { const claim = { scope: "acct_bench", key: randomUUID(), fingerprint: randomBytes(32) };
+  return store.atomic(claim, async (tx) => { const { rows } = await tx.query(INSERT, [claim.key, 5000, "eur"]); const r = { status: 201, headers: [["content-type","application/json"]] as [string,string][], body: enc.encode(JSON.stringify(rows[0])) }; return { response: r, save: r }; }, { speculate: true }); };
+const end = performance.now() + Number(process.env.SECS ?? 6) * 1000;
+let n = 0;
+const c0 = process.cpuUsage();
+await Promise.all(Array.from({ length: 32 }, async () => { while (performance.now() < end) { await one(); n++; } }));
+const c = process.cpuUsage(c0);
+console.log("calls", n, "node µs/call", ((c.user + c.system) / n).toFixed(0), "user", (c.user / n).toFixed(0), "sys", (c.system / n).toFixed(0));
+await db.close();
