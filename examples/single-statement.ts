@@ -13,7 +13,7 @@ const store = new SingleStatementStore(await PostgresStore.open(db)); // same ke
 
 const server = createServer(
   idempotency(
-    async (req, { tx, scope, body }) => {
+    async (_req, { tx, scope, body }) => {
       const { amount_cents } = body as { amount_cents: unknown };
       if (typeof amount_cents !== "number") return { status: 400, body: "amount_cents must be a number" };
       // The statement reads FROM idem_claim: one row when this request holds the key, none for a duplicate.

@@ -148,7 +148,10 @@ export class AtomicRunner {
     while (this.inFlight.has(id)) {
       waited = true;
       let waiters = this.inFlight.get(id);
-      if (!waiters) this.inFlight.set(id, (waiters = []));
+      if (!waiters) {
+        waiters = [];
+        this.inFlight.set(id, waiters);
+      }
       const woken = await waitBehind(waiters, deadline);
       if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
       if (woken === "yours") {
