@@ -42,7 +42,21 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
    * for type uuid: PGCOPY", Citus 13.2), while the selection alone runs: there the claim is the
    * selection (`claimSelect`, rows locked FOR UPDATE) and then `claimIds`, in one transaction.
    */
-  const ordering = `
+  /*
+   * Skipping the held aggregates: on PostgreSQL a hashed `NOT IN` on the aggregate as a jsonb pair
+   * (exact, NULL types included), one hash probe per row; as a NOT EXISTS against the CTE, a fresh
+   * outbox (no statistics yet) got a nested loop that sorted the held rows again for every unpublished
+   * row (186 ms a claim for 10,000 waiting events and 20 aggregates in flight). Citus keeps the
+   * NOT EXISTS: it fails `IN (SELECT ...)` in this statement (see the topic filter).
+   */
+  const notHeld = (citus: boolean) =>
+    citus
+      ? `NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = o.aggregate_id
+                          AND h.aggregate_type IS NOT DISTINCT FROM o.aggregate_type)`
+      : `(o.aggregate_id IS NULL
+             OR jsonb_build_array(o.aggregate_type, o.aggregate_id)
+                NOT IN (SELECT jsonb_build_array(h.aggregate_type, h.aggregate_id) FROM held h))`;
+  const ordering = (citus: boolean) => `
     WITH held AS (
       SELECT DISTINCT aggregate_type, aggregate_id FROM ${t}
       WHERE published_at IS NULL AND aggregate_id IS NOT NULL
@@ -51,8 +65,7 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
     ), candidates AS (
       SELECT o.id, o.aggregate_type, o.aggregate_id FROM ${t} o
       WHERE ${claimable}
-        AND NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = o.aggregate_id
-                          AND h.aggregate_type IS NOT DISTINCT FROM o.aggregate_type)
+        AND ${notHeld(citus)}
       ORDER BY o.id
       LIMIT $1::int
       FOR UPDATE SKIP LOCKED
@@ -80,7 +93,7 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
       WHERE k.kept)`;
   const lock = `UPDATE ${t} o SET locked_until = now() + $2::int * interval '1 millisecond'`;
   const claim = ordered
-    ? `${ordering}
+    ? `${ordering(false)}
     ${lock}
     WHERE o.id = ANY (ARRAY(SELECT id FROM kept))
     ${returning}`
@@ -96,7 +109,7 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
     FROM claimed WHERE o.id = claimed.id
     ${returning}`;
   // $2 unused but typed, so both claims take the same parameters.
-  const claimSelect = `${ordering}
+  const claimSelect = `${ordering(true)}
     SELECT id::text AS id, $2::int AS lease_ms FROM kept`;
   const claimIds = `${lock}
     WHERE o.id = ANY(string_to_array($1::text, ',')::uuid[]) AND o.published_at IS NULL
