@@ -34,8 +34,12 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
    *   checked     an event is good if no unpublished event of its aggregate lies between it and
    *               the candidate just before it (or, for the first, before it at all). (A concurrent
    *               claim may hold an older one's row lock, which SKIP LOCKED passes over, or may
-   *               have committed after this statement's snapshot.) Between two candidates that is
-   *               a short range of the index; only the first of each aggregate looks further back.
+   *               have committed after this statement's snapshot.) Asked as "the aggregate's
+   *               unpublished event just before it is the candidate before it (none for the first)":
+   *               one backward step in outbox_aggregate_unpublished, as a plain index scan. (As a
+   *               count, an outbox with statistics got bitmap scans that read the index entries of
+   *               every event of the aggregate published since the last vacuum, each claim again:
+   *               a plain scan marks them dead once.)
    *   the UPDATE  keeps the events of an aggregate up to its first that is not good.
    * The ids go to the UPDATE as an array, so it finds them by primary key.
    * On Citus (the outbox a reference table) the UPDATE on this selection fails ("invalid input syntax
@@ -76,13 +80,11 @@ export function statements(schema: string, ordered: boolean, filtered: boolean) 
     ), checked AS (
       SELECT r.id, r.aggregate_type, r.aggregate_id,
              CASE WHEN r.aggregate_id IS NULL THEN true
-               WHEN r.prev IS NULL THEN (SELECT count(*) FROM ${t} p
-                 WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL AND p.id < r.id
-                   AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type) = 0
-               ELSE (SELECT count(*) FROM ${t} p
+               ELSE (SELECT p.id FROM ${t} p
                  WHERE p.aggregate_id = r.aggregate_id AND p.published_at IS NULL
-                   AND p.id > r.prev AND p.id < r.id
-                   AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type) = 0
+                   AND (p.aggregate_id, p.id) < (r.aggregate_id, r.id)
+                   AND p.aggregate_type IS NOT DISTINCT FROM r.aggregate_type
+                 ORDER BY p.aggregate_id DESC, p.id DESC LIMIT 1) IS NOT DISTINCT FROM r.prev
              END AS good
       FROM ranked r
     )
