@@ -22,6 +22,8 @@
  * BENCH_RATE (events/s for the latency run, default 1,000), BENCH_HANDLER (message, batch, both
  * (the default) or none), BENCH_DRAIN=0 skips the ordered backlog. Run: `npx tsx --conditions=source bench/messaging.ts`.
  */
+
+import { readdirSync, readFileSync } from "node:fs";
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
@@ -56,10 +58,53 @@ export interface MessagingRow {
   endToEndRate: number;
   p50Ms?: number;
   p99Ms?: number;
+  /** Ordered drain, end to end: CPU per event (µs) of the bench database's backends, this process, the broker. */
+  cpu?: { postgres: number; process: number; broker: number };
+}
+
+/**
+ * CPU time (ms) of the processes whose command line contains `match` (Linux /proc; 0 elsewhere): the
+ * PostgreSQL backends of one database, or a broker (shared with whatever else uses it).
+ */
+function cpuOf(match: string): number {
+  let ticks = 0;
+  let pids: string[] = [];
+  try {
+    pids = readdirSync("/proc").filter((p) => /^\d+$/.test(p));
+  } catch {
+    return 0;
+  }
+  for (const pid of pids) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(match)) continue;
+      const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+      ticks += Number(f[11]) + Number(f[12]); // utime, stime
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return ticks * 10; // USER_HZ is 100 on Linux
+}
+
+/** Starts counting CPU; `perEvent(n)` gives µs per event since then. */
+function cpuMeter(database: string, broker: string) {
+  const pg0 = cpuOf(`${database} `);
+  const br0 = cpuOf(broker);
+  const self0 = process.cpuUsage();
+  return (n: number) => {
+    const self = process.cpuUsage(self0);
+    return {
+      postgres: ((cpuOf(`${database} `) - pg0) * 1000) / n,
+      process: (self.user + self.system) / n,
+      broker: ((cpuOf(broker) - br0) * 1000) / n,
+    };
+  };
 }
 
 interface Broker {
   name: string;
+  /** The broker's process, as named in its command line (for CPU accounting). */
+  process: string;
   topic: string;
   publisher(): Publisher;
   consume(
@@ -79,6 +124,7 @@ async function rabbit(): Promise<Broker> {
   await ch.assertQueue(queue, { durable: true });
   return {
     name: "RabbitMQ",
+    process: "beam.smp",
     topic: queue,
     publisher: () => new AmqpPublisher({ url: AMQP_URL }),
     consume: (db, consumer, style) =>
@@ -108,6 +154,7 @@ async function nats(): Promise<Broker> {
   let n = 0;
   return {
     name: "NATS JetStream",
+    process: "nats-server",
     topic,
     publisher: () => new NatsPublisher({ connection: nc }),
     consume: (db, consumer, style) =>
@@ -311,10 +358,12 @@ async function orderedDrain(make: () => Promise<Broker>, pipeline: boolean): Pro
       concurrency: 1,
     });
     relay = new Relay(relayOptions);
+    const cpu = cpuMeter(new URL(fresh.url).pathname.slice(1), broker.process);
     t0 = performance.now();
     await relay.start();
     await waitFor(async () => consumer.stats.applied >= n, "the ordered drain");
     const endToEndRate = n / ((performance.now() - t0) / 1000);
+    const cpuUs = cpu(n);
     await relay.stop();
     await consumer.stop();
     await publisher.close();
@@ -329,6 +378,7 @@ async function orderedDrain(make: () => Promise<Broker>, pipeline: boolean): Pro
       publishRate,
       consumeRate: Number.NaN,
       endToEndRate,
+      cpu: cpuUs,
     };
   } finally {
     await broker.cleanup();
@@ -375,6 +425,11 @@ export function printMessagingRows(all: MessagingRow[]): void {
     console.log(
       `${r.scenario}: relay alone ${Math.round(r.publishRate)} events/s, end to end ${Math.round(r.endToEndRate)} events/s${ratio} (order kept, each once)`,
     );
+    if (r.cpu && r.cpu.postgres + r.cpu.broker > 0) {
+      console.log(
+        `  CPU per event end to end: PostgreSQL backends ${Math.round(r.cpu.postgres)} us, this process ${Math.round(r.cpu.process)} us, broker ${Math.round(r.cpu.broker)} us (shared with its other clients)`,
+      );
+    }
   }
   console.log("goal: end-to-end >= 5,000 events/s on this machine");
 }

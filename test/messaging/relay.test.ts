@@ -240,6 +240,36 @@ describe.each(serverBackends)("relays side by side on $name", (backend) => {
     }
   });
 
+  it("holds back only the aggregate (type and id) whose event is backing off", async () => {
+    const topic = unique("t");
+    const write = (type: string | undefined, id: string, step: string) =>
+      db.transaction((tx) =>
+        writeOutbox(tx, { topic, type: "step", payload: { step }, aggregateType: type, aggregateId: id }),
+      );
+    await write("order", "1", "first");
+    const { publisher, published } = recorder((m) => JSON.parse(m.body).step === "first");
+    const relay = new Relay({
+      db,
+      publisher,
+      topics: [topic],
+      orderByAggregate: true,
+      backoff: { baseMs: 60_000, capMs: 60_000 },
+    });
+    expect(await relay.runOnce()).toBe(1); // refused: order/1 backs off for a minute
+    await write("order", "1", "held");
+    await write("invoice", "1", "other type");
+    await write(undefined, "1", "no type");
+    await write("order", "2", "other id");
+    await relay.runOnce();
+    expect(published.map((m) => JSON.parse(m.body).step).sort()).toEqual([
+      "no type",
+      "other id",
+      "other type",
+    ]);
+    const rows = await rowsOf(db, topic);
+    expect(rows.filter((r) => !r.published)).toHaveLength(2); // "first" (backing off) and "held"
+  });
+
   it("wakes on NOTIFY: an event is published within a fraction of the 10 s poll interval", async () => {
     const topic = unique("t");
     const { publisher, published } = recorder();
