@@ -1,7 +1,7 @@
 /**
  * What idem's node-postgres adapter costs in Node per statement: the statements a first-time key sends
- * through the atomic path (BEGIN with the key's lock, the lookup, a one-INSERT payment, the key row with
- * its reply, COMMIT), on pipelining clients, through the adapter's statement path as it was (a config
+ * through the atomic path (BEGIN with the key's lock and the lookup in one write, a one-INSERT payment,
+ * the key row with its reply and COMMIT in one write), on pipelining clients, through the adapter's statement path as it was (a config
  * object per call, copied by node-postgres, three promises) and as it is (`runPgStatement`). Variants
  * interleave in slices within one process; CPU is this process's (process.cpuUsage), per transaction
  * and per statement, medians of the rounds. Named statements (a direct connection) and unnamed ones
@@ -12,6 +12,7 @@
  */
 import { createHash, randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
+import type { Writable } from "node:stream";
 import { pathToFileURL } from "node:url";
 import type pg from "pg";
 import { atomicSql } from "../src/postgres/atomic/sql.ts";
@@ -82,12 +83,23 @@ export async function pgDriverBench(): Promise<PgDriverRow[]> {
     const headers = JSON.stringify([["content-type", "application/json"]]);
     const body = new TextEncoder().encode('{"id":"1","amount_cents":5000}');
 
-    /** One first-time key, as the atomic path sends it (BEGIN and COMMIT are the adapter's strings). */
+    /**
+     * One first-time key, as the atomic path sends it: BEGIN with the lock and the lookup in one write,
+     * the payment, then the key row and COMMIT in one write (BEGIN and COMMIT are the adapter's strings).
+     */
     const tx = async (client: pg.PoolClient, run: Run, named: boolean) => {
       const key = randomUUID();
+      const stream = (client as unknown as { connection: { stream: NodeJS.WritableStream & Writable } })
+        .connection.stream;
+      stream.cork();
       const begin = client.query(`BEGIN; ${store.lockSql("acct_1", key)}`);
       const lookup = run(client, sql.lookup, ["acct_1", key], named);
-      const paid = run(client, pay, ["acct_1", 5000], named);
+      stream.uncork();
+      await begin;
+      const row = (await lookup).rows[0];
+      if (row?.bucket !== null) throw new Error("the lookup found a fresh key");
+      if ((await run(client, pay, ["acct_1", 5000], named)).rowCount !== 1) throw new Error("no payment");
+      stream.cork();
       const done = run(
         client,
         sql.insertDone,
@@ -95,10 +107,7 @@ export async function pgDriverBench(): Promise<PgDriverRow[]> {
         named,
       );
       const commit = client.query("COMMIT");
-      await begin;
-      const row = (await lookup).rows[0];
-      if (row?.bucket !== null) throw new Error("the lookup found a fresh key");
-      if ((await paid).rowCount !== 1) throw new Error("no payment");
+      stream.uncork();
       await done;
       await commit;
     };

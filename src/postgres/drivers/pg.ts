@@ -99,6 +99,15 @@ type PgQueryCtor = new (
   callback: (err: Error | null, res: { rows: any[]; rowCount: number | null }) => void,
 ) => { text?: unknown; values?: unknown; callback?: unknown; name?: string };
 
+/**
+ * As node-postgres' own promise does: take an error's stack again in a promise reaction, so that it
+ * leads back to the statement's caller (async frames) instead of to the socket's read.
+ */
+function restack(err: Error): never {
+  Error.captureStackTrace(err);
+  throw err;
+}
+
 const submitters = new WeakMap<object, Submit | null>();
 function submitterOf(client: PgQueryable): Submit | null {
   const ctor = (client as { constructor?: unknown }).constructor;
@@ -141,15 +150,12 @@ function submitterFor(Query: unknown): Submit | null {
   return <R>(client: PgQueryable, text: string, values: unknown[] | undefined, name: string | undefined) =>
     new Promise<QueryResult<R>>((resolve, reject) => {
       const query = new Q(text, values, (err, res) => {
-        if (err) {
-          // As node-postgres' own promise does: a stack that does not lead to TCP.onStreamRead.
-          Error.captureStackTrace(err);
-          reject(err);
-        } else resolve({ rows: res.rows as R[], rowCount: res.rowCount ?? 0 });
+        if (err) reject(err);
+        else resolve({ rows: res.rows as R[], rowCount: res.rowCount ?? 0 });
       });
       if (name !== undefined) query.name = name;
       (client as unknown as { query(q: unknown): unknown }).query(query);
-    });
+    }).catch(restack);
 }
 
 /**
