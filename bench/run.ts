@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, keys, prepared, sealing, otel, retention, scale, citus (or names after `--`:
+ * http, compare, client, phases, messaging, keys, prepared, pg-driver, sealing, otel, retention, scale, citus (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -267,6 +267,9 @@ if (wanted("messaging")) {
 if (wanted("keys")) await optionalBench("keys", "Key storage: full and compact modes");
 if (wanted("prepared")) {
   await optionalBench("prepared", "Named prepared statements against unnamed ones (what a pooler needs)");
+}
+if (wanted("pg-driver")) {
+  await optionalBench("pg-driver", "node-postgres adapter: Node CPU per statement of the atomic path");
 }
 
 // --- Issue 13: encryption at rest (bench/sealing.ts) -----------------------------------------------------

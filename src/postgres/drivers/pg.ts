@@ -28,8 +28,14 @@ export interface PgClientLike extends PgQueryable {
 
 function toParams(params: readonly unknown[] | undefined): unknown[] | undefined {
   if (!params) return undefined;
+  // A copy (a caller may reuse its array before a queued statement is sent), without a closure per call.
   // node-postgres sends Buffers as bytea but not plain Uint8Arrays.
-  return params.map((p) => (p instanceof Uint8Array && !Buffer.isBuffer(p) ? Buffer.from(p) : p));
+  const values = new Array<unknown>(params.length);
+  for (let i = 0; i < params.length; i++) {
+    const p = params[i];
+    values[i] = p instanceof Uint8Array && !Buffer.isBuffer(p) ? Buffer.from(p) : p;
+  }
+  return values;
 }
 
 function result<R>(r: { rows: any[]; rowCount: number | null }): QueryResult<R> {
@@ -60,13 +66,96 @@ function run<R>(
   params: readonly unknown[] | undefined,
   named: boolean,
 ): Promise<QueryResult<R>> {
+  const values = toParams(params);
+  const submit = submitterOf(q);
+  if (submit) return submit(q, sql, values, named ? statementName(sql) : undefined);
   return q
-    .query(
-      named
-        ? { text: sql, values: toParams(params), name: statementName(sql) }
-        : { text: sql, values: toParams(params) },
-    )
+    .query(named ? { text: sql, values, name: statementName(sql) } : { text: sql, values })
     .then(result<R>);
+}
+
+/*
+ * node-postgres' `client.query(config)` copies a config object on every call (`cloneQueryConfig`:
+ * `Object.defineProperties(Object.create(...), Object.getOwnPropertyDescriptors(config))`, about 1 µs,
+ * most of the driver's own CPU per statement) and wraps its callback in two promises, which `run` then
+ * wrapped in a third. A query built as `new Query(text, values, callback)` takes its text path (no copy),
+ * and the callback settles the one promise `run` returns, with the result already in idem's shape.
+ * `client.query(submittable)` and `pg.Query` (`Client.Query`, the class node-postgres' own config path
+ * builds) are public; what is not is setting `name` after construction (the config path copies it from
+ * the config into the same field). So `submitterOf` only takes this path when the client's Query class
+ * looks like node-postgres 8's and a probe query built this way carries text, values, callback and an own
+ * `name` field; anything else (pg-native, a pg upgrade that moved these fields, a mock) keeps the config
+ * path above. A pooled pg client's `query` is Client.prototype.query (pg-pool does not wrap it).
+ */
+type Submit = <R>(
+  client: PgQueryable,
+  text: string,
+  values: unknown[] | undefined,
+  name: string | undefined,
+) => Promise<QueryResult<R>>;
+type PgQueryCtor = new (
+  text: string,
+  values: unknown[] | undefined,
+  callback: (err: Error | null, res: { rows: any[]; rowCount: number | null }) => void,
+) => { text?: unknown; values?: unknown; callback?: unknown; name?: string };
+
+/**
+ * As node-postgres' own promise does: take an error's stack again in a promise reaction, so that it
+ * leads back to the statement's caller (async frames) instead of to the socket's read.
+ */
+function restack(err: Error): never {
+  Error.captureStackTrace(err);
+  throw err;
+}
+
+const submitters = new WeakMap<object, Submit | null>();
+function submitterOf(client: PgQueryable): Submit | null {
+  const ctor = (client as { constructor?: unknown }).constructor;
+  if (typeof ctor !== "function") return null;
+  let submit = submitters.get(ctor);
+  if (submit === undefined) {
+    submit = submitterFor((ctor as { Query?: unknown }).Query);
+    submitters.set(ctor, submit);
+  }
+  return submit;
+}
+
+function submitterFor(Query: unknown): Submit | null {
+  if (typeof Query !== "function") return null;
+  const proto = (Query as { prototype?: Record<string, unknown> }).prototype;
+  if (
+    typeof proto?.submit !== "function" ||
+    typeof proto.requiresPreparation !== "function" ||
+    typeof proto.hasBeenParsed !== "function"
+  ) {
+    return null;
+  }
+  const Q = Query as PgQueryCtor;
+  try {
+    const callback = () => {};
+    const values = [1];
+    const probe = new Q("SELECT $1", values, callback);
+    if (
+      probe.text !== "SELECT $1" ||
+      probe.values !== values ||
+      probe.callback !== callback ||
+      !Object.hasOwn(probe, "name") ||
+      probe.name !== undefined
+    ) {
+      return null;
+    }
+  } catch {
+    return null;
+  }
+  return <R>(client: PgQueryable, text: string, values: unknown[] | undefined, name: string | undefined) =>
+    new Promise<QueryResult<R>>((resolve, reject) => {
+      const query = new Q(text, values, (err, res) => {
+        if (err) reject(err);
+        else resolve({ rows: res.rows as R[], rowCount: res.rowCount ?? 0 });
+      });
+      if (name !== undefined) query.name = name;
+      (client as unknown as { query(q: unknown): unknown }).query(query);
+    }).catch(restack);
 }
 
 /**
@@ -367,3 +456,6 @@ export function isConnectionError(err: unknown, client?: unknown): boolean {
   if (!(err instanceof Error)) return false;
   return /^Connection terminated|not queryable|^Query read timeout/.test(err.message);
 }
+
+/** One statement through the adapter's query path (`bench/pg-driver.ts` measures it). Not part of the API. */
+export { run as runPgStatement };
