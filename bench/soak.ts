@@ -11,7 +11,13 @@
  *              as it would over months.
  *   service    SOAK_PAYMENTS keyed payments (default 1,000,000) against the reference service (its own
  *              process, phases mode, the in-process provider simulator keeping keys and charges for
- *              PROVIDER_RETENTION_MS, default 60 s: a compressed day), 32 at a time.
+ *              PROVIDER_RETENTION_MS, default 60 s: a compressed day), 32 at a time over node:http
+ *              keep-alive connections from this process; then every payment is checked: the 201s
+ *              the client got, the charges the provider made, the payment rows (distinct ids, each
+ *              derived from its charge) and the receipt emails all agree. The soak database runs with
+ *              synchronous_commit off (SOAK_SYNCHRONOUS_COMMIT=on to keep it): a commit then does
+ *              not wait for the disk's fsync, which bounded the rate at low concurrency here, and
+ *              nothing the service does or holds changes.
  *
  * SOAK_PART=messaging|service (default both), SOAK_BROKERS=rabbitmq,nats, SOAK_SERVICE_SECONDS (stop the
  * service part after this long and report what was done), SOAK_SAMPLE_EVERY (payments between two
@@ -22,10 +28,12 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
+import http from "node:http";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import amqp from "amqplib";
+import pg from "pg";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
 import type { RunningConsumer } from "../src/messaging/consumer.ts";
 import { Inbox } from "../src/messaging/inbox.ts";
@@ -36,6 +44,7 @@ import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { uuidv7 } from "../src/postgres/uuid7.ts";
+import { listCharges } from "../src/testing/provider-client.ts";
 import { orderedEffect, orderedResult, prepareOrdered } from "../test/messaging/ordered.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 
@@ -69,6 +78,59 @@ export interface SoakResult {
   /** Heap at the last sample minus heap at the sample at 10% (MB). */
   growthMB: number;
   check?: { total: number; distinct: number; outOfOrder: number };
+  /** The service part: what the client got and what was charged and written (chargedOnce). */
+  payments?: { answered: number; created: number } & ChargeCheck;
+}
+
+export interface ChargeCheck {
+  /** Charges the provider simulator made over the run (the sequence number of its last one). */
+  charges: number;
+  /** Payment rows in the service's database, and distinct ids among them (one per charge). */
+  rows: number;
+  distinct: number;
+  /** Receipt emails recorded (distinct payments), once the receipt worker has caught up. */
+  receipts: number;
+}
+
+/**
+ * Every payment charged once: the provider's charge count, the payment rows (each derives its id from
+ * its charge) and the receipts, against the 201s the client got.
+ */
+async function chargedOnce(
+  url: string,
+  providerUrl: string | undefined,
+  created: number,
+  log: (line: string) => void,
+): Promise<ChargeCheck> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    const { rows } = await c.query<{ rows: string; distinct: string }>(
+      "SELECT count(*) AS rows, count(DISTINCT id) AS distinct FROM payments",
+    );
+    const receiptsNow = async () =>
+      Number(
+        (await c.query<{ n: string }>("SELECT count(DISTINCT payment_id) AS n FROM sent_emails")).rows[0]!.n,
+      );
+    const live = providerUrl ? await listCharges(providerUrl) : [];
+    let receipts = await receiptsNow();
+    for (let waited = 0; receipts < created && waited < 120; waited++) {
+      await new Promise((r) => setTimeout(r, 1_000));
+      receipts = await receiptsNow();
+    }
+    const check = {
+      charges: live.at(-1)?.seq ?? 0,
+      rows: Number(rows[0]!.rows),
+      distinct: Number(rows[0]!.distinct),
+      receipts,
+    };
+    log(
+      `service check: ${created.toLocaleString("en")} answered 201, ${check.charges.toLocaleString("en")} charges at the provider, ${check.rows.toLocaleString("en")} payment rows (${check.distinct.toLocaleString("en")} distinct), ${check.receipts.toLocaleString("en")} receipts`,
+    );
+    return check;
+  } finally {
+    await c.end();
+  }
 }
 
 function summarise(name: string, n: number, seconds: number, samples: Sample[]): SoakResult {
@@ -273,6 +335,7 @@ export async function soakMessaging(
 /** The reference service in a process of its own that reports its heap after GC when asked (IPC). */
 async function startSoakService(env: Record<string, string>): Promise<{
   url: string;
+  providerUrl: string | undefined;
   child: ChildProcess;
   memory(): Promise<{ heapMB: number; rssMB: number }>;
 }> {
@@ -281,12 +344,15 @@ async function startSoakService(env: Record<string, string>): Promise<{
     ["--import", "tsx", "--conditions=source", new URL("./soak-service.ts", import.meta.url).pathname],
     { env: { ...process.env, ...env }, stdio: ["ignore", "inherit", "inherit", "ipc"] },
   );
-  const url = await new Promise<string>((resolve, reject) => {
-    child.once("message", (m: { url?: string }) => (m.url ? resolve(m.url) : reject(new Error("no url"))));
+  const { url, providerUrl } = await new Promise<{ url: string; providerUrl?: string }>((resolve, reject) => {
+    child.once("message", (m: { url?: string; providerUrl?: string }) =>
+      m.url ? resolve({ url: m.url, providerUrl: m.providerUrl }) : reject(new Error("no url")),
+    );
     child.once("exit", (code) => reject(new Error(`service exited (${code})`)));
   });
   return {
     url,
+    providerUrl,
     child,
     memory: () =>
       new Promise((resolve) => {
@@ -303,10 +369,23 @@ export async function soakService(options: {
   /** Stop sending after this long (the result then covers the payments answered). Default: no limit. */
   maxSeconds?: number;
   concurrency?: number;
+  /** How long the provider simulator keeps a key and its charge. Default: PROVIDER_RETENTION_MS, else 60 s. */
+  providerRetentionMs?: number;
+  /** The soak database's synchronous_commit (default off: a commit does not wait for the disk's fsync). */
+  synchronousCommit?: "on" | "off";
   log?: (line: string) => void;
 }): Promise<SoakResult> {
   const log = options.log ?? (() => {});
   const fresh = await freshBenchDatabase();
+  const syncCommit = options.synchronousCommit ?? "off";
+  const admin = new pg.Client({ connectionString: fresh.url });
+  await admin.connect();
+  // The database's own setting, before the service connects: it changes when a commit waits for its WAL
+  // flush (the disk's fsync, several ms each here), not what the service does or holds.
+  await admin.query(
+    `ALTER DATABASE ${new URL(fresh.url).pathname.slice(1)} SET synchronous_commit = ${syncCommit === "on" ? "on" : "off"}`,
+  );
+  await admin.end();
   const svc = await startSoakService({
     DATABASE_URL: fresh.url,
     PORT: "0",
@@ -314,7 +393,7 @@ export async function soakService(options: {
     IDEM_DEMO: "1",
     LOG_LEVEL: "warn",
     IDEM_POOL_SIZE: "16",
-    PROVIDER_RETENTION_MS: process.env.PROVIDER_RETENTION_MS ?? "60000",
+    PROVIDER_RETENTION_MS: String(options.providerRetentionMs ?? process.env.PROVIDER_RETENTION_MS ?? 60_000),
   });
   try {
     const samples: Sample[] = [];
@@ -329,24 +408,48 @@ export async function soakService(options: {
     await sample(0);
     let sent = 0;
     let answered = 0;
+    let created = 0;
     let bad = 0;
     let nextSample = options.sampleEvery;
     let sampling: Promise<void> = Promise.resolve();
     const deadline = t0 + (options.maxSeconds ?? Number.POSITIVE_INFINITY) * 1000;
+    // node:http on a keep-alive agent rather than fetch: the load generator's own CPU (undici's fetch costs
+    // several times as much per request) comes out of the same two cores as the service's.
+    const concurrency = options.concurrency ?? 32;
+    const agent = new http.Agent({ keepAlive: true, maxSockets: concurrency });
+    const target = new URL("/v1/payments", svc.url);
+    const body = JSON.stringify({ amount_cents: 5000, currency: "eur", card: "4242424242424242" });
+    const post = (key: string) =>
+      new Promise<number>((resolve, reject) => {
+        const req = http.request(
+          {
+            agent,
+            host: target.hostname,
+            port: target.port,
+            path: target.pathname,
+            method: "POST",
+            headers: {
+              authorization: "Bearer sk_test_demo_1",
+              "content-type": "application/json",
+              "content-length": Buffer.byteLength(body),
+              "idempotency-key": key,
+            },
+          },
+          (res) => {
+            res.resume();
+            res.once("end", () => resolve(res.statusCode ?? 0));
+            res.once("error", reject);
+          },
+        );
+        req.once("error", reject);
+        req.end(body);
+      });
     const worker = async () => {
       while (sent < options.payments && performance.now() < deadline) {
         sent++;
-        const res = await fetch(`${svc.url}/v1/payments`, {
-          method: "POST",
-          headers: {
-            authorization: "Bearer sk_test_demo_1",
-            "content-type": "application/json",
-            "idempotency-key": randomUUID(),
-          },
-          body: JSON.stringify({ amount_cents: 5000, currency: "eur", card: "4242424242424242" }),
-        });
-        await res.arrayBuffer();
-        if (res.status >= 300) bad++;
+        const status = await post(randomUUID());
+        if (status === 201) created++;
+        else bad++;
         if (++answered >= nextSample) {
           nextSample += options.sampleEvery;
           const n = answered;
@@ -355,12 +458,16 @@ export async function soakService(options: {
         }
       }
     };
-    await Promise.all(Array.from({ length: options.concurrency ?? 32 }, worker));
+    await Promise.all(Array.from({ length: concurrency }, worker));
+    agent.destroy();
     await sampling;
     const seconds = (performance.now() - t0) / 1000;
-    if (bad > 0) log(`service: ${bad} payments answered other than 2xx`);
+    if (bad > 0) log(`service: ${bad} payments answered other than 201`);
     if (samples.at(-1)!.n < answered) await sample(answered);
-    return summarise("reference service", answered, seconds, samples);
+    const check = await chargedOnce(fresh.url, svc.providerUrl, created, log);
+    const result = summarise("reference service", answered, seconds, samples);
+    result.payments = { answered, created, ...check };
+    return result;
   } finally {
     svc.child.kill("SIGTERM");
     await new Promise((r) => svc.child.once("exit", r));
@@ -372,6 +479,9 @@ export function printSoak(r: SoakResult, unit: string): void {
   const mb = (x: number) => x.toFixed(1);
   console.log(
     `${r.name}: ${r.n.toLocaleString("en")} ${unit} in ${r.seconds.toFixed(0)} s (${Math.round(r.rate)}/s); heap after GC ${mb(r.samples[0]!.heapMB)} MB at start, growth from 10% to the end ${mb(r.growthMB)} MB (${r.bytesPer.toFixed(1)} B per ${unit.replace(/s$/, "")}, slope ${r.slopeBytesPer.toFixed(1)} B); RSS ${Math.round(r.samples[0]!.rssMB)} -> ${Math.round(r.samples.at(-1)!.rssMB)} MB` +
+      (r.payments
+        ? `; ${r.payments.created.toLocaleString("en")} answered 201 of ${r.payments.answered.toLocaleString("en")}, ${r.payments.charges.toLocaleString("en")} charges, ${r.payments.rows.toLocaleString("en")} payment rows (${r.payments.distinct.toLocaleString("en")} distinct), ${r.payments.receipts.toLocaleString("en")} receipts`
+        : "") +
       (r.check
         ? `; applied ${r.check.distinct.toLocaleString("en")} distinct of ${r.n.toLocaleString("en")}, ${r.check.total - r.check.distinct} twice, ${r.check.outOfOrder} out of order`
         : ""),
@@ -401,6 +511,7 @@ export async function soakBench(): Promise<SoakResult[]> {
       payments,
       sampleEvery: Number(process.env.SOAK_SAMPLE_EVERY ?? Math.max(1_000, Math.round(payments / 20))),
       concurrency: Number(process.env.SOAK_SERVICE_CONCURRENCY ?? 32),
+      synchronousCommit: process.env.SOAK_SYNCHRONOUS_COMMIT === "on" ? "on" : "off",
       maxSeconds: process.env.SOAK_SERVICE_SECONDS ? Number(process.env.SOAK_SERVICE_SECONDS) : undefined,
       log: console.log,
     });
