@@ -16,9 +16,11 @@ export {
   type PgliteLike,
 } from "./drivers/pglite.ts";
 export {
+  CommitRolledBackError,
   type FromPostgresJsOptions,
   fromPostgresJs,
   type PostgresJsLike,
+  type PostgresJsReserved,
 } from "./drivers/postgres-js.ts";
 export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
 export {

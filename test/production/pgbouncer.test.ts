@@ -13,7 +13,7 @@ import { MemoryBroker } from "../../src/messaging/memory.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import { DatabaseConnectError, openDatabaseUrl } from "../../src/postgres/connect.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
-import { fromPostgresJs } from "../../src/postgres/drivers/postgres-js.ts";
+import { CommitRolledBackError, fromPostgresJs } from "../../src/postgres/drivers/postgres-js.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { pay, startService } from "../app/service.ts";
@@ -68,6 +68,82 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
     const app = useApp(through(name), startHono);
     paymentsContract(app, { hangUp: true });
     lifecycleContract(app);
+  });
+
+  it("commits a postgres.js transaction on another server session than the last one", async () => {
+    // postgres.js prepares its own COMMIT under a name once per connection (the instance's `prepare`,
+    // true by default) and then only binds it. Through the pooler, a transaction on another server
+    // session binds a name that does not exist there: 26000 aborts it, postgres.js retries the COMMIT,
+    // and PostgreSQL answers it with ROLLBACK and no error, so `sql.begin` resolves and nothing was
+    // written. Seen as the protocol suite's flaky 201s whose rows were missing. fromPostgresJs runs its
+    // transactions on a reserved connection with BEGIN and COMMIT as simple queries instead.
+    const fresh = await freshDatabase("idem_bouncer");
+    const url = bouncer.url(new URL(fresh.url).pathname.slice(1));
+    const sql = postgres(url, { max: 1, onnotice: () => {} }); // prepare: true, the default
+    const db = fromPostgresJs(sql, { owned: false });
+    const holders: pg.Client[] = [];
+    const pidOf = async (run: (insert: string) => Promise<unknown[]>) =>
+      Number(((await run("INSERT INTO t VALUES (pg_backend_pid()) RETURNING n")) as { n: number }[])[0]!.n);
+    /** Keep the server session `pid` in a transaction of another client: the next one runs elsewhere. */
+    const pin = async (pid: number) => {
+      for (let i = 0; i < 8; i++) {
+        const c = new pg.Client({ connectionString: url });
+        await c.connect();
+        holders.push(c);
+        await c.query("BEGIN");
+        if ((await c.query("SELECT pg_backend_pid() AS pid")).rows[0].pid === pid) return;
+      }
+      throw new Error(`could not pin server session ${pid}`);
+    };
+    const count = async () => Number((await sql`SELECT count(*)::int AS n FROM t`)[0]!.n);
+    try {
+      await sql`CREATE TABLE t (n int)`;
+      // postgres.js's own transactions: the second, on another session, answers and is not there.
+      const first = await pidOf((insert) => sql.begin((tx) => tx.unsafe(insert)));
+      await pin(first);
+      const second = await pidOf((insert) => sql.begin((tx) => tx.unsafe(insert)));
+      expect(second).not.toBe(first);
+      expect(await count()).toBe(1); // postgres.js 3.4.9: the second COMMIT was a rollback
+      await Promise.all(holders.splice(0).map((c) => c.end()));
+
+      // The adapter's, the same way: both are written.
+      const third = await pidOf(async (insert) =>
+        db.transaction(async (tx) => (await tx.query(insert)).rows),
+      );
+      await pin(third);
+      const fourth = await pidOf(async (insert) =>
+        db.transaction(async (tx) => (await tx.query(insert)).rows),
+      );
+      expect(fourth).not.toBe(third);
+      expect(await count()).toBe(3);
+    } finally {
+      await Promise.all(holders.map((c) => c.end()));
+      await sql.end({ timeout: 5 });
+      await fresh.drop();
+    }
+  });
+
+  it("refuses to report a postgres.js transaction committed that PostgreSQL rolled back", async () => {
+    const fresh = await freshDatabase("idem_bouncer");
+    const db = fromPostgresJs(
+      postgres(bouncer.url(new URL(fresh.url).pathname.slice(1)), { onnotice: () => {} }),
+    );
+    try {
+      await db.exec("CREATE TABLE t (n int PRIMARY KEY)");
+      const err = await db
+        .transaction(async (tx) => {
+          await tx.query("INSERT INTO t VALUES (1)");
+          await tx.query("INSERT INTO t VALUES (1)").catch(() => {}); // 23505, caught: the transaction is aborted
+          return "done";
+        })
+        .catch((e) => e);
+      expect(err).toBeInstanceOf(CommitRolledBackError);
+      expect(err.cause?.code).toBe("23505");
+      expect((await db.query<{ n: number }>("SELECT count(*)::int AS n FROM t")).rows[0]!.n).toBe(0);
+    } finally {
+      await db.close();
+      await fresh.drop();
+    }
   });
 
   describe.each(["atomic", "phases"] as const)("the reference service in %s mode", (mode) => {
