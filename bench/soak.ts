@@ -475,6 +475,20 @@ export async function soakService(options: {
   }
 }
 
+/**
+ * Heap growth per item (bytes) between the lowest sample in 20-40% of the run and the lowest in
+ * 80-100%: the lowest samples, so a GC that happened to run late does not read as growth.
+ */
+export function growthPerItem(r: SoakResult): number {
+  const lowest = (from: number, to: number) => {
+    const xs = r.samples.filter((s) => s.n >= from * r.n && s.n <= to * r.n);
+    return xs.reduce((a, s) => (s.heapMB < a.heapMB ? s : a));
+  };
+  const early = lowest(0.2, 0.4);
+  const late = lowest(0.8, 1);
+  return ((late.heapMB - early.heapMB) * 2 ** 20) / (late.n - early.n);
+}
+
 export function printSoak(r: SoakResult, unit: string): void {
   const mb = (x: number) => x.toFixed(1);
   console.log(

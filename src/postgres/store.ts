@@ -106,6 +106,10 @@ export class PostgresStore implements AtomicStore<Tx> {
   private ensuredThrough = Number.NEGATIVE_INFINITY;
   /** On Citus (citus.ts): the per-key lock is taken on the key's shard. */
   private onCitus = false;
+  /** Whether the keys table is distributed with Citus (found when the store opened; citus.ts). */
+  get distributed(): boolean {
+    return this.onCitus;
+  }
 
   private constructor(
     db: Db,

@@ -9,22 +9,11 @@
  * is asserted; the heap is compared at its lowest in two windows (requests in flight come and go).
  */
 import { describe, expect, it } from "vitest";
-import { type SoakResult, soakService } from "../../bench/soak.ts";
+import { growthPerItem, soakService } from "../../bench/soak.ts";
 import { serverBackends } from "../helpers/db.ts";
 
 const backend = serverBackends.find((b) => b.name === "pg");
 const PAYMENTS = 6_000;
-
-/** Heap growth per payment between the lowest sample in 20-40% of the run and the lowest in 80-100%. */
-function growthPerPayment(r: SoakResult): number {
-  const lowest = (from: number, to: number) => {
-    const xs = r.samples.filter((s) => s.n >= from * r.n && s.n <= to * r.n);
-    return xs.reduce((a, s) => (s.heapMB < a.heapMB ? s : a));
-  };
-  const early = lowest(0.2, 0.4);
-  const late = lowest(0.8, 1);
-  return ((late.heapMB - early.heapMB) * 2 ** 20) / (late.n - early.n);
-}
 
 describe.skipIf(!backend)("the reference service over many payments: bounded memory", () => {
   it("6,000 keyed payments each charged once, the heap growing under 400 B per payment", async () => {
@@ -34,7 +23,7 @@ describe.skipIf(!backend)("the reference service over many payments: bounded mem
       concurrency: 16,
       providerRetentionMs: 1_000,
     });
-    const perPayment = growthPerPayment(r);
+    const perPayment = growthPerItem(r);
     console.log(
       `service: ${PAYMENTS} payments in ${r.seconds.toFixed(1)} s, heap ${r.samples[0]!.heapMB.toFixed(1)} -> ${r.samples.at(-1)!.heapMB.toFixed(1)} MB, ${perPayment.toFixed(0)} B per payment`,
     );

@@ -7,28 +7,17 @@
  * prefetched deliveries come and go between samples).
  */
 import { describe, expect, it } from "vitest";
-import { SOAK_BROKERS, type SoakResult, soakMessaging } from "../../bench/soak.ts";
+import { growthPerItem, SOAK_BROKERS, soakMessaging } from "../../bench/soak.ts";
 import { serverBackends } from "../helpers/db.ts";
 
 const backend = serverBackends.find((b) => b.name === "pg");
 const EVENTS = 20_000;
 
-/** Heap growth per event between the lowest sample in 20-40% of the run and the lowest in 80-100%. */
-function growthPerEvent(r: SoakResult): number {
-  const lowest = (from: number, to: number) => {
-    const xs = r.samples.filter((s) => s.n >= from * r.n && s.n <= to * r.n);
-    return xs.reduce((a, s) => (s.heapMB < a.heapMB ? s : a));
-  };
-  const early = lowest(0.2, 0.4);
-  const late = lowest(0.8, 1);
-  return ((late.heapMB - early.heapMB) * 2 ** 20) / (late.n - early.n);
-}
-
 describe.skipIf(!backend)("a long run in short: bounded memory", () => {
   for (const [name, make] of Object.entries(SOAK_BROKERS)) {
     it(`${name}: 20,000 events applied once each and in order, the heap growing under 200 B per event`, async () => {
       const r = await soakMessaging(make, { events: EVENTS, sampleEvery: 1_000, aggregates: 40 });
-      const perEvent = growthPerEvent(r);
+      const perEvent = growthPerItem(r);
       console.log(
         `${r.name}: ${EVENTS} events in ${r.seconds.toFixed(1)} s, heap ${r.samples[0]!.heapMB.toFixed(1)} -> ${r.samples.at(-1)!.heapMB.toFixed(1)} MB, ${perEvent.toFixed(0)} B per event`,
       );

@@ -12,6 +12,7 @@ import { openDatabaseUrl } from "../../src/postgres/connect.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { Partitions } from "../../src/postgres/partitions.ts";
+import { SingleStatementStore, StatementModeError } from "../../src/postgres/statement/store.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { pay, startService } from "../app/service.ts";
 import { paymentClaim } from "../helpers/claim.ts";
@@ -113,6 +114,12 @@ describe.skipIf(why)("idem on Citus", () => {
     // Any node takes the service's queries (metadata is synced to the workers).
     const onWorker = await PostgresStore.open(dbs.worker2!);
     expect(onWorker).toBeInstanceOf(PostgresStore);
+  });
+
+  it("refuses single-statement mode, whose lock and boundary marker assume one node", async () => {
+    const store = await PostgresStore.open(dbs.coordinator!);
+    expect(store.distributed).toBe(true);
+    expect(() => new SingleStatementStore(store)).toThrow(StatementModeError);
   });
 
   it("serialises duplicates across nodes: one execution, every other replays the same bytes", async () => {

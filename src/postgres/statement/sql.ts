@@ -29,22 +29,14 @@
  * $n+4 claim id, $n+5 lock id, $n+6 status, $n+7 saved headers (JSON text).
  */
 import type { DbTime } from "../db-time.ts";
+import type { KeyRow } from "../keys/row.ts";
 
 /** What the statement returns (always one row). */
-export interface StatementRow {
+export interface StatementRow extends Omit<KeyRow, "bucket"> {
   /** The advisory lock was taken (false: a live row was seen, or the key is held by another statement). */
   locked: boolean;
-  /** The live row seen, if any (its columns as `KeyRow`), bucket null when none. */
+  /** The live row seen, if any (its other columns as `KeyRow`'s), bucket null when none. */
   bucket: number | null;
-  fingerprint: Uint8Array;
-  created_at: Date;
-  recovery_point: string;
-  status: number | null;
-  headers: Array<[string, string]> | null;
-  body: Uint8Array | null;
-  resource_id: string | null;
-  claim_id: string | null;
-  needs_review_at: Date | null;
   /** This statement's saved key row: its status (null: nothing saved), body and creation. */
   saved_status: number | null;
   saved_body: Uint8Array | null;

@@ -184,6 +184,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         "single-statement mode builds the saved reply in SQL, which cannot seal it: use atomic mode with a sealing store",
       );
     }
+    if (store.distributed) {
+      throw new StatementModeError(
+        "single-statement mode assumes one PostgreSQL node (its lock and boundary marker): on Citus use atomic mode",
+      );
+    }
     this.retentionMs = store.retentionMs;
     this.lockTimeoutMs = store.lockTimeoutMs;
   }
