@@ -55,6 +55,7 @@ import {
   withGuardedTx,
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
+import { FinishedHints } from "../keys/finished-hints.ts";
 import {
   CompactWithoutRebuildError,
   expiryOf,
@@ -123,17 +124,8 @@ export class AtomicRunner {
    * null while none waits (the list is made by the first duplicate, so a call alone allocates nothing).
    */
   private readonly inFlight = new Map<string, Waiters | null>();
-  /**
-   * Keys this process saw finished (saved or replayed), with when they expire: a retry of one is read
-   * first without a lock or a transaction, one statement (a finished key never changes). A hint only:
-   * a key swept, expired or unknown here takes the locked path. Bounded, in two generations: when the
-   * newer holds FINISHED_HINTS / 2 keys it becomes the older one, and the older is dropped whole (the
-   * oldest go first). Not one eviction per key: `keys().next()` on a Map whose front was deleted from
-   * skips the deleted entries each time (V8 keeps them until it rehashes), about 4 µs per saved key once
-   * full, when every request brings a new key.
-   */
-  private finished = new Map<string, number>();
-  private finishedBefore = new Map<string, number>();
+  /** Keys this process saw finished: a retry of one is read first without a lock (finished-hints.ts). */
+  private readonly finished = new FinishedHints();
 
   constructor(private readonly host: AtomicHost) {}
 
@@ -188,7 +180,7 @@ export class AtomicRunner {
         if (attempt.kind === "answer") {
           const out = attempt.outcome;
           finished = out.kind === "replayed" || out.saved;
-          if (finished && !options.rebuild) this.rememberFinished(id, out.expiresAt);
+          if (finished && !options.rebuild) this.finished.remember(id, out.expiresAt.getTime());
           return out;
         }
         waited = true;
@@ -217,25 +209,11 @@ export class AtomicRunner {
   }
 
   private knownFinished(id: string): boolean {
-    const until = this.finished.get(id) ?? this.finishedBefore.get(id);
+    const until = this.finished.get(id);
     if (until === undefined) return false;
     if (until > this.host.estimatedNowMs()) return true; // a hint: the lookup decides whether it expired
-    this.forgetFinished(id);
+    this.finished.forget(id);
     return false;
-  }
-
-  private rememberFinished(id: string, expiresAt: Date): void {
-    this.finishedBefore.delete(id); // kept in the newer generation only
-    this.finished.set(id, expiresAt.getTime());
-    if (this.finished.size >= FINISHED_HINTS / 2) {
-      this.finishedBefore = this.finished;
-      this.finished = new Map();
-    }
-  }
-
-  private forgetFinished(id: string): void {
-    this.finished.delete(id);
-    this.finishedBefore.delete(id);
   }
 
   /**
@@ -248,8 +226,8 @@ export class AtomicRunner {
     const row = rows[0]!;
     const answer =
       row.bucket === null || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
-    if (answer) this.rememberFinished(id, answer.expiresAt);
-    else this.forgetFinished(id);
+    if (answer) this.finished.remember(id, answer.expiresAt.getTime());
+    else this.finished.forget(id);
     return answer;
   }
 
@@ -469,9 +447,6 @@ function settlesBefore(p: Promise<unknown>, deadline: number): Promise<boolean> 
 
 /** How long an abandoned speculative work may take to end before the key's answer is given anyway. */
 const ABANDON_WAIT_MS = 1_000;
-
-/** How many finished keys a store remembers to read without a lock (about 100 bytes each). */
-const FINISHED_HINTS = 10_000;
 
 /** The Retry-After of a 409 for a key still in flight. */
 const RETRY_AFTER_S = 1;

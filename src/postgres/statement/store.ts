@@ -40,6 +40,7 @@ import {
   type WorkResult,
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
+import { FinishedHints } from "../keys/finished-hints.ts";
 import { expiryOf, type KeyRow, replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
 import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
@@ -171,11 +172,8 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   readonly lockTimeoutMs: number;
   /** This process's calls in progress by (scope, key): a duplicate here waits for it in memory. */
   private readonly inFlight = new Map<string, Promise<boolean>>();
-  /**
-   * Keys this process saw finished, with when they expire (by this process's clock: a hint; the lookup
-   * decides). Bounded; the oldest go first.
-   */
-  private readonly finished = new Map<string, number>();
+  /** Keys this process saw finished (by this process's clock: a hint; the lookup decides). */
+  private readonly finished = new FinishedHints();
   private readonly texts = new Map<string, { key: string; text: string }>();
 
   constructor(readonly store: PostgresStore) {
@@ -265,7 +263,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         const answer = await this.replayOf(claim);
         if (answer) return answer;
       }
-      this.finished.delete(id);
+      this.finished.forget(id);
     }
     const deadline = Date.now() + this.lockTimeoutMs;
     // A duplicate in this process waits for the call in progress; when that call finished the key,
@@ -283,7 +281,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     this.inFlight.set(id, entry);
     try {
       const out = await running;
-      if (out.kind === "replayed" || out.saved) this.rememberFinished(id, out.expiresAt);
+      if (out.kind === "replayed" || out.saved) this.finished.remember(id, out.expiresAt.getTime());
       return out;
     } finally {
       if (this.inFlight.get(id) === entry) this.inFlight.delete(id);
@@ -379,12 +377,6 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     return replayOf(this.store, claim, row) ?? null;
   }
 
-  private rememberFinished(id: string, expiresAt: Date): void {
-    this.finished.delete(id); // re-inserted last: the map's order is the eviction order
-    this.finished.set(id, expiresAt.getTime());
-    if (this.finished.size > FINISHED_HINTS) this.finished.delete(this.finished.keys().next().value!);
-  }
-
   private lookupText(): string {
     const t = this.store.dbTime;
     return `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
@@ -447,9 +439,6 @@ async function settlesBefore(p: Promise<boolean>, deadline: number): Promise<boo
 
 /** The Retry-After of a 409 for a key still in flight (atomic mode's). */
 const RETRY_AFTER_S = 1;
-
-/** How many finished keys a store remembers to read with the lookup alone. */
-const FINISHED_HINTS = 10_000;
 
 /** How many distinct route statements a store keeps built. */
 const MAX_TEXTS = 256;
