@@ -56,6 +56,7 @@ import {
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
+import { KeysInFlight } from "../keys/in-flight.ts";
 import {
   CompactWithoutRebuildError,
   expiryOf,
@@ -112,18 +113,9 @@ interface Looked {
   replace: boolean;
 }
 
-/** How a wait behind this process's call in flight ended. */
-type Woken = "finished" | "yours" | "timeout";
-
-/** The duplicates waiting in this process behind the call in flight for one key, in arrival order. */
-type Waiters = Array<(woken: Woken) => void>;
-
 export class AtomicRunner {
-  /**
-   * This process's atomic calls in progress, by (scope, key): the duplicates waiting behind each, or
-   * null while none waits (the list is made by the first duplicate, so a call alone allocates nothing).
-   */
-  private readonly inFlight = new Map<string, Waiters | null>();
+  /** This process's atomic calls in progress, by (scope, key), and the duplicates waiting behind each. */
+  private readonly inFlight = new KeysInFlight();
   /** Keys this process saw finished: a retry of one is read first without a lock (finished-hints.ts). */
   private readonly finished = new FinishedHints();
 
@@ -144,12 +136,7 @@ export class AtomicRunner {
     let ours = false;
     while (this.inFlight.has(id)) {
       waited = true;
-      let waiters = this.inFlight.get(id);
-      if (!waiters) {
-        waiters = [];
-        this.inFlight.set(id, waiters);
-      }
-      const woken = await waitBehind(waiters, deadline);
+      const woken = await this.inFlight.wait(id, deadline);
       if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
       if (woken === "yours") {
         ours = true; // handed over: the key is this call's now
@@ -158,7 +145,7 @@ export class AtomicRunner {
       const answer = await this.replayWithoutLock(id, claim);
       if (answer) return answer;
     }
-    if (!ours) this.inFlight.set(id, null);
+    if (!ours) this.inFlight.enter(id);
     let finished = false;
     // A speculative work started once lives on across attempts: its handler cannot be run twice.
     const spec: Speculation = {};
@@ -195,17 +182,8 @@ export class AtomicRunner {
         // (bounded: an error handler that never answers must not hold this request).
         await settlesBefore(spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS);
       }
-      this.handOver(id, finished);
+      this.inFlight.leave(id, finished);
     }
-  }
-
-  /** The call in flight ended: every waiter reads a finished key; otherwise the first one takes it. */
-  private handOver(id: string, finished: boolean): void {
-    const waiters = this.inFlight.get(id);
-    if (finished || !waiters?.length) {
-      this.inFlight.delete(id);
-      if (waiters) for (const wake of waiters.splice(0)) wake("finished");
-    } else waiters.shift()!("yours");
   }
 
   private knownFinished(id: string): boolean {
@@ -408,25 +386,6 @@ export class AtomicRunner {
     tx.readOnlyDone?.();
     return { kind: "answer", outcome: replay };
   }
-}
-
-/** Wait behind this process's call in flight for the key, until `deadline` (epoch ms). */
-function waitBehind(waiters: Waiters, deadline: number): Promise<Woken> {
-  return new Promise<Woken>((resolve) => {
-    const wake = (woken: Woken) => {
-      clearTimeout(timer);
-      resolve(woken);
-    };
-    const timer = setTimeout(
-      () => {
-        const i = waiters.indexOf(wake);
-        if (i >= 0) waiters.splice(i, 1);
-        resolve("timeout");
-      },
-      Math.max(0, deadline - Date.now()),
-    );
-    waiters.push(wake);
-  });
 }
 
 /** Whether `p` settles (either way) before `deadline` (epoch ms). */
