@@ -5,16 +5,18 @@
  *   WITH idem_live  the key's live row, read with the statement's snapshot (as atomic mode's lookup)
  *        idem_gate  where a row made now goes (bucket, boundary marker due?), and, only when no live
  *                   row was seen, pg_try_advisory_xact_lock on the key's lock (atomic mode's lock id)
- *        idem_claim one row when the lock was taken and no live row was seen; none otherwise. The
- *                   route's statement reads its input FROM idem_claim, so it does nothing when the
- *                   key is taken (a data-modifying CTE always runs: it must gate itself)
+ *        idem_claim one row when the lock was taken and no live row was seen; none otherwise (with
+ *                   the claim's id, made here). The route's statement reads its input FROM
+ *                   idem_claim, so it does nothing when the key is taken (a data-modifying CTE
+ *                   always runs: it must gate itself)
  *        work       the route's statement (INSERT/UPDATE/DELETE ... RETURNING), gated on idem_claim
  *        idem_reply the saved reply's body, built in SQL from the first row the work returned
  *        idem_put   the finished key row (and a boundary marker), replacing an expired row in place
  *        idem_dup   the same rows again, plain INSERT, for those `idem_put` did not write: a live row
  *                   in their place (a concurrent duplicate that committed after this statement's
  *                   snapshot) fails the whole statement with 23505, the work rolled back with it
- *   SELECT what happened: the live row (a replay, 422, in flight), or the saved row, or "busy"
+ *   SELECT what happened: a live row was seen (its answer is read apart: a replay, 422, in flight),
+ *          or the saved row (its body as text), or "busy"
  *
  * Why the marker: the unique index is per partition, and the statement's snapshot cannot see a
  * duplicate that committed after it began (the lock alone does not help: taking it inside the
@@ -26,22 +28,26 @@
  * that did no work and waited for nothing.
  *
  * Parameters: the route's own $1..$n first, then ours: $n+1 scope, $n+2 key, $n+3 fingerprint,
- * $n+4 claim id, $n+5 lock id, $n+6 status, $n+7 saved headers (JSON text).
+ * $n+4 lock id, $n+5 status, $n+6 saved headers (JSON text).
+ *
+ * The row it returns is narrow on purpose (seven columns, no timestamp, no bytea): the driver parses
+ * every column of every answer, and this one answers every request of the route.
  */
 import type { DbTime } from "../db-time.ts";
-import type { KeyRow } from "../keys/row.ts";
 
 /** What the statement returns (always one row). */
-export interface StatementRow extends Omit<KeyRow, "bucket"> {
+export interface StatementRow {
   /** The advisory lock was taken (false: a live row was seen, or the key is held by another statement). */
   locked: boolean;
-  /** The live row seen, if any (its other columns as `KeyRow`'s), bucket null when none. */
-  bucket: number | null;
-  /** This statement's saved key row: its status (null: nothing saved), body and creation. */
+  /** A live row of the key was seen (its answer is read with the lookup). */
+  live: boolean;
+  /** This statement's saved key row: its status (null: nothing saved), body, creation (epoch ms), claim. */
   saved_status: number | null;
-  saved_body: Uint8Array | null;
-  saved_at: Date | null;
+  saved_body: string | null;
+  saved_ms: number | null;
   saved_claim_id: string | null;
+  /** Always null: a statement that returned rows without reading its claim fails on it (22P02). */
+  ungated: null;
 }
 
 /** The table-side constants a statement is built for. */
@@ -65,15 +71,13 @@ export function statementSql(table: StatementTable, sql: string, n: number, body
   const s = table.schema;
   const t = table.dbTime;
   const p = (i: number) => `$${n + i}`;
-  const [scope, key, fp, claimId, lockId, status, headers] = [1, 2, 3, 4, 5, 6, 7].map(p);
+  const [scope, key, fp, lockId, status, headers] = [1, 2, 3, 4, 5, 6].map(p);
   const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
   const overlap = Math.trunc(table.boundaryOverlapMs);
   const width = Math.trunc(t.widthMs);
   const expired = t.expiredAgainst("k.created_at", "excluded.created_at");
   return `WITH idem_live AS MATERIALIZED (
-    SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
-           claim_id::text AS claim_id, needs_review_at
-      FROM ${s}.keys
+    SELECT 1 FROM ${s}.keys
      WHERE scope = ${scope}::text AND key = ${key}::text AND NOT marker
        AND bucket >= ${t.oldestBucket} AND bucket <= ${newest} AND created_at > ${t.oldest}
      ORDER BY bucket DESC LIMIT 1
@@ -85,7 +89,7 @@ export function statementSql(table: StatementTable, sql: string, n: number, body
                 ELSE pg_try_advisory_xact_lock(${lockId}::bigint) END AS locked
   ),
   ${CLAIM_RELATION} AS MATERIALIZED (
-    SELECT ${scope}::text AS scope, ${key}::text AS key, ${claimId}::uuid AS claim_id
+    SELECT ${scope}::text AS scope, ${key}::text AS key, gen_random_uuid() AS claim_id
       FROM idem_gate WHERE locked
   ),
   work AS (
@@ -95,7 +99,7 @@ ${sql}
     SELECT (${bodyExpr})::text AS body FROM work LIMIT 1
   ),
   idem_want AS MATERIALIZED (
-    SELECT g.bucket - m.back AS bucket, m.back = 1 AS marker, r.body
+    SELECT g.bucket - m.back AS bucket, m.back = 1 AS marker, r.body, c.claim_id
       FROM idem_gate g, ${CLAIM_RELATION} c, idem_reply r, (VALUES (0), (1)) AS m (back)
      WHERE m.back = 0 OR g.marker
   ),
@@ -105,7 +109,7 @@ ${sql}
     SELECT w.bucket, ${scope}, ${key}, w.marker, ${fp}, ${t.now}, 'done',
            CASE WHEN w.marker THEN NULL ELSE ${status}::int END,
            CASE WHEN w.marker THEN NULL ELSE ${headers}::text::jsonb END,
-           CASE WHEN w.marker THEN NULL ELSE convert_to(w.body, 'UTF8') END, ${claimId}::uuid
+           CASE WHEN w.marker THEN NULL ELSE convert_to(w.body, 'UTF8') END, w.claim_id
       FROM idem_want w
     ON CONFLICT (scope, key, bucket) DO UPDATE
        SET marker = excluded.marker, fingerprint = excluded.fingerprint, created_at = excluded.created_at,
@@ -114,7 +118,7 @@ ${sql}
            phase_data = NULL, updated_at = NULL, attempted_at = NULL, lookup_failures = 0,
            needs_review_at = NULL, claim_id = excluded.claim_id
      WHERE ${expired}
-    RETURNING bucket, marker, status, body, created_at, claim_id::text AS claim_id
+    RETURNING bucket, marker, status, created_at, claim_id::text AS claim_id
   ),
   idem_dup AS (
     INSERT INTO ${s}.keys (bucket, scope, key, marker, fingerprint, created_at)
@@ -122,12 +126,13 @@ ${sql}
      WHERE NOT EXISTS (SELECT 1 FROM idem_put p WHERE p.bucket = w.bucket)
     RETURNING 1
   )
-  SELECT g.locked, l.*, p.status AS saved_status, p.body AS saved_body, p.created_at AS saved_at,
-         p.claim_id AS saved_claim_id,
+  SELECT g.locked, EXISTS (SELECT 1 FROM idem_live) AS live, p.status AS saved_status,
+         CASE WHEN p.status IS NOT NULL THEN (SELECT body FROM idem_reply) END AS saved_body,
+         (extract(epoch FROM p.created_at) * 1000)::float8 AS saved_ms, p.claim_id AS saved_claim_id,
          CASE WHEN NOT g.locked AND EXISTS (SELECT 1 FROM work)
               THEN concat('idem: the single statement ran without reading FROM ${CLAIM_RELATION} (',
                           (SELECT count(*) FROM work), ' rows)')::int END AS ungated
-    FROM idem_gate g LEFT JOIN idem_live l ON true LEFT JOIN idem_put p ON NOT p.marker`;
+    FROM idem_gate g LEFT JOIN idem_put p ON NOT p.marker`;
 }
 
 /** The route's statement alone, for a request without a key (`required: false`): no claim is saved. */

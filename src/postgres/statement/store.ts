@@ -24,7 +24,6 @@
  * Not with a sealer: the reply is built in SQL, which cannot seal it (AES-GCM in this process), so a
  * sealed store is refused (`StatementModeError`) rather than saving a reply in clear.
  */
-import { randomUUID } from "node:crypto";
 import {
   type AtomicOutcome,
   type AtomicRunOptions,
@@ -41,7 +40,8 @@ import {
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
-import { expiryOf, type KeyRow, replayOf } from "../keys/row.ts";
+import { KeysInFlight } from "../keys/in-flight.ts";
+import { type KeyRow, replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
 import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
 
@@ -171,10 +171,15 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   readonly retentionMs: number;
   readonly lockTimeoutMs: number;
   /** This process's calls in progress by (scope, key): a duplicate here waits for it in memory. */
-  private readonly inFlight = new Map<string, Promise<boolean>>();
+  private readonly inFlight = new KeysInFlight();
   /** Keys this process saw finished (by this process's clock: a hint; the lookup decides). */
   private readonly finished = new FinishedHints();
-  private readonly texts = new Map<string, { key: string; text: string }>();
+  /**
+   * The built statements by route statement, then body expression: looked up with the route's own
+   * strings (constants, whose hashes V8 keeps), not with a key concatenated per request.
+   */
+  private readonly texts = new Map<string, Map<string, BuiltText>>();
+  private textCount = 0;
 
   constructor(readonly store: PostgresStore) {
     if (store.sealer) {
@@ -228,7 +233,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     if (result.compactId !== undefined) {
       throw new StatementModeError("single-statement mode saves whole replies: a route cannot be `compact`");
     }
-    if (options.signal?.aborted) return unsaved(result.response, this.store);
+    if (options.signal?.aborted) return unsaved(result.response);
     // The handler's answer carried a placeholder body: what a framework derived from it (its length, an
     // ETag) would be wrong for the body the statement builds, sent and saved.
     const response = { ...result.response, headers: result.response.headers.filter(notOfThePlaceholder) };
@@ -266,25 +271,28 @@ export class SingleStatementStore implements AtomicStore<Tx> {
       this.finished.forget(id);
     }
     const deadline = Date.now() + this.lockTimeoutMs;
-    // A duplicate in this process waits for the call in progress; when that call finished the key,
-    // every waiter reads the replay at once, side by side.
-    for (let prior = this.inFlight.get(id); prior; prior = this.inFlight.get(id)) {
-      const finished = await settlesBefore(prior, deadline);
-      if (finished === undefined) throw new KeyInFlightError(RETRY_AFTER_S);
-      if (finished) return this.loop(claim, spec, response, save, deadline);
+    // A duplicate in this process waits for the call in progress (atomic mode's queue): a finished
+    // key's waiters read the replay at once, side by side; otherwise the first one takes the key.
+    let ours = false;
+    while (this.inFlight.has(id)) {
+      const woken = await this.inFlight.wait(id, deadline);
+      if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
+      if (woken === "yours") {
+        ours = true;
+        break;
+      }
+      const answer = await this.replayOf(claim);
+      if (answer) return answer;
     }
-    const running = this.loop(claim, spec, response, save, deadline);
-    const entry = running.then(
-      (out) => out.kind === "replayed" || out.saved,
-      () => false,
-    );
-    this.inFlight.set(id, entry);
+    if (!ours) this.inFlight.enter(id);
+    let finished = false;
     try {
-      const out = await running;
-      if (out.kind === "replayed" || out.saved) this.finished.remember(id, out.expiresAt.getTime());
+      const out = await this.loop(claim, spec, response, save, deadline);
+      finished = out.kind === "replayed" || out.saved;
+      if (finished) this.finished.remember(id, out.expiresAt.getTime());
       return out;
     } finally {
-      if (this.inFlight.get(id) === entry) this.inFlight.delete(id);
+      this.inFlight.leave(id, finished);
     }
   }
 
@@ -295,13 +303,12 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     save: StoredResponse,
     deadline: number,
   ): Promise<AtomicOutcome> {
-    const params = [...(spec.params ?? [])];
-    const text = this.textOf(spec.sql, params.length, spec.body ?? DEFAULT_BODY);
-    params.push(
+    const own = spec.params ?? [];
+    const text = this.textOf(spec.sql, own.length, spec.body ?? DEFAULT_BODY);
+    const params = own.concat(
       claim.scope,
       claim.key,
       claim.fingerprint,
-      randomUUID(),
       keyLockId(claim.scope, claim.key),
       save.status,
       JSON.stringify(save.headers),
@@ -329,17 +336,18 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         }
       }
       if (row?.saved_status != null) {
-        const body = toBytes(row.saved_body);
+        const body = encoder.encode(row.saved_body ?? "");
         return {
           kind: "executed",
           response: { status: response.status, headers: response.headers, body },
           saved: true,
-          expiresAt: expiryOf(this.store, { created_at: row.saved_at! }),
+          expiresAt: new Date(row.saved_ms! + this.retentionMs),
           claimId: row.saved_claim_id,
         };
       }
-      if (row && row.bucket !== null) {
-        const answer = replayOf(this.store, claim, row as KeyRow);
+      if (row?.live) {
+        // The key's live row answers (read apart: a replay, 422); not finished, or gone since: wait.
+        const answer = await this.replayOf(claim);
         if (answer) return answer;
       } else if (row?.locked) {
         // Claimed, and the statement returned no row: it changed nothing, and nothing was saved.
@@ -347,10 +355,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         const headers = Object.entries(e.headers ?? {}).map(
           ([k, v]) => [k.toLowerCase(), v] as [string, string],
         );
-        return unsaved(
-          { status: e.status, headers, body: new TextEncoder().encode(e.body ?? "") },
-          this.store,
-        );
+        return unsaved({ status: e.status, headers, body: encoder.encode(e.body ?? "") });
       }
       // Busy: the key is held by a statement (or a transaction of atomic mode) in progress elsewhere.
       const left = deadline - Date.now();
@@ -363,7 +368,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   private async withoutStatement(claim: Claim, response: StoredResponse): Promise<AtomicOutcome> {
     const answer = await this.replayOf(claim);
     if (answer === null) throw new KeyInFlightError(RETRY_AFTER_S);
-    return answer ?? unsaved(response, this.store);
+    return answer ?? unsaved(response);
   }
 
   /**
@@ -390,20 +395,38 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   /** The statement's text, built once per route statement (and again when the store's time shift moved). */
   private textOf(sql: string, n: number, body: string): string {
     const time = this.store.dbTime;
-    const cacheKey = `${n}\0${body}\0${sql}`;
-    const hit = this.texts.get(cacheKey);
-    if (hit && hit.key === time.key) return hit.text;
+    let bodies = this.texts.get(sql);
+    const hit = bodies?.get(body);
+    if (hit && hit.n === n && hit.timeKey === time.key) return hit.text;
     const text = statementSql(
       { schema: this.store.schema, dbTime: time, boundaryOverlapMs: this.store.boundaryOverlapMs },
       sql,
       n,
       body,
     );
-    if (this.texts.size >= MAX_TEXTS) this.texts.delete(this.texts.keys().next().value!);
-    this.texts.set(cacheKey, { key: time.key, text });
+    if (this.textCount >= MAX_TEXTS) {
+      this.texts.clear();
+      this.textCount = 0;
+      bodies = undefined;
+    }
+    if (!bodies) {
+      bodies = new Map();
+      this.texts.set(sql, bodies);
+    }
+    if (!hit) this.textCount++;
+    bodies.set(body, { n, timeKey: time.key, text });
     return text;
   }
 }
+
+/** A built statement: for `n` route parameters, at the store's time shift `timeKey`. */
+interface BuiltText {
+  n: number;
+  timeKey: string;
+  text: string;
+}
+
+const encoder = new TextEncoder();
 
 /** Whether a header is not derived from the body (Content-Length, ETag: a framework's, of the placeholder). */
 function notOfThePlaceholder([name]: readonly [string, string]): boolean {
@@ -411,30 +434,8 @@ function notOfThePlaceholder([name]: readonly [string, string]): boolean {
   return n !== "content-length" && n !== "etag";
 }
 
-function unsaved(response: StoredResponse, _store: PostgresStore): AtomicOutcome {
+function unsaved(response: StoredResponse): AtomicOutcome {
   return { kind: "executed", response, saved: false, expiresAt: new Date() };
-}
-
-function toBytes(b: Uint8Array | null): Uint8Array {
-  if (!b) return new Uint8Array();
-  return b instanceof Uint8Array ? b : new Uint8Array(b);
-}
-
-/** What `p` resolves to, if it does before `deadline` (epoch ms); undefined past it. */
-async function settlesBefore(p: Promise<boolean>, deadline: number): Promise<boolean | undefined> {
-  const left = deadline - Date.now();
-  if (left <= 0) return undefined;
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      p,
-      new Promise<undefined>((r) => {
-        timer = setTimeout(() => r(undefined), left);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 /** The Retry-After of a 409 for a key still in flight (atomic mode's). */
