@@ -51,7 +51,13 @@ export const DEFAULT_ANSWER_WITHIN_MS = 5_000;
 /** A request read by `begin`: answered at once, or ready to run with or without a key. */
 export type Begun =
   | { kind: "answer"; response: StoredResponse }
-  | { kind: "keyed"; claim: Claim; body: RequestBody }
+  | {
+      kind: "keyed";
+      claim: Claim;
+      body: RequestBody;
+      /** Whether the lifecycle's observer traces this request (telemetry installed and recording). */
+      observed?: boolean;
+    }
   | { kind: "unkeyed"; scope: string | undefined; body: RequestBody };
 export type Keyed = Extract<Begun, { kind: "keyed" }>;
 export type Unkeyed = Extract<Begun, { kind: "unkeyed" }>;
@@ -127,8 +133,8 @@ export class Lifecycle<Tx> {
       );
     }
     const claim = { scope, key, fingerprint: this.fingerprintOf(req, read) };
-    lifecycleObserver()?.begin(claim, req);
-    return { kind: "keyed", claim, body: read };
+    const observed = lifecycleObserver()?.begin(claim, req) === true;
+    return { kind: "keyed", claim, body: read, observed };
   }
 
   private answerNow(response: StoredResponse, scope: string | undefined, key: string | undefined): Begun {
@@ -159,7 +165,7 @@ export class Lifecycle<Tx> {
   keyed(begun: Keyed, work: (tx: Tx) => Promise<StoredResponse>, options: RunOptions = {}): Promise<Settled> {
     const compact = this.options.compact;
     const claim = begun.claim;
-    const observer = lifecycleObserver();
+    const observer = begun.observed ? lifecycleObserver() : undefined;
     const run = () =>
       this.options.store.atomic(
         claim,
@@ -208,7 +214,7 @@ export class Lifecycle<Tx> {
     }
     const run = () =>
       runner.run(claim, input, { signal: options.signal, answerWithinMs: this.answerWithinMs });
-    const observer = lifecycleObserver();
+    const observer = begun.observed ? lifecycleObserver() : undefined;
     return this.settle(claim, observer ? () => observer.run(claim, "phases", run) : run, authorize);
   }
 

@@ -2,14 +2,17 @@
  * The lifecycle's one hook for tracing and metrics. The core imports no telemetry library: an observer
  * is installed from outside (`src/observability/server.ts` installs one when `@opentelemetry/api` is
  * there, through the HTTP adapters), and the lifecycle only tells it where a keyed request stands.
- * With none installed, each call site costs one comparison.
+ * With none installed, or nothing recording, each call site costs one comparison.
  */
 import type { Settled } from "./outcome.ts";
 import type { AtomicOutcome, Claim } from "./store.ts";
 
 export interface LifecycleObserver {
-  /** A keyed request was read (before its claim): remember where its trace comes from. */
-  begin(claim: Claim, req: { header(name: string): string | null | undefined }): void;
+  /**
+   * A keyed request was read (before its claim): remember where its trace comes from. True when the
+   * request is observed; when false, its `run` and `work` are not called (they would add nothing).
+   */
+  begin(claim: Claim, req: { header(name: string): string | null | undefined }): boolean;
   /**
    * Run `run` (the claim, the work and the saved reply, or a phases runner) inside the request's span.
    * `mode` says which: in atomic mode `work` marks where the claim ended and the saved reply begins.

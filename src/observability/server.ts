@@ -82,7 +82,7 @@ function startRequest(api: OtelApi, claim: Claim, s: RequestState, mode: string)
 export const serverObserver: LifecycleObserver = {
   begin(claim, req) {
     const api = otel();
-    if (!api) return;
+    if (!api) return false;
     let parent = api.context.active();
     if (!api.trace.getSpan(parent)) {
       const traceparent = req.header("traceparent");
@@ -92,6 +92,7 @@ export const serverObserver: LifecycleObserver = {
       }
     }
     states.set(claim, { parent, claimStart: 0, ended: false });
+    return true;
   },
 
   async run(claim: Claim, mode, run: () => Promise<AtomicOutcome>): Promise<AtomicOutcome> {
