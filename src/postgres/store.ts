@@ -325,14 +325,24 @@ export class PostgresStore implements AtomicStore<Tx> {
   }
 }
 
-/** The per-key lock as one statement ($1: the lock id), waiting at most `waitMs` (see `lockSql`). */
+/**
+ * The per-key lock as one statement ($1: the lock id), waiting at most `waitMs` (see `lockSql`). Built
+ * once per wait: the driver names prepared statements by their text, and a fresh string would be hashed
+ * again on every request.
+ */
 function lockStatement(waitMs: number): string {
-  return (
-    "SELECT set_config('lock_timeout', w.prev, true) AS lock_timeout FROM (" +
-    `SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', '${waitMs}ms', true) AS wait, ` +
-    "pg_advisory_xact_lock($1::bigint) AS locked OFFSET 0) w"
-  );
+  let text = lockStatements.get(waitMs);
+  if (text === undefined) {
+    text =
+      "SELECT set_config('lock_timeout', w.prev, true) AS lock_timeout FROM (" +
+      `SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', '${waitMs}ms', true) AS wait, ` +
+      "pg_advisory_xact_lock($1::bigint) AS locked OFFSET 0) w";
+    lockStatements.set(waitMs, text);
+  }
+  return text;
 }
+/** The lock statements built, by wait in ms (at most LOCK_WAIT_MS of them). */
+const lockStatements = new Map<number, string>();
 
 const DEFAULT_RETENTION_MS = 24 * 3_600_000;
 

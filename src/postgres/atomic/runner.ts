@@ -98,7 +98,8 @@ type Attempt =
 type LockedRow = KeyRow & {
   live: boolean | null;
   here: boolean | null;
-  new_expires_at: Date;
+  /** When a key saved in this transaction expires, epoch ms. */
+  new_expires_ms: number;
   /** `lockedLookupAround` only: whether the partitions it read are all those a live row may be in. */
   covered?: boolean;
 };
@@ -349,7 +350,7 @@ export class AtomicRunner {
         row ??= r;
       } else if (r.here) replace = true;
     }
-    return { row, expiresAt: new Date(rows[0]!.new_expires_at), replace };
+    return { row, expiresAt: new Date(rows[0]!.new_expires_ms), replace };
   }
 
   /**

@@ -1,8 +1,8 @@
 /**
  * Atomic mode's statements, with the store's time (db-time.ts): every expiry is the database's.
  *
- * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs) and when a key saved in
- * the statement's transaction expires; what a replay without a lock reads. `lockedLookup` (same
+ * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs); what a replay without a
+ * lock reads. `lockedLookup` (same
  * parameters): what the locked attempt reads, every row of the key in the partitions a live row may be
  * in (or one row of NULLs), with whether each is live and whether it is in the partition a row saved
  * now goes to. `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status, $5 headers, $6 body,
@@ -34,7 +34,9 @@ export function atomicSql(s: string, t: DbTime) {
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
                 AND created_at > ${t.oldest}
               ORDER BY bucket DESC LIMIT 1`;
-  const expiresNew = `${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at`;
+  // Epoch ms, not a timestamptz: the driver parses a timestamp with a regular expression per row, and
+  // every locked attempt reads this one.
+  const expiresNew = `(extract(epoch FROM ${t.now}) * 1000)::float8 + ${Math.trunc(t.retentionMs)} AS new_expires_ms`;
   const columns = `fingerprint, created_at, recovery_point, status, headers, body, resource_id,
                         claim_id::text AS claim_id`;
   const values = `${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid`;
@@ -50,8 +52,8 @@ export function atomicSql(s: string, t: DbTime) {
                ) k ON true`;
   let around: { lo: number; hi: number; text: string } | undefined;
   return {
-    // Always one row: the key's live row (or NULLs), and when a key saved in this transaction expires.
-    lookup: `SELECT k.*, ${t.now} + interval '${Math.trunc(t.retentionMs)} milliseconds' AS new_expires_at
+    // Always one row: the key's live row (or NULLs).
+    lookup: `SELECT k.*
                FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
                  SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
                         claim_id::text AS claim_id ${lookupWhere}

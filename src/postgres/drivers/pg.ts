@@ -28,12 +28,14 @@ export interface PgClientLike extends PgQueryable {
 
 function toParams(params: readonly unknown[] | undefined): unknown[] | undefined {
   if (!params) return undefined;
-  // A copy (a caller may reuse its array before a queued statement is sent), without a closure per call.
-  // node-postgres sends Buffers as bytea but not plain Uint8Arrays.
+  // A copy of the array (a caller may reuse it before a queued statement is sent), without a closure per
+  // call. node-postgres sends Buffers as bytea but not plain Uint8Arrays: those go as a Buffer over the
+  // same bytes (a view, not a copy: a saved reply's body is not written to once handed over).
   const values = new Array<unknown>(params.length);
   for (let i = 0; i < params.length; i++) {
     const p = params[i];
-    values[i] = p instanceof Uint8Array && !Buffer.isBuffer(p) ? Buffer.from(p) : p;
+    values[i] =
+      p instanceof Uint8Array && !Buffer.isBuffer(p) ? Buffer.from(p.buffer, p.byteOffset, p.byteLength) : p;
   }
   return values;
 }

@@ -48,7 +48,9 @@ function isConnectionError(err: unknown): boolean {
 function toParams(params: readonly unknown[] | undefined): any[] {
   if (!params) return [];
   // postgres.js sends Buffers as bytea; plain Uint8Arrays are serialised as arrays.
-  return params.map((p) => (p instanceof Uint8Array && !Buffer.isBuffer(p) ? Buffer.from(p) : p));
+  return params.map((p) =>
+    p instanceof Uint8Array && !Buffer.isBuffer(p) ? Buffer.from(p.buffer, p.byteOffset, p.byteLength) : p,
+  );
 }
 
 async function run<R>(
