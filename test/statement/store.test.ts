@@ -248,6 +248,26 @@ describe.each(backends)("single-statement store on $name", (backend) => {
     expect(outs.filter((o) => o.kind === "replayed")).toHaveLength(49);
     expect(await payments(open, "local-50")).toBe(1);
   });
+
+  it("hands a key that nothing finished to the next duplicate in this process, one at a time", async () => {
+    // Each call changes nothing (so saves nothing): every duplicate waiting in memory gets the key in
+    // turn and runs the statement itself, none answered 409 while another still holds it.
+    const spec: StatementSpec = {
+      sql: "UPDATE payments SET amount_cents = amount_cents + $1 FROM idem_claim WHERE note = 'nobody' RETURNING payments.id",
+      params: [1],
+      empty: { status: 404, body: "none" },
+    };
+    const c = paymentClaim("acct_1", "k-handed", "{}");
+    const outs = await Promise.all(Array.from({ length: 10 }, () => store.runStatement(c, spec)));
+    expect(outs.map((o) => [o.kind, o.response.status])).toEqual(
+      Array.from({ length: 10 }, () => ["executed", 404]),
+    );
+    expect(await keyRows(open, "k-handed")).toEqual([]);
+    // And the key is free afterwards: a statement that does change something runs and is saved.
+    const done = await store.runStatement(c, pay("handed"));
+    expect(done).toMatchObject({ kind: "executed", saved: true });
+    expect(await payments(open, "handed")).toBe(1);
+  });
 });
 
 describe.each(serverBackends)("single-statement races on $name", (backend) => {
