@@ -2,12 +2,12 @@
  * Atomic mode's statements, with the store's time (db-time.ts): every expiry is the database's.
  *
  * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs); what a replay without a
- * lock reads. `lockedLookup` (same
- * parameters): what the locked attempt reads, every row of the key in the partitions a live row may be
- * in (or one row of NULLs), with whether each is live and whether it is in the partition a row saved
- * now goes to. `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status, $5 headers, $6 body,
- * $7 resource id, $8 claim id): the key row with its reply, as the transaction's last statement;
- * `replaceDone` (the same parameters) when an expired row of the key is in that partition.
+ * lock reads. `lockedLookup` (same parameters): what the locked attempt reads, every row of the key in
+ * the partitions a live row may be in (or one row of NULLs), with whether each is live and whether it
+ * is in the partition a row saved now goes to, and when a key saved in this transaction expires.
+ * `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status, $5 headers, $6 body, $7 resource id,
+ * $8 claim id): the key row with its reply, as the transaction's last statement; `replaceDone` (the
+ * same parameters) when an expired row of the key is in that partition.
  */
 import type { DbTime } from "../db-time.ts";
 

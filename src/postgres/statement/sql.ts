@@ -2,7 +2,8 @@
  * Single-statement mode's SQL: the claim of the key, the route's work and the saved reply in ONE
  * autocommitted statement (the "hand-cte" shape of bench/compare/hand.ts, on idem's keys table).
  *
- *   WITH idem_live  the key's live row, read with the statement's snapshot (as atomic mode's lookup)
+ *   WITH idem_live  whether the key has a live row, read with the statement's snapshot (as atomic
+ *                   mode's lookup)
  *        idem_gate  where a row made now goes (bucket, boundary marker due?), and, only when no live
  *                   row was seen, pg_try_advisory_xact_lock on the key's lock (atomic mode's lock id)
  *        idem_claim one row when the lock was taken and no live row was seen; none otherwise (with
