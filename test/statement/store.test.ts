@@ -34,6 +34,13 @@ function pay(note: string, amount = 500): StatementSpec {
   };
 }
 
+/** A statement that returns no row (it changes nothing), answered with its own empty reply. */
+const CHANGES_NOTHING: StatementSpec = {
+  sql: "UPDATE payments SET amount_cents = amount_cents + $1 FROM idem_claim WHERE note = 'nobody' RETURNING payments.id",
+  params: [1],
+  empty: { status: 404, body: "none" },
+};
+
 async function payments(open: OpenDb, note: string): Promise<number> {
   const { rows } = await open.db.query<{ n: number }>(
     "SELECT count(*)::int AS n FROM payments WHERE note = $1",
@@ -126,20 +133,15 @@ describe.each(backends)("single-statement store on $name", (backend) => {
   });
 
   it("saves nothing when the statement returned no row, and answers the route's empty reply", async () => {
-    const spec: StatementSpec = {
-      sql: "UPDATE payments SET amount_cents = amount_cents + $1 FROM idem_claim WHERE note = 'nobody' RETURNING payments.id",
-      params: [1],
-      empty: { status: 404, body: "none" },
-    };
     const c = paymentClaim("acct_1", "k-empty", "{}");
-    const out = await store.runStatement(c, spec);
+    const out = await store.runStatement(c, CHANGES_NOTHING);
     expect(out).toMatchObject({ kind: "executed", saved: false });
     expect(out.response.status).toBe(404);
     expect(dec.decode(out.response.body)).toBe("none");
     expect(await keyRows(open, "k-empty")).toEqual([]);
     // Without `empty`: 404 problem+json.
     const plain = await store.runStatement(paymentClaim("acct_1", "k-empty-2", "{}"), {
-      ...spec,
+      ...CHANGES_NOTHING,
       empty: undefined,
     });
     expect(plain.response.status).toBe(404);
@@ -252,13 +254,8 @@ describe.each(backends)("single-statement store on $name", (backend) => {
   it("hands a key that nothing finished to the next duplicate in this process, one at a time", async () => {
     // Each call changes nothing (so saves nothing): every duplicate waiting in memory gets the key in
     // turn and runs the statement itself, none answered 409 while another still holds it.
-    const spec: StatementSpec = {
-      sql: "UPDATE payments SET amount_cents = amount_cents + $1 FROM idem_claim WHERE note = 'nobody' RETURNING payments.id",
-      params: [1],
-      empty: { status: 404, body: "none" },
-    };
     const c = paymentClaim("acct_1", "k-handed", "{}");
-    const outs = await Promise.all(Array.from({ length: 10 }, () => store.runStatement(c, spec)));
+    const outs = await Promise.all(Array.from({ length: 10 }, () => store.runStatement(c, CHANGES_NOTHING)));
     expect(outs.map((o) => [o.kind, o.response.status])).toEqual(
       Array.from({ length: 10 }, () => ["executed", 404]),
     );
