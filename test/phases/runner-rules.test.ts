@@ -531,16 +531,17 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       // Every retry reads the abandoned row before any of them takes it over.
       const racing = barrierDb(3, (sql) => sql.trimStart().startsWith("WITH found AS"));
       const s2 = await PostgresStore.open(racing.db, { timeShift: now, retentionMs: RETENTION });
-      const runner = definePhases<D, D>({
-        store: s2,
-        name: "rules",
-        heartbeatMs: 0,
-        answerWithinMs: Number.POSITIVE_INFINITY,
-        phases,
-      });
-      const outcomes = await Promise.allSettled(
-        Array.from({ length: 3 }, () => runner.run(claimOf(key), {})),
+      // One runner per retry, as three processes: one runner makes its own duplicates wait in memory.
+      const runners = Array.from({ length: 3 }, () =>
+        definePhases<D, D>({
+          store: s2,
+          name: "rules",
+          heartbeatMs: 0,
+          answerWithinMs: Number.POSITIVE_INFINITY,
+          phases,
+        }),
       );
+      const outcomes = await Promise.allSettled(runners.map((runner) => runner.run(claimOf(key), {})));
       expect(racing.arrived()).toBe(3);
       const done = outcomes.filter((o) => o.status === "fulfilled");
       const refused = outcomes.filter((o) => o.status === "rejected");
@@ -575,22 +576,25 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       const s2 = await PostgresStore.open(racing, { timeShift: new TestTime(at), retentionMs: RETENTION });
       const hold = deferred();
       let calls = 0;
-      const runner = definePhases<D, D>({
-        store: s2,
-        name: "rules",
-        heartbeatMs: 0,
-        answerWithinMs: Number.POSITIVE_INFINITY,
-        phases: {
-          a: {
-            external: async () => {
-              calls++;
-              await hold.promise;
-              return { response: ok() };
+      // One runner per racer, as three processes: one runner makes its own duplicates wait in memory.
+      const runners = Array.from({ length: 3 }, () =>
+        definePhases<D, D>({
+          store: s2,
+          name: "rules",
+          heartbeatMs: 0,
+          answerWithinMs: Number.POSITIVE_INFINITY,
+          phases: {
+            a: {
+              external: async () => {
+                calls++;
+                await hold.promise;
+                return { response: ok() };
+              },
             },
           },
-        },
-      });
-      const outs = Array.from({ length: 3 }, () => runner.run(claimOf(key), {}).catch((e: unknown) => e));
+        }),
+      );
+      const outs = runners.map((runner) => runner.run(claimOf(key), {}).catch((e: unknown) => e));
       await barrier;
       await new Promise((r) => setTimeout(r, 200));
       hold.resolve();
@@ -1238,6 +1242,48 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       expect(calls).toBe(1);
     });
 
+    it("duplicates in one process wait for the first claim, then read the key: one claim statement", async () => {
+      const key = newKey();
+      let calls = 0;
+      let claims = 0;
+      const counted = wrapDb(db, (sql, params, real) => {
+        if (sql.trimStart().startsWith("WITH found AS")) claims++;
+        return real(sql, params);
+      });
+      const s2 = await PostgresStore.open(counted, { timeShift: now, retentionMs: RETENTION });
+      const runner = definePhases<D, D>({
+        store: s2,
+        name: "rules",
+        heartbeatMs: 0,
+        answerWithinMs: Number.POSITIVE_INFINITY,
+        phases: {
+          a: {
+            external: async () => {
+              calls++;
+              await sleep(50);
+              return { response: ok({ n: calls }) };
+            },
+          },
+        },
+      });
+      const outcomes = await Promise.allSettled(
+        Array.from({ length: 10 }, () => runner.run(claimOf(key), {})),
+      );
+      expect(calls).toBe(1);
+      expect(claims).toBe(1);
+      // The others met the live lease (409 in flight) or, once it finished, its saved answer.
+      const kinds = outcomes.map((o) =>
+        o.status === "fulfilled"
+          ? o.value.kind
+          : isKeyInFlightError(o.reason)
+            ? "in flight"
+            : String(o.reason),
+      );
+      expect(kinds.filter((k) => k === "executed")).toHaveLength(1);
+      expect(kinds.every((k) => k === "executed" || k === "replayed" || k === "in flight")).toBe(true);
+      expect((await runner.run(claimOf(key), {})).kind).toBe("replayed");
+    });
+
     it("retries that lose the takeover of an abandoned key to a worker that then finishes get its answer", async () => {
       if (backend.name === "pglite") return; // one connection: no race
       const key = newKey();
@@ -1269,14 +1315,17 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
         return res;
       });
       const s2 = await PostgresStore.open(ordered, { timeShift: now, retentionMs: RETENTION });
-      const runner = definePhases<D, D>({
-        store: s2,
-        name: "rules",
-        heartbeatMs: 0,
-        answerWithinMs: Number.POSITIVE_INFINITY,
-        phases,
-      });
-      const outcomes = await Promise.all(Array.from({ length: 3 }, () => runner.run(claimOf(key), {})));
+      // One runner per retry, as three processes: one runner makes its own duplicates wait in memory.
+      const runners = Array.from({ length: 3 }, () =>
+        definePhases<D, D>({
+          store: s2,
+          name: "rules",
+          heartbeatMs: 0,
+          answerWithinMs: Number.POSITIVE_INFINITY,
+          phases,
+        }),
+      );
+      const outcomes = await Promise.all(runners.map((runner) => runner.run(claimOf(key), {})));
       expect(calls).toBe(1);
       expect(outcomes.map((o) => o.kind).sort()).toEqual(["executed", "replayed", "replayed"]);
       for (const o of outcomes) expect(text(o.response)).toBe('{"n":1}');

@@ -56,10 +56,13 @@ export async function acquire<I, D>(
   claim: Claim,
   input: I,
   signal: AbortSignal | undefined,
+  /** Read the key first (a duplicate that waited for this process's claim of it): claim only if absent. */
+  readFirst = false,
 ): Promise<AtomicOutcome | Lease<I, D>> {
   const sql = phaseSql(table);
-  let row: PhaseRow | undefined;
-  if (!signal?.aborted) {
+  let row: PhaseRow | undefined = readFirst ? await lookupKey(table, claim.scope, claim.key) : undefined;
+  // Found: answered below (a replay, 422, or the lease) without the claim statement.
+  if (!row && !signal?.aborted) {
     // The common case in one round trip: look the key up and, if it is new (and no boundary marker is
     // due: the database's now decides), claim it with our lease.
     const token = randomUUID();
@@ -89,7 +92,7 @@ export async function acquire<I, D>(
     // Not claimed: a live row is there, or a boundary marker is due (claimNew below), or a concurrent
     // claim won the insert (read what it wrote).
     row = read.found ? read : read.needs_marker ? undefined : await lookupKey(table, claim.scope, claim.key);
-  } else {
+  } else if (!row) {
     row = await lookupKey(table, claim.scope, claim.key);
   }
   let withMarker = true;

@@ -21,6 +21,7 @@ import {
   withGuardedTx,
 } from "../../core/index.ts";
 import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../observability/phases.ts";
+import { KeysInFlight } from "../keys/in-flight.ts";
 import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
 import { type PhaseStore, tableFor } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
@@ -44,6 +45,8 @@ import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesO
  * over about 10 s later and still gets its answer within its deadline (a 30 s lease never could).
  */
 export const DEFAULT_LEASE_MS = 10_000;
+/** How long a duplicate's claim waits for this process's claim of its key in progress, at most. */
+const CLAIM_WAIT_MS = 5_000;
 
 /** How a local phase's transaction ended. */
 type LocalEnd<D> =
@@ -90,6 +93,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   private readonly options: PhasesOptions<I, D>;
   private readonly claimSettings: ClaimSettings;
   private readonly maxLookupFailures: number;
+  /** This process's claims in progress, by (scope, key): a duplicate's claim waits for the first. */
+  private readonly claiming = new KeysInFlight();
 
   constructor(options: PhasesOptions<I, D>) {
     const names = Object.keys(options.phases);
@@ -135,8 +140,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
     const started = performance.now();
     const table = tableFor(this.store, claim.scope);
-    const acquired = await traceClaim(() =>
-      acquire<I, D>(this.claimSettings, table, claim, input, options.signal),
+    const acquired = await this.claimOnce(`${claim.scope.length}:${claim.scope}${claim.key}`, (waited) =>
+      traceClaim(() => acquire<I, D>(this.claimSettings, table, claim, input, options.signal, waited)),
     );
     if ("kind" in acquired) return acquired;
     const driving = this.drive(acquired);
@@ -159,6 +164,27 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       return await Promise.race([driving, early]);
     } finally {
       clearTimeout(timer);
+    }
+  }
+
+  /**
+   * A claim of a key whose claim is in progress in this process waits for that one to settle first
+   * (bounded by CLAIM_WAIT_MS), then reads the key before claiming it: it meets a committed row (a
+   * replay, or 409 while the lease is live) instead of queueing on an uncommitted one. Without this, a storm of duplicates queued on the
+   * first claim's row, each holding a pooled connection meanwhile; on Citus, where a claim is a
+   * distributed transaction, the queue held every worker connection it needed to commit, and
+   * duplicates were answered 503 after the pool's connection wait (test/production/citus.test.ts).
+   */
+  private async claimOnce<T>(id: string, claim: (waited: boolean) => Promise<T>): Promise<T> {
+    if (this.claiming.has(id)) {
+      await this.claiming.wait(id, Date.now() + CLAIM_WAIT_MS); // whatever it ended in: claim now
+      return claim(true);
+    }
+    this.claiming.enter(id);
+    try {
+      return await claim(false);
+    } finally {
+      this.claiming.leave(id, true);
     }
   }
 
