@@ -78,6 +78,21 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       phases,
       ...o,
     });
+  /**
+   * Three runners on `on`, one per racer, as three processes would have: one runner makes its own
+   * duplicates wait in memory, so only separate runners race in the database.
+   */
+  const racers = (on: PostgresStore, phases: Record<string, Phase<D, D>>) =>
+    Array.from({ length: 3 }, () => defineOn(on, phases));
+  /** A runner on another store than `store` (one whose database a test wraps). */
+  const defineOn = (on: PostgresStore, phases: Record<string, Phase<D, D>>) =>
+    definePhases<D, D>({
+      store: on,
+      name: "rules",
+      heartbeatMs: 0,
+      answerWithinMs: Number.POSITIVE_INFINITY,
+      phases,
+    });
   const inspect = (key: string) => store.inspect("acct", key);
   /** The test database, where the first `n` statements matching `match` wait for each other's answers. */
   const barrierDb = (n: number, match: (sql: string) => boolean) => {
@@ -531,16 +546,7 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       // Every retry reads the abandoned row before any of them takes it over.
       const racing = barrierDb(3, (sql) => sql.trimStart().startsWith("WITH found AS"));
       const s2 = await PostgresStore.open(racing.db, { timeShift: now, retentionMs: RETENTION });
-      // One runner per retry, as three processes: one runner makes its own duplicates wait in memory.
-      const runners = Array.from({ length: 3 }, () =>
-        definePhases<D, D>({
-          store: s2,
-          name: "rules",
-          heartbeatMs: 0,
-          answerWithinMs: Number.POSITIVE_INFINITY,
-          phases,
-        }),
-      );
+      const runners = racers(s2, phases);
       const outcomes = await Promise.allSettled(runners.map((runner) => runner.run(claimOf(key), {})));
       expect(racing.arrived()).toBe(3);
       const done = outcomes.filter((o) => o.status === "fulfilled");
@@ -576,24 +582,15 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       const s2 = await PostgresStore.open(racing, { timeShift: new TestTime(at), retentionMs: RETENTION });
       const hold = deferred();
       let calls = 0;
-      // One runner per racer, as three processes: one runner makes its own duplicates wait in memory.
-      const runners = Array.from({ length: 3 }, () =>
-        definePhases<D, D>({
-          store: s2,
-          name: "rules",
-          heartbeatMs: 0,
-          answerWithinMs: Number.POSITIVE_INFINITY,
-          phases: {
-            a: {
-              external: async () => {
-                calls++;
-                await hold.promise;
-                return { response: ok() };
-              },
-            },
+      const runners = racers(s2, {
+        a: {
+          external: async () => {
+            calls++;
+            await hold.promise;
+            return { response: ok() };
           },
-        }),
-      );
+        },
+      });
       const outs = runners.map((runner) => runner.run(claimOf(key), {}).catch((e: unknown) => e));
       await barrier;
       await new Promise((r) => setTimeout(r, 200));
@@ -1251,18 +1248,12 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
         return real(sql, params);
       });
       const s2 = await PostgresStore.open(counted, { timeShift: now, retentionMs: RETENTION });
-      const runner = definePhases<D, D>({
-        store: s2,
-        name: "rules",
-        heartbeatMs: 0,
-        answerWithinMs: Number.POSITIVE_INFINITY,
-        phases: {
-          a: {
-            external: async () => {
-              calls++;
-              await sleep(50);
-              return { response: ok({ n: calls }) };
-            },
+      const runner = defineOn(s2, {
+        a: {
+          external: async () => {
+            calls++;
+            await sleep(50);
+            return { response: ok({ n: calls }) };
           },
         },
       });
@@ -1315,16 +1306,7 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
         return res;
       });
       const s2 = await PostgresStore.open(ordered, { timeShift: now, retentionMs: RETENTION });
-      // One runner per retry, as three processes: one runner makes its own duplicates wait in memory.
-      const runners = Array.from({ length: 3 }, () =>
-        definePhases<D, D>({
-          store: s2,
-          name: "rules",
-          heartbeatMs: 0,
-          answerWithinMs: Number.POSITIVE_INFINITY,
-          phases,
-        }),
-      );
+      const runners = racers(s2, phases);
       const outcomes = await Promise.all(runners.map((runner) => runner.run(claimOf(key), {})));
       expect(calls).toBe(1);
       expect(outcomes.map((o) => o.kind).sort()).toEqual(["executed", "replayed", "replayed"]);
