@@ -180,6 +180,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
    */
   private readonly texts = new Map<string, Map<string, BuiltText>>();
   private textCount = 0;
+  private lookup: { timeKey: string; text: string } | undefined;
 
   constructor(readonly store: PostgresStore) {
     if (store.sealer) {
@@ -382,14 +383,21 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     return replayOf(this.store, claim, row) ?? null;
   }
 
+  /**
+   * The lookup's text, built once per time shift: every replay reads it, and the driver finds its
+   * prepared name by the text (a string built per call would be hashed again each time).
+   */
   private lookupText(): string {
     const t = this.store.dbTime;
-    return `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
+    if (this.lookup?.timeKey === t.key) return this.lookup.text;
+    const text = `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
                    claim_id::text AS claim_id, needs_review_at
               FROM ${this.store.schema}.keys
              WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket}
                AND created_at > ${t.oldest}
              ORDER BY bucket DESC LIMIT 1`;
+    this.lookup = { timeKey: t.key, text };
+    return text;
   }
 
   /** The statement's text, built once per route statement (and again when the store's time shift moved). */
