@@ -67,7 +67,7 @@ import {
 } from "../keys/row.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import type { AtomicSql } from "./sql.ts";
+import { type AtomicSql, type LockedRowJson, lockedRowOf } from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -94,15 +94,17 @@ type Attempt =
   /** The work (or a compact reply's rebuild) threw: everything rolled back, and its error is rethrown. */
   | { kind: "failed"; error: unknown };
 
-/** A row of the locked lookup (atomic/sql.ts `lockedLookup`). */
-type LockedRow = KeyRow & {
-  live: boolean | null;
-  here: boolean | null;
+/** The row of the locked lookup (atomic/sql.ts `lockedLookup`). */
+interface LockedRow {
+  /** The key's newest live row, if any. */
+  live: LockedRowJson | string | null;
+  /** A row of the key (live or not) is in the bucket a row saved now goes to. */
+  here: boolean;
   /** When a key saved in this transaction expires, epoch ms. */
   new_expires_ms: number;
   /** `lockedLookupAround` only: whether the partitions it read are all those a live row may be in. */
   covered?: boolean;
-};
+}
 
 /** What the locked lookup found. */
 interface Looked {
@@ -342,15 +344,9 @@ export class AtomicRunner {
     // The partitions named from this process's estimate of the time miss one the database's clock says
     // a live row may be in: read by that clock alone (same lock, same transaction).
     if (rows[0]!.covered === false) ({ rows } = await tx.query<LockedRow>(sql.lockedLookup, params));
-    let row: KeyRow | undefined;
-    let replace = false;
-    for (const r of rows) {
-      if (r.bucket === null) break; // no row: the one row of NULLs
-      if (r.live) {
-        row ??= r;
-      } else if (r.here) replace = true;
-    }
-    return { row, expiresAt: new Date(rows[0]!.new_expires_ms), replace };
+    const found = rows[0]!;
+    const row = found.live === null ? undefined : lockedRowOf(found.live);
+    return { row, expiresAt: new Date(found.new_expires_ms), replace: !row && found.here };
   }
 
   /**

@@ -2,14 +2,15 @@
  * Atomic mode's statements, with the store's time (db-time.ts): every expiry is the database's.
  *
  * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs); what a replay without a
- * lock reads. `lockedLookup` (same parameters): what the locked attempt reads, every row of the key in
- * the partitions a live row may be in (or one row of NULLs), with whether each is live and whether it
- * is in the partition a row saved now goes to, and when a key saved in this transaction expires.
+ * lock reads. `lockedLookup` (same parameters): what the locked attempt reads, always one row: the key's
+ * live row (as JSON, `lockedRowOf`), whether a row of the key is in the partition a row saved now goes
+ * to, and when a key saved in this transaction expires.
  * `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status, $5 headers, $6 body, $7 resource id,
  * $8 claim id): the key row with its reply, as the transaction's last statement; `replaceDone` (the
  * same parameters) when an expired row of the key is in that partition.
  */
 import type { DbTime } from "../db-time.ts";
+import type { KeyRow } from "../keys/row.ts";
 
 export type AtomicSql = ReturnType<typeof atomicSql>;
 
@@ -37,19 +38,22 @@ export function atomicSql(s: string, t: DbTime) {
   // Epoch ms, not a timestamptz: the driver parses a timestamp with a regular expression per row, and
   // every locked attempt reads this one.
   const expiresNew = `(extract(epoch FROM ${t.now}) * 1000)::float8 + ${Math.trunc(t.retentionMs)} AS new_expires_ms`;
-  const columns = `fingerprint, created_at, recovery_point, status, headers, body, resource_id,
-                        claim_id::text AS claim_id`;
   const values = `${t.bucket}, $1, $2, $3, ${t.now}, 'done', $4, $5::text::jsonb, $6, $7, $8::uuid`;
   const insertColumns = `bucket, scope, key, fingerprint, created_at, recovery_point, status, headers,
                                      body, resource_id, claim_id`;
-  const lockedLookup = (range = "", covered = "") => `SELECT k.*, ${expiresNew}${covered}
-               FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
-                 SELECT bucket, NOT marker AND created_at > ${t.oldest} AS live, bucket = ${t.bucket} AS here,
-                        ${columns}
-                   FROM ${s}.keys
-                  WHERE scope = $1 AND key = $2${range} AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
-                  ORDER BY bucket DESC
-               ) k ON true`;
+  // One row whatever the key has, in four columns (node-postgres describes and parses every column of
+  // every row it reads, NULL or not: the wide row this replaced cost a fresh key 13 columns). `live`:
+  // the newest live row as one JSON value (`lockedRowOf`), NULL when there is none; `here`: a row of
+  // the key (live or not) is in the bucket a row saved now goes to.
+  const lockedLookup = (range = "", covered = "") => `SELECT
+                 (array_agg(json_build_object('bucket', bucket, 'fingerprint', encode(fingerprint, 'hex'),
+                    'created_ms', (extract(epoch FROM created_at) * 1000)::float8, 'recovery_point', recovery_point,
+                    'status', status, 'headers', headers, 'body', encode(body, 'hex'), 'resource_id', resource_id,
+                    'claim_id', claim_id::text) ORDER BY bucket DESC)
+                    FILTER (WHERE NOT marker AND created_at > ${t.oldest}))[1] AS live,
+                 coalesce(bool_or(bucket = ${t.bucket}), false) AS here, ${expiresNew}${covered}
+               FROM ${s}.keys
+              WHERE scope = $1 AND key = $2${range} AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}`;
   let around: { lo: number; hi: number; text: string } | undefined;
   return {
     // Always one row: the key's live row (or NULLs).
@@ -58,10 +62,10 @@ export function atomicSql(s: string, t: DbTime) {
                  SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
                         claim_id::text AS claim_id ${lookupWhere}
                ) k ON true`,
-    // Every row of the key a live row may be among (markers and expired rows too, newest bucket first;
-    // a miss probes the same partitions as `lookup`), or one row of NULLs; with when a key saved in this
-    // transaction expires. `live`: not a marker and within retention; `here`: in the bucket a row saved
-    // now goes to (an expired one there is replaced by `replaceDone`).
+    // Always one row, over every row of the key a live row may be among (markers and expired rows too;
+    // a miss probes the same partitions as `lookup`): the newest live row (not a marker, within
+    // retention), whether a row of the key is in the bucket a row saved now goes to (with no live row,
+    // it is replaced by `replaceDone`), and when a key saved in this transaction expires.
     lockedLookup: lockedLookup(),
     /**
      * `lockedLookup` with the partitions it reads also named as constants, from this process's estimate
@@ -102,6 +106,35 @@ export function atomicSql(s: string, t: DbTime) {
             )
             INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at)
             SELECT ${t.bucket}, $1, $2, $3, ${t.now} WHERE NOT EXISTS (SELECT 1 FROM put)`,
+  };
+}
+
+/** The newest live row as `lockedLookup` returns it (bytes as hex, the creation as epoch ms). */
+export interface LockedRowJson {
+  bucket: number;
+  fingerprint: string;
+  created_ms: number;
+  recovery_point: string;
+  status: number | null;
+  headers: Array<[string, string]> | null;
+  body: string | null;
+  resource_id: string | null;
+  claim_id: string | null;
+}
+
+/** The key row that `lockedLookup`'s `live` column holds (a driver may hand JSON over unparsed). */
+export function lockedRowOf(live: LockedRowJson | string): KeyRow {
+  const j: LockedRowJson = typeof live === "string" ? JSON.parse(live) : live;
+  return {
+    bucket: j.bucket,
+    fingerprint: Buffer.from(j.fingerprint, "hex"),
+    created_at: new Date(j.created_ms),
+    recovery_point: j.recovery_point,
+    status: j.status,
+    headers: j.headers,
+    body: j.body === null ? null : Buffer.from(j.body, "hex"),
+    resource_id: j.resource_id,
+    claim_id: j.claim_id,
   };
 }
 
