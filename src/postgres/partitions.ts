@@ -145,8 +145,17 @@ export class Partitions {
     const must = new Set(needed ?? buckets);
     const denied: number[] = [];
     let cause: unknown;
+    let ranges: Array<[number, number]> | undefined;
     for (const b of new Set(buckets)) {
       if (attached.has(b)) continue;
+      // A partition wider than one bucket may hold it: the inbox's first (sql/0005: every bucket before
+      // the migration's, named after the last of them). An instance whose clock is behind the one that
+      // migrated asks for buckets below it; a partition of its own there would overlap (42P17).
+      ranges ??= await this.ranges();
+      if (ranges.some(([from, to]) => from <= b && b < to)) {
+        attached.add(b);
+        continue;
+      }
       try {
         await this.create(b);
         attached.add(b);
@@ -224,6 +233,24 @@ export class Partitions {
         pending: r.pending,
       }))
       .sort((a, b) => a.bucket - b.bucket);
+  }
+
+  /** The bucket ranges [from, to) the table's attached partitions hold (MINVALUE and MAXVALUE unbounded). */
+  private async ranges(): Promise<Array<[number, number]>> {
+    const { rows } = await this.db.query<{ bound: string }>(
+      `SELECT pg_get_expr(c.relpartbound, c.oid) AS bound
+         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = $1::regclass AND NOT i.inhdetachpending`,
+      [`${this.schema}.${this.table}`],
+    );
+    const end = (v: string) =>
+      v === "MINVALUE" ? Number.NEGATIVE_INFINITY : v === "MAXVALUE" ? Number.POSITIVE_INFINITY : Number(v);
+    const ranges: Array<[number, number]> = [];
+    for (const { bound } of rows) {
+      const m = /FROM \((MINVALUE|-?\d+)\) TO \((MAXVALUE|-?\d+)\)/.exec(bound);
+      if (m) ranges.push([end(m[1]!), end(m[2]!)]);
+    }
+    return ranges;
   }
 
   /** The buckets that have a partition (of the table and of those in step with it), oldest first. */

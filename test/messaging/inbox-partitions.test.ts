@@ -10,6 +10,7 @@ import { Inbox, sweepInbox } from "../../src/messaging/inbox.ts";
 import type { Delivery } from "../../src/messaging/types.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { MIGRATIONS_DIR, migrate } from "../../src/postgres/migrate.ts";
+import { Partitions } from "../../src/postgres/partitions.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { unique } from "./helpers.ts";
 
@@ -63,6 +64,19 @@ describe.each(backends)("inbox partitions on $name", (backend) => {
       "applied",
     ]);
     expect(await appliedCount(db, consumer, "m1")).toBe(1);
+  });
+
+  it("starts where the clock is hours behind the migration's: its first partition holds those buckets", async () => {
+    // The migration made one partition for every hour before its own (sql/0005). An instance whose
+    // clock is 3 hours behind makes the partitions around its own hour at start (as `migrate` and
+    // `idem sweep` do): each of its own there would overlap that one, and start-up failed (42P17).
+    const behind = Date.now() - 3 * HOUR;
+    await new Partitions(db, "idem", HOUR, "inbox").makeAhead(behind);
+    const consumer = unique("c");
+    const inbox = new Inbox(db, { consumer, clock: () => behind });
+    expect(await inbox.process(delivery("late"), effect(consumer))).toBe("applied");
+    expect(await inbox.process(delivery("late"), effect(consumer))).toBe("duplicate");
+    expect(await appliedCount(db, consumer, "late")).toBe(1);
   });
 
   it("marks early in a partition also in the previous one (a batch too), and counts it once", async () => {
