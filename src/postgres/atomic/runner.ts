@@ -56,7 +56,7 @@ import {
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
-import { KeysInFlight } from "../keys/in-flight.ts";
+import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import {
   CompactWithoutRebuildError,
   expiryOf,
@@ -129,7 +129,7 @@ export class AtomicRunner {
     work: (tx: Tx) => Promise<WorkResult>,
     options: AtomicRunOptions<Tx> = {},
   ): Promise<AtomicOutcome> {
-    const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    const id = keyIdOf(claim);
     if (this.knownFinished(id)) {
       const answer = await this.replayWithoutLock(id, claim);
       if (answer) return answer;

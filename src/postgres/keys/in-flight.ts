@@ -1,12 +1,20 @@
 /**
  * This process's calls in progress by key, and the duplicates waiting behind each one in memory
- * (holding no pooled connection). Shared by atomic mode (atomic/runner.ts) and single-statement mode
- * (statement/store.ts).
+ * (holding no pooled connection). Shared by atomic mode (atomic/runner.ts), single-statement mode
+ * (statement/store.ts) and the phases runner's claims (phases/runner.ts).
  *
  * A call alone allocates nothing (its entry is null); the first duplicate makes the waiting list. When
  * the call ends, a finished key wakes every waiter at once (each reads the replay, side by side);
  * otherwise the key is handed to the first waiter only, which runs it, and the others keep waiting.
  */
+
+/**
+ * The id of a claim's key in this process's maps (in flight, finished): the scope's length keeps
+ * ("ab", "c") and ("a", "bc") apart.
+ */
+export function keyIdOf(claim: { scope: string; key: string }): string {
+  return `${claim.scope.length}:${claim.scope}${claim.key}`;
+}
 
 /** How a wait behind the call in flight ended. */
 export type Woken = "finished" | "yours" | "timeout";

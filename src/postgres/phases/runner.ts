@@ -21,7 +21,7 @@ import {
   withGuardedTx,
 } from "../../core/index.ts";
 import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../observability/phases.ts";
-import { KeysInFlight } from "../keys/in-flight.ts";
+import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
 import { type PhaseStore, tableFor } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
@@ -140,7 +140,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
     const started = performance.now();
     const table = tableFor(this.store, claim.scope);
-    const acquired = await this.claimOnce(`${claim.scope.length}:${claim.scope}${claim.key}`, (waited) =>
+    const acquired = await this.claimOnce(keyIdOf(claim), (waited) =>
       traceClaim(() => acquire<I, D>(this.claimSettings, table, claim, input, options.signal, waited)),
     );
     if ("kind" in acquired) return acquired;
@@ -170,10 +170,11 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   /**
    * A claim of a key whose claim is in progress in this process waits for that one to settle first
    * (bounded by CLAIM_WAIT_MS), then reads the key before claiming it: it meets a committed row (a
-   * replay, or 409 while the lease is live) instead of queueing on an uncommitted one. Without this, a storm of duplicates queued on the
-   * first claim's row, each holding a pooled connection meanwhile; on Citus, where a claim is a
-   * distributed transaction, the queue held every worker connection it needed to commit, and
-   * duplicates were answered 503 after the pool's connection wait (test/production/citus.test.ts).
+   * replay, or 409 while the lease is live) instead of queueing on an uncommitted one. Without this,
+   * a storm of duplicates queued on the first claim's row, each holding a pooled connection meanwhile;
+   * on Citus, where a claim is a distributed transaction, the queue held every worker connection it
+   * needed to commit, and duplicates were answered 503 after the pool's connection wait
+   * (test/production/citus.test.ts).
    */
   private async claimOnce<T>(id: string, claim: (waited: boolean) => Promise<T>): Promise<T> {
     if (this.claiming.has(id)) {

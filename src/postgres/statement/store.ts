@@ -40,7 +40,7 @@ import {
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
-import { KeysInFlight } from "../keys/in-flight.ts";
+import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import { type KeyRow, replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
 import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
@@ -261,7 +261,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     response: StoredResponse,
     save: StoredResponse,
   ): Promise<AtomicOutcome> {
-    const id = `${claim.scope.length}:${claim.scope}${claim.key}`;
+    const id = keyIdOf(claim);
     // A key this process saw finished is read with the lookup alone: no statement, no wait.
     const until = this.finished.get(id);
     if (until !== undefined) {
