@@ -1,11 +1,11 @@
 /**
  * Holding back what an Express chain writes until the lifecycle has decided (committed or rolled back),
- * then sending the response it chose. Overriding the instance's writeHead/write/end also catches
- * `res.json`, `res.send`, streams piped into `res` and Express's own error handler, which all end in
- * these three. The overrides are shared functions that find this request's state in a WeakMap (one
- * object per request, no closures).
+ * then sending the response it chose. Holding writeHead/write/end also catches `res.json`, `res.send`,
+ * streams piped into `res` and Express's own error handler, which all end in these three. The held
+ * methods are shared functions that find this request's state in a WeakMap (one object per request, no
+ * closures), reached through Express's response prototype or set on the instance (see Held).
  */
-import type { ServerResponse } from "node:http";
+import { ServerResponse } from "node:http";
 import type { StoredResponse } from "../core/index.ts";
 import { headerPairs, writeResponse } from "./shared.ts";
 
@@ -14,13 +14,27 @@ type Res = ServerResponse;
 /** The held response of each `res` (a WeakMap, not a property: see Held). */
 const helds = new WeakMap<Res, Held>();
 
+/** The four methods a held response answers itself. */
+type Writer = "writeHead" | "write" | "end" | "flushHeaders";
+type Writers = Pick<Res, Writer>;
+
 /**
- * After Express's `Object.setPrototypeOf(res, app.response)`, V8 shares no hidden class between
- * responses: each property added to `res` builds a new one (microseconds each, and more garbage). So the
- * state is found in a WeakMap rather than on `res`, and the overrides, added in a fixed order, are taken
- * away again with `delete` in the reverse order when the originals were inherited (the usual case): V8
- * undoes that by stepping back to the previous hidden class. Originals that were own properties (another
- * middleware's wrappers, such as on-headers') are assigned back as before.
+ * Express sets every res's prototype (`Object.setPrototypeOf(res, app.response)`), after which V8 shares
+ * no hidden class between responses: each property added to `res` builds a new one, copying its forty
+ * descriptors (measured: four methods added and deleted again cost 13 us per request, more garbage
+ * after). So a response is held without touching `res` when it can be:
+ *
+ *   - by the prototype (the usual case): the four methods are defined once on Express's `response`
+ *     object, which every app's `app.response` inherits from (mounted apps' too), as methods that answer
+ *     from the held state when `res` is held and call ServerResponse's own otherwise (one WeakMap
+ *     lookup per call). Taken only when nothing shadows them on `res` or an `app.response`;
+ *   - on the instance, when something does (a middleware before this one that wrapped `res.end` on the
+ *     instance, as on-headers does): the four are set on `res` itself, the wrappers kept to call on
+ *     release. Inherited originals are taken away again with `delete` in the reverse order, which V8
+ *     undoes by stepping back to the previous hidden class; own ones are assigned back.
+ *
+ * In both cases, wrappers a middleware after this one set on `res` while it was held (they called the
+ * held methods) are taken away on release, so the answer goes out through what was in place before.
  *
  * One held response: what the chain wrote, and how to hand it on.
  */
@@ -29,27 +43,27 @@ export class Held {
   chunks: Buffer[] = [];
   onEnd: (() => void) | undefined;
   finish!: (r: StoredResponse) => void;
-  // The methods in place before (ServerResponse's, or another middleware's wrappers such as on-headers').
-  private readonly writeHead: Res["writeHead"];
-  private readonly write: Res["write"];
-  private readonly end: Res["end"];
-  private readonly flushHeaders: Res["flushHeaders"];
-  /** Whether any of those four was an own property of `res` (then all four are assigned back). */
-  private readonly hadOwn: boolean;
+  /** Held on the instance: the methods in place before (ServerResponse's, or another middleware's wrappers). */
+  private readonly replaced: Writers | undefined;
+  /** Held on the instance: whether any of those four was an own property of `res` (then all are assigned back). */
+  private readonly hadOwn: boolean = false;
   constructor(readonly res: Res) {
-    this.writeHead = res.writeHead;
-    this.write = res.write;
-    this.end = res.end;
-    this.flushHeaders = res.flushHeaders;
+    this.finished = new Promise<StoredResponse>((resolve) => {
+      this.finish = resolve;
+    });
+    helds.set(res, this);
+    if (heldByPrototype(res)) return;
+    this.replaced = {
+      writeHead: res.writeHead,
+      write: res.write,
+      end: res.end,
+      flushHeaders: res.flushHeaders,
+    };
     this.hadOwn =
       Object.hasOwn(res, "writeHead") ||
       Object.hasOwn(res, "write") ||
       Object.hasOwn(res, "end") ||
       Object.hasOwn(res, "flushHeaders");
-    this.finished = new Promise<StoredResponse>((resolve) => {
-      this.finish = resolve;
-    });
-    helds.set(res, this);
     res.writeHead = heldWriteHead as Res["writeHead"];
     res.write = heldWrite as Res["write"];
     res.end = heldEnd as Res["end"];
@@ -59,19 +73,23 @@ export class Held {
   /** Put the real methods back and forget what the chain set (for Express's error handling). */
   restore(): void {
     const res = this.res;
-    if (!this.hadOwn) {
-      const r = res as Partial<Res>;
-      delete r.flushHeaders;
-      delete r.end;
-      delete r.write;
-      delete r.writeHead;
-    }
-    // Assigned when deleting did not bring the same method back (own before, or another prototype now).
-    if (res.writeHead !== this.writeHead) res.writeHead = this.writeHead;
-    if (res.write !== this.write) res.write = this.write;
-    if (res.end !== this.end) res.end = this.end;
-    if (res.flushHeaders !== this.flushHeaders) res.flushHeaders = this.flushHeaders;
     helds.delete(res);
+    const r = res as Partial<Res>;
+    if (!this.hadOwn) {
+      // Ours (held on the instance) or later wrappers: gone in reverse order, what was inherited is back.
+      if (Object.hasOwn(res, "flushHeaders")) delete r.flushHeaders;
+      if (Object.hasOwn(res, "end")) delete r.end;
+      if (Object.hasOwn(res, "write")) delete r.write;
+      if (Object.hasOwn(res, "writeHead")) delete r.writeHead;
+    }
+    const was = this.replaced;
+    if (was) {
+      // Assigned when deleting did not bring the same method back (own before, or another prototype now).
+      if (res.writeHead !== was.writeHead) res.writeHead = was.writeHead;
+      if (res.write !== was.write) res.write = was.write;
+      if (res.end !== was.end) res.end = was.end;
+      if (res.flushHeaders !== was.flushHeaders) res.flushHeaders = was.flushHeaders;
+    }
     clearHeaders(res);
   }
 
@@ -81,6 +99,65 @@ export class Held {
     if (this.onEnd) this.res.once("finish", this.onEnd);
     writeResponse(this.res, r);
   }
+}
+
+/** Express's `response` objects whose four writers hold back a held `res` (see Held). */
+const hooked = new WeakSet<object>();
+
+/**
+ * Whether `res` is held by the methods on Express's `response` (defined there on first use): true when
+ * `res` inherits from it and nothing between them shadows the four. False for anything else (a
+ * ServerResponse that Express did not set up, wrappers on the instance).
+ */
+function heldByPrototype(res: Res): boolean {
+  let base = Object.getPrototypeOf(res) as object | null;
+  // Up the app.response chain (mounted apps inherit from their parent's) to Express's own `response`:
+  // the object just above ServerResponse.prototype, with Express's `send` and `json`.
+  while (base !== null && Object.getPrototypeOf(base) !== ServerResponse.prototype) {
+    base = Object.getPrototypeOf(base) as object | null;
+  }
+  if (base === null || !hooked.has(base)) {
+    if (base === null || !Object.hasOwn(base, "send") || !Object.hasOwn(base, "json") || !hook(base)) {
+      return false;
+    }
+  }
+  const own = base as Writers;
+  return (
+    res.end === own.end &&
+    res.write === own.write &&
+    res.writeHead === own.writeHead &&
+    res.flushHeaders === own.flushHeaders
+  );
+}
+
+/** Define the four on Express's `response` (once): held state when `this` is held, ServerResponse's otherwise. */
+function hook(base: object): boolean {
+  const names: Writer[] = ["writeHead", "write", "end", "flushHeaders"];
+  if (names.some((name) => Object.hasOwn(base, name))) return false; // another library's: left alone
+  const holding: Record<Writer, (this: Res, ...args: any[]) => unknown> = {
+    writeHead: heldWriteHead,
+    write: heldWrite,
+    end: heldEnd,
+    flushHeaders: noop,
+  };
+  const proto = ServerResponse.prototype as unknown as Record<Writer, (...args: unknown[]) => unknown>;
+  for (const name of names) {
+    const original = proto[name];
+    const held = holding[name];
+    const method = {
+      [name](this: Res, ...args: unknown[]) {
+        return helds.has(this) ? held.apply(this, args) : original.apply(this, args);
+      },
+    }[name]!;
+    Object.defineProperty(base, name, {
+      value: method,
+      writable: true,
+      configurable: true,
+      enumerable: false,
+    });
+  }
+  hooked.add(base);
+  return true;
 }
 
 /** Forget the status and every header set on `res` so far. */

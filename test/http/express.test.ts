@@ -85,6 +85,27 @@ function startExpress({ store, runner }: AppParts) {
       res.status(201).json({ key: req.idempotency.key, at: Date.now() + Math.random() });
     },
   );
+  // Only a wrapper after idempotency: the response is held through Express's prototype, and the wrapper
+  // set on the instance while it was held is taken away before the answer goes out
+  app.post(
+    "/v1/wrapped-after",
+    json,
+    idempotency({ store, scope, replayHeaders: ["content-type", "x-inner"] }),
+    wrapEnd("x-inner"),
+    (req, res) => {
+      res.status(201).json({ key: req.idempotency.key, at: Date.now() + Math.random() });
+    },
+  );
+  // A mounted app: its responses' prototype is its own app.response, and an error it does not handle
+  // is answered by this app's error handler, after the prototype was switched back to this app's
+  const sub = express();
+  sub.post("/pay", json, idempotency({ store, scope }), (req, res) => {
+    res.status(201).json({ key: req.idempotency.key, at: Date.now() + Math.random() });
+  });
+  sub.post("/crash", json, idempotency({ store, scope }), () => {
+    throw Object.assign(new Error("boom"), { status: 500 });
+  });
+  app.use("/v1/sub", sub);
   // Middleware before idempotency that stamps a header on every request (saved with the answer), and
   // another only when asked (not saved)
   let stamps = 0;
@@ -177,6 +198,38 @@ describe.each(backends)("Express adapter on $name", (backend) => {
     expect(retry.headers.get("x-outer")).toBe("1");
     expect(retry.headers.get("x-inner")).toBe("1");
     expect(await retry.json()).toEqual(sent);
+  });
+
+  it("sends through a res.end wrapper set after it once, and replays what it set", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/wrapped-after", { account: acct, key });
+    expect(first.status).toBe(201);
+    expect(first.headers.get("x-inner")).toBe("1");
+    const sent = await first.json();
+    const retry = await app.post("/v1/wrapped-after", { account: acct, key });
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(retry.headers.get("x-inner")).toBe("1");
+    expect(await retry.json()).toEqual(sent);
+  });
+
+  it("holds the answer of a mounted app, and of the error handler of the app it is mounted in", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const first = await app.post("/v1/sub/pay", { account: acct, key });
+    expect(first.status).toBe(201);
+    const sent = await first.text();
+    const retry = await app.post("/v1/sub/pay", { account: acct, key });
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(await retry.text()).toBe(sent);
+    // The parent's error handler answers 500 through the held response: not final, nothing saved, so
+    // the same key runs again (and is answered the same way), never replayed or left in flight
+    for (let i = 0; i < 2; i++) {
+      const crash = await app.post("/v1/sub/crash", { account: acct, key: `${key}-crash` });
+      expect(crash.status).toBe(500);
+      expect(crash.headers.get("idempotent-replayed")).toBeNull();
+      expect(await crash.json()).toEqual({ type: "urn:test:crash" });
+    }
   });
 
   it("replays the saved headers only, not what middleware before it set on the retry", async () => {
