@@ -29,7 +29,7 @@
  * parser touched the request, the stream read here (up to `limit` bytes). Duplicate JSON keys and
  * repeated form fields are answered 400 only when idem sees the bytes (`keepRawBody`, or no parser).
  */
-import type { IncomingMessage, ServerResponse } from "node:http";
+import { IncomingMessage, type ServerResponse } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
 import type {
   Begun,
@@ -162,6 +162,58 @@ function answer(res: Response, held: Held | undefined, r: StoredResponse): void 
   }
 }
 
+/**
+ * `req.idempotency` as an accessor on Express's `request` object, which every app.request inherits
+ * from (mounted apps' too), backed by a WeakMap: Express sets each req's prototype, after which every
+ * property added to `req` builds a hidden class of its own (see express-hold.ts), so assigning it on
+ * the instance cost microseconds per request. A req that does not inherit from Express's request gets
+ * an own property, as before.
+ */
+const contexts = new WeakMap<object, IdempotencyContext>();
+/** The app.request objects seen, and whether Express's request above them has the accessor. */
+const accessorBelow = new WeakMap<object, boolean>();
+
+function setContext(req: Request, context: IdempotencyContext): void {
+  const proto = Object.getPrototypeOf(req) as object | null;
+  let ready = proto === null ? false : accessorBelow.get(proto);
+  if (ready === undefined) {
+    ready = defineAccessor(proto!);
+    accessorBelow.set(proto!, ready);
+  }
+  if (ready && !Object.hasOwn(req, "idempotency")) contexts.set(req, context);
+  else req.idempotency = context;
+}
+
+/** Define the accessor on Express's `request` above `proto` (once); false when there is none to use. */
+function defineAccessor(proto: object): boolean {
+  let base: object | null = proto;
+  while (base !== null && Object.getPrototypeOf(base) !== IncomingMessage.prototype) {
+    if (Object.hasOwn(base, "idempotency")) return false; // an app's own: left alone
+    base = Object.getPrototypeOf(base) as object | null;
+  }
+  if (base === null || typeof (base as { get?: unknown }).get !== "function" || !Object.hasOwn(base, "get")) {
+    return false;
+  }
+  const found = Object.getOwnPropertyDescriptor(base, "idempotency");
+  if (found && found.get !== readContext) return false;
+  if (!found) {
+    Object.defineProperty(base, "idempotency", {
+      get: readContext,
+      set: writeContext,
+      configurable: true,
+      enumerable: false,
+    });
+  }
+  return true;
+}
+
+function readContext(this: object): IdempotencyContext | undefined {
+  return contexts.get(this);
+}
+function writeContext(this: object, context: IdempotencyContext): void {
+  contexts.set(this, context);
+}
+
 /** Express 5 middleware: a keyed route in atomic mode; the handler finds `req.idempotency` (`tx`, `body`). */
 export function idempotency(options: ExpressIdempotencyOptions): RequestHandler {
   checkRouteOptions("idempotency()", options, "atomic");
@@ -179,7 +231,7 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
     const work = (tx: Tx) => {
       // key and scope are undefined only on an unkeyed request of a `required: false` route, the case
       // IdempotencyContext documents: keyed routes, the default, type them as the strings they are.
-      req.idempotency = { tx, key, scope, body } as IdempotencyContext;
+      setContext(req, { tx, key, scope, body } as IdempotencyContext);
       held = new Held(res);
       next();
       return held.finished;
