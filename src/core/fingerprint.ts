@@ -38,11 +38,15 @@ export function fingerprintRequest(method: string, path: string, body: RequestBo
 
 /**
  * SHA-256 of a string in one call (`crypto.hash`, Node 20.12+: no Hash object, one UTF-8 conversion),
- * the same digest as `createHash` fed the same text in parts.
+ * the same digest as `createHash` fed the same text in parts. Asked for as a "binary" (latin1) string,
+ * one char per byte, and copied into a pooled Buffer: about 1 us faster than its own Buffer output,
+ * which Node 20 and 24 allocate outside the pool.
  */
-const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: "buffer") => Buffer }).hash;
+const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: "binary") => string }).hash;
 function sha256(text: string): Buffer {
-  return oneShot ? oneShot("sha256", text, "buffer") : createHash("sha256").update(text).digest();
+  return oneShot
+    ? Buffer.from(oneShot("sha256", text, "binary"), "latin1")
+    : createHash("sha256").update(text).digest();
 }
 
 /**

@@ -5,6 +5,7 @@
 import { createHash } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type FingerprintInput, fieldsFingerprint, fingerprint } from "../../src/core/index.ts";
+import { keyLockId } from "../../src/postgres/store.ts";
 import { type RulesApp, startRulesApp } from "./app.ts";
 
 const enc = new TextEncoder();
@@ -138,6 +139,21 @@ describe("the fingerprint is stable across versions", () => {
     );
     expect(hex(fieldsFingerprint("post", "/v1/p?b=2&a=1", { amount_cents: 100 }))).toBe(
       sha('POST\n/v1/p?a=1&b=2\nfields\n{"amount_cents":100}'),
+    );
+  });
+
+  it("the per-key lock id is the first 8 bytes of SHA-256(scope NUL key), signed", () => {
+    // Old and new instances must take the same lock for a key, or two could run it side by side.
+    for (const [scope, key] of [
+      ["acct_1", "k"],
+      ["acct_é", "clé-ü-\u{1F600}"],
+      ["", ""],
+    ] as const) {
+      const first8 = createHash("sha256").update(`${scope}\0${key}`).digest().readBigInt64BE(0);
+      expect(keyLockId(scope, key)).toBe(first8.toString());
+    }
+    expect(keyLockId("acct_1", "k")).toBe(
+      BigInt.asIntN(64, BigInt(`0x${sha("acct_1\0k").slice(0, 16)}`)).toString(),
     );
   });
 });
