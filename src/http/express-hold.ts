@@ -72,6 +72,26 @@ export class Held {
 
   /** Put the real methods back and forget what the chain set (for Express's error handling). */
   restore(): void {
+    this.putBack();
+    clearHeaders(this.res);
+  }
+
+  /** Send `r` for real. */
+  release(r: StoredResponse): void {
+    this.putBack();
+    const res = this.res;
+    // What the chain set is forgotten, but for the names `r` sets again (all of them when `r` is the
+    // chain's own answer): writing those replaces them anyway.
+    for (const name of res.getHeaderNames()) {
+      if (!r.headers.some((h) => h[0] === name)) res.removeHeader(name);
+    }
+    res.statusCode = 200;
+    if (this.onEnd) res.once("finish", this.onEnd);
+    writeResponse(res, r);
+  }
+
+  /** Put the methods in place before back, and forget the held state. */
+  private putBack(): void {
     const res = this.res;
     helds.delete(res);
     const r = res as Partial<Res>;
@@ -90,14 +110,6 @@ export class Held {
       if (res.end !== was.end) res.end = was.end;
       if (res.flushHeaders !== was.flushHeaders) res.flushHeaders = was.flushHeaders;
     }
-    clearHeaders(res);
-  }
-
-  /** Send `r` for real. */
-  release(r: StoredResponse): void {
-    this.restore();
-    if (this.onEnd) this.res.once("finish", this.onEnd);
-    writeResponse(this.res, r);
   }
 }
 
