@@ -89,7 +89,7 @@ export interface ExpressIdempotencyOptions extends LifecycleOptions<Tx>, Express
 
 /** A `verify` option for Express's body parsers that keeps the bytes as sent, for the fingerprint. */
 export function keepRawBody(req: IncomingMessage, _res: ServerResponse, buf: Buffer): void {
-  (req as IncomingMessage & { rawBody?: Buffer }).rawBody = buf;
+  rawBodies.set(req, buf); // read back as req.rawBody
 }
 
 const encoder = new TextEncoder();
@@ -163,56 +163,70 @@ function answer(res: Response, held: Held | undefined, r: StoredResponse): void 
 }
 
 /**
- * `req.idempotency` as an accessor on Express's `request` object, which every app.request inherits
- * from (mounted apps' too), backed by a WeakMap: Express sets each req's prototype, after which every
- * property added to `req` builds a hidden class of its own (see express-hold.ts), so assigning it on
- * the instance cost microseconds per request. A req that does not inherit from Express's request gets
- * an own property, as before.
+ * A property of Express requests (`req.idempotency`, `req.rawBody`) kept off the instance: an accessor
+ * on Express's `request` object, which every app.request inherits from (mounted apps' too), backed by
+ * a WeakMap. Express sets each req's prototype, after which every property added to `req` builds a
+ * hidden class of its own (see express-hold.ts): assigned on the instance, each cost microseconds per
+ * request. A req that does not inherit from Express's request, or whose app defines the property
+ * itself, gets an own property as before; a second copy of idem in the process finds the first one's
+ * accessor and assigns through it.
  */
-const contexts = new WeakMap<object, IdempotencyContext>();
-/** The app.request objects seen, and whether Express's request above them has the accessor. */
-const accessorBelow = new WeakMap<object, boolean>();
+class RequestSlot<T> {
+  private readonly values = new WeakMap<object, T>();
+  /** The app.request objects seen, and whether Express's request above them has this accessor. */
+  private readonly ready = new WeakMap<object, boolean>();
+  private readonly get: (this: object) => T | undefined;
+  private readonly setter: (this: object, value: T) => void;
+  constructor(private readonly name: string) {
+    const values = this.values;
+    this.get = function get(this: object) {
+      return values.get(this);
+    };
+    this.setter = function set(this: object, value: T) {
+      values.set(this, value);
+    };
+  }
 
-function setContext(req: Request, context: IdempotencyContext): void {
-  const proto = Object.getPrototypeOf(req) as object | null;
-  let ready = proto === null ? false : accessorBelow.get(proto);
-  if (ready === undefined) {
-    ready = defineAccessor(proto!);
-    accessorBelow.set(proto!, ready);
+  set(req: IncomingMessage, value: T): void {
+    const proto = Object.getPrototypeOf(req) as object | null;
+    let ready = proto === null ? false : this.ready.get(proto);
+    if (ready === undefined) {
+      ready = this.define(proto!);
+      this.ready.set(proto!, ready);
+    }
+    if (ready && !Object.hasOwn(req, this.name)) this.values.set(req, value);
+    else (req as unknown as Record<string, unknown>)[this.name] = value;
   }
-  if (ready && !Object.hasOwn(req, "idempotency")) contexts.set(req, context);
-  else req.idempotency = context;
-}
 
-/** Define the accessor on Express's `request` above `proto` (once); false when there is none to use. */
-function defineAccessor(proto: object): boolean {
-  let base: object | null = proto;
-  while (base !== null && Object.getPrototypeOf(base) !== IncomingMessage.prototype) {
-    if (Object.hasOwn(base, "idempotency")) return false; // an app's own: left alone
-    base = Object.getPrototypeOf(base) as object | null;
-  }
-  if (base === null || typeof (base as { get?: unknown }).get !== "function" || !Object.hasOwn(base, "get")) {
-    return false;
-  }
-  const found = Object.getOwnPropertyDescriptor(base, "idempotency");
-  if (found && found.get !== readContext) return false;
-  if (!found) {
-    Object.defineProperty(base, "idempotency", {
-      get: readContext,
-      set: writeContext,
+  /** Define the accessor on Express's `request` above `proto` (once); false when there is none to use. */
+  private define(proto: object): boolean {
+    let base: object | null = proto;
+    while (base !== null && Object.getPrototypeOf(base) !== IncomingMessage.prototype) {
+      if (Object.hasOwn(base, this.name)) return false; // an app's own: left alone
+      base = Object.getPrototypeOf(base) as object | null;
+    }
+    // Express's request: the object just above IncomingMessage.prototype, with Express's `get`.
+    if (
+      base === null ||
+      typeof (base as { get?: unknown }).get !== "function" ||
+      !Object.hasOwn(base, "get")
+    ) {
+      return false;
+    }
+    const found = Object.getOwnPropertyDescriptor(base, this.name);
+    if (found) return found.get === this.get;
+    Object.defineProperty(base, this.name, {
+      get: this.get,
+      set: this.setter,
       configurable: true,
       enumerable: false,
     });
+    return true;
   }
-  return true;
 }
 
-function readContext(this: object): IdempotencyContext | undefined {
-  return contexts.get(this);
-}
-function writeContext(this: object, context: IdempotencyContext): void {
-  contexts.set(this, context);
-}
+const contexts = new RequestSlot<IdempotencyContext>("idempotency");
+const rawBodies = new RequestSlot<Buffer>("rawBody");
 
 /** Express 5 middleware: a keyed route in atomic mode; the handler finds `req.idempotency` (`tx`, `body`). */
 export function idempotency(options: ExpressIdempotencyOptions): RequestHandler {
@@ -231,7 +245,7 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
     const work = (tx: Tx) => {
       // key and scope are undefined only on an unkeyed request of a `required: false` route, the case
       // IdempotencyContext documents: keyed routes, the default, type them as the strings they are.
-      setContext(req, { tx, key, scope, body } as IdempotencyContext);
+      contexts.set(req, { tx, key, scope, body } as IdempotencyContext);
       held = new Held(res);
       next();
       return held.finished;

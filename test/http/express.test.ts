@@ -96,6 +96,11 @@ function startExpress({ store, runner }: AppParts) {
       res.status(201).json({ key: req.idempotency.key, at: Date.now() + Math.random() });
     },
   );
+  // The bytes keepRawBody kept, as the handler reads them
+  app.post("/v1/raw", json, idempotency({ store, scope }), (req, res) => {
+    const raw = (req as Request & { rawBody?: Buffer }).rawBody;
+    res.status(201).json({ raw: raw?.toString("utf8") });
+  });
   // A mounted app: its responses' prototype is its own app.response, and an error it does not handle
   // is answered by this app's error handler, after the prototype was switched back to this app's
   const sub = express();
@@ -211,6 +216,13 @@ describe.each(backends)("Express adapter on $name", (backend) => {
     expect(retry.headers.get("idempotent-replayed")).toBe("true");
     expect(retry.headers.get("x-inner")).toBe("1");
     expect(await retry.json()).toEqual(sent);
+  });
+
+  it("keeps the body's bytes in req.rawBody for the handler, as sent", async () => {
+    const body = '{ "amount_cents": 5000,  "currency": "eur" }';
+    const r = await app.post("/v1/raw", { account: account(), key: randomUUID(), body });
+    expect(r.status).toBe(201);
+    expect((await r.json()).raw).toBe(body);
   });
 
   it("holds the answer of a mounted app, and of the error handler of the app it is mounted in", async () => {
