@@ -98,13 +98,23 @@ function alive(pid: number): boolean {
 
 describe("the service process", () => {
   it("drains a request in flight on SIGTERM, logs the shutdown, and leaves no process behind", async () => {
-    // A provider that takes 1.5 s per charge, so a payment is in flight when the signal comes.
+    // A provider that takes 1.5 s per charge, so a payment is in flight when the signal comes. The CLI's
+    // sources are run directly, not through bin/idem.js: that wrapper runs them in a child of its own,
+    // which the SIGKILL of the clean-up would leave running.
     const provider = spawn(
       process.execPath,
-      ["bin/idem.js", "provider", "--port", "0", "--latency-ms", "1500"],
-      {
-        stdio: ["ignore", "pipe", "pipe"],
-      },
+      [
+        "--conditions=source",
+        "--import",
+        "tsx",
+        "src/cli/main.ts",
+        "provider",
+        "--port",
+        "0",
+        "--latency-ms",
+        "1500",
+      ],
+      { stdio: ["ignore", "pipe", "pipe"] },
     );
     children.push(provider);
     const providerUrl = await new Promise<string>((resolve, reject) => {
