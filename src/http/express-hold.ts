@@ -113,13 +113,14 @@ export class Held {
   }
 }
 
-/** Express's `response` objects whose four writers hold back a held `res` (see Held). */
-const hooked = new WeakSet<object>();
+/** Express's `response` objects seen: whether the four writers defined there hold back a held `res`. */
+const bases = new WeakMap<object, boolean>();
 
 /**
  * Whether `res` is held by the methods on Express's `response` (defined there on first use): true when
  * `res` inherits from it and nothing between them shadows the four. False for anything else (a
- * ServerResponse that Express did not set up, wrappers on the instance).
+ * ServerResponse that Express did not set up, wrappers on the instance, writers another library
+ * defined on Express's `response`).
  */
 function heldByPrototype(res: Res): boolean {
   let base = Object.getPrototypeOf(res) as object | null;
@@ -128,13 +129,15 @@ function heldByPrototype(res: Res): boolean {
   while (base !== null && Object.getPrototypeOf(base) !== ServerResponse.prototype) {
     base = Object.getPrototypeOf(base) as object | null;
   }
-  if (base === null || !hooked.has(base)) {
-    if (base === null || !Object.hasOwn(base, "send") || !Object.hasOwn(base, "json") || !hook(base)) {
-      return false;
-    }
+  if (base === null) return false;
+  let usable = bases.get(base);
+  if (usable === undefined) {
+    usable = Object.hasOwn(base, "send") && Object.hasOwn(base, "json") && hook(base);
+    bases.set(base, usable);
   }
   const own = base as Writers;
   return (
+    usable &&
     res.end === own.end &&
     res.write === own.write &&
     res.writeHead === own.writeHead &&
@@ -168,7 +171,6 @@ function hook(base: object): boolean {
       enumerable: false,
     });
   }
-  hooked.add(base);
   return true;
 }
 
