@@ -103,8 +103,7 @@ async function bare(v: Variant, url: string): Started {
             ),
           ),
       );
-      await app.listen({ port: 0, host: "127.0.0.1" });
-      return (app.server.address() as AddressInfo).port;
+      return listenFastify(app);
     }
     case "node": {
       const server = createServer((req, res) => {
@@ -163,8 +162,7 @@ async function withIdem(v: Variant, url: string): Started {
           .code(CREATED)
           .send(await insertPayment(tx, key, request.body as Payment, crashOf(request.headers)));
       });
-      await app.listen({ port: 0, host: "127.0.0.1" });
-      return (app.server.address() as AddressInfo).port;
+      return listenFastify(app);
     }
     case "node": {
       const server = createServer(
@@ -185,13 +183,18 @@ async function withIdem(v: Variant, url: string): Started {
   }
 }
 
-function listenHono(app: Hono): Started {
+export async function listenFastify(app: ReturnType<typeof Fastify>): Started {
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  return (app.server.address() as AddressInfo).port;
+}
+
+export function listenHono(app: Hono): Started {
   return new Promise((resolve) => {
     serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => resolve(info.port));
   });
 }
 
-function listenNode(server: Server): Started {
+export function listenNode(server: Server): Started {
   return new Promise((resolve) => {
     server.listen(0, "127.0.0.1", () => resolve((server.address() as AddressInfo).port));
   });

@@ -1,6 +1,7 @@
 /**
- * What a careful engineer would write by hand for the keyed handler, on node:http, as the yardstick of
- * idem's keyed path (issue 30): the same one-INSERT payment, one key per request, the reply saved.
+ * What a careful engineer would write by hand for the keyed handler, as the yardstick of idem's keyed
+ * path (issue 30): the same one-INSERT payment, one key per request, the reply saved. hand-tx runs on
+ * every framework (`hand-tx` on node:http, `hand-tx-express`, ...), hand-cte on node:http.
  *
  *   hand-tx   BEGIN; INSERT key ON CONFLICT DO NOTHING; INSERT payment  (one write, pipelined)
  *             UPDATE key SET reply; COMMIT                               (one write)
@@ -12,10 +13,21 @@
  * price the statements, not the guarantees.
  */
 import { createServer } from "node:http";
-import type { AddressInfo } from "node:net";
+import express from "express";
+import Fastify from "fastify";
+import { Hono } from "hono";
+import type { ContentfulStatusCode } from "hono/utils/http-status";
 import type pg from "pg";
-import { pool, readJson } from "./frameworks.ts";
-import { CREATED, type Payment } from "./handler.ts";
+import {
+  listenExpress,
+  listenFastify,
+  listenHono,
+  listenNode,
+  pool,
+  readJson,
+  type Started,
+} from "./frameworks.ts";
+import { CREATED, PATH, type Payment } from "./handler.ts";
 import type { Variant } from "./variants.ts";
 
 const INSERT =
@@ -84,23 +96,63 @@ async function handCte(db: pg.Pool, key: string, p: Payment): Promise<Reply> {
   return body ? { status: CREATED, body } : IN_FLIGHT;
 }
 
-export function startHand(v: Variant, url: string): Promise<number> {
-  const db = pool(url, v.name === "hand-tx");
-  const run = v.name === "hand-tx" ? handTx : handCte;
-  const server = createServer((req, res) => {
-    const key = req.headers["idempotency-key"];
-    if (typeof key !== "string") {
-      res.writeHead(400).end();
-      return;
+/** A reply as every framework sends it: the status, and the body as JSON text. */
+type Answer = (key: string, body: Payment) => Promise<Reply>;
+
+export function startHand(v: Variant, url: string): Started {
+  const db = pool(url, v.name !== "hand-cte");
+  const run = v.name === "hand-cte" ? handCte : handTx;
+  const answer: Answer = (key, body) => run(db, key, body);
+  switch (v.framework) {
+    case "node":
+      return listenNode(
+        createServer((req, res) => {
+          const key = req.headers["idempotency-key"];
+          if (typeof key !== "string") {
+            res.writeHead(400).end();
+            return;
+          }
+          readJson(req)
+            .then((body) => answer(key, body))
+            .then((reply) => {
+              res.writeHead(reply.status, { "content-type": "application/json" }).end(reply.body);
+            })
+            .catch(() => res.writeHead(500).end());
+        }),
+      );
+    // On the other frameworks, hand-tx as their users would write it: the framework's own body parser
+    // and reply, so that idem on that framework is compared with the same work done by hand there.
+    case "express": {
+      const app = express();
+      app.post(PATH, express.json(), async (req, res) => {
+        const key = req.get("idempotency-key");
+        if (!key) return void res.status(400).end();
+        const reply = await answer(key, req.body);
+        res.status(reply.status).type("application/json").send(reply.body);
+      });
+      return listenExpress(app);
     }
-    readJson(req)
-      .then((body) => run(db, key, body))
-      .then((reply) => {
-        res.writeHead(reply.status, { "content-type": "application/json" }).end(reply.body);
-      })
-      .catch(() => res.writeHead(500).end());
-  });
-  return new Promise((resolve) => {
-    server.listen(0, "127.0.0.1", () => resolve((server.address() as AddressInfo).port));
-  });
+    case "hono": {
+      const app = new Hono();
+      app.post(PATH, async (c) => {
+        const key = c.req.header("idempotency-key");
+        if (!key) return c.body(null, 400);
+        const reply = await answer(key, await c.req.json());
+        return c.body(reply.body, reply.status as ContentfulStatusCode, {
+          "content-type": "application/json",
+        });
+      });
+      return listenHono(app);
+    }
+    case "fastify": {
+      const app = Fastify();
+      app.post(PATH, async (request, reply) => {
+        const key = request.headers["idempotency-key"];
+        if (typeof key !== "string") return reply.code(400).send();
+        const r = await answer(key, request.body as Payment);
+        return reply.code(r.status).type("application/json").send(r.body);
+      });
+      return listenFastify(app);
+    }
+  }
 }

@@ -12,7 +12,7 @@
  * Needs PostgreSQL (DATABASE_URL; a database of its own, dropped after), Redis (REDIS_URL, default
  * redis://127.0.0.1:6379) and wrk (`apt-get install -y wrk`). idem runs from its built package (the
  * bench builds dist/ first; BENCH_SOURCE=1 runs the sources). Full: 15 s of warm-up per server, then 4
- * rounds of 2 s slices, about 7 minutes on a quiet machine; --quick: no warm-up, one round of 1 s
+ * rounds of 2 s slices, about 12 minutes on a quiet machine; --quick: no warm-up, one round of 1 s
  * slices, about a minute. BENCH_COMPARE_WARMUP_S, BENCH_COMPARE_ROUNDS and BENCH_COMPARE_SLICE_S
  * override the three.
  */
@@ -34,7 +34,7 @@ import { PAYMENTS_DDL } from "./handler.ts";
 import { checkRedis, REDIS_URL, redisCleanup } from "./redis.ts";
 import { send } from "./requests.ts";
 import { FROM_SOURCE, type RunningServer, startServer } from "./spawn.ts";
-import { bareOf, chosenVariants, type Framework, POOL_SIZE, type Variant } from "./variants.ts";
+import { bareOf, chosenVariants, type Framework, handTxOf, POOL_SIZE, type Variant } from "./variants.ts";
 import { checkWrk, type Mode, wrk } from "./wrk.ts";
 
 const BASE = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
@@ -92,7 +92,7 @@ export interface CompareRow {
   replayRatio?: Ratio;
   /** Replays of one hot key (every connection the same finished key) over bare. */
   hotRatio?: Ratio;
-  /** idem's keyed first-time over the hand-written transaction's (hand-tx), round by round. */
+  /** idem's keyed first-time over hand-tx's on the same framework, in the slice beside it. */
   handRatio?: Ratio;
   sameKey?: SameKey;
   sameKeyVerdict?: string;
@@ -232,10 +232,12 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     // One slice: some requests first (the pools close idle connections while the other variants
     // run), then wrk, with the CPU of the server, of this database's backends and of Redis around it.
     const samples = new Map<string, Sample[]>(); // `${name}/${mode}`
+    let slice = 0;
     const measure = async (v: Variant, mode: Mode, round: number): Promise<Sample> => {
       const server = servers.get(v.name)!;
       const replaying = mode === "replay" || mode === "hot";
-      const prefix = replaying ? replayPrefix(v) : `${run}-${v.name}-k${round}`;
+      // A slice of its own for every keyed slice: hand-tx runs one beside each idem variant's per round.
+      const prefix = replaying ? replayPrefix(v) : `${run}-${v.name}-k${round}-${slice++}`;
       const pre = (i: number) =>
         mode === "bare"
           ? undefined
@@ -283,22 +285,35 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       return sample;
     };
 
-    // The rounds: for each keyed variant, its framework's bare handler, keyed first-time and replay in
-    // adjacent slices (reversed every other round; the variants' order rotates), so each ratio compares
-    // slices a few seconds apart even when the machine's load drifts.
-    const ratios = new Map<string, { keyed: number[]; replay: number[]; hot: number[] }>(
-      keyed.map((v) => [v.name, { keyed: [], replay: [], hot: [] }]),
+    // The rounds: for each keyed variant, its framework's bare handler, keyed first-time, replay and one
+    // hot key in adjacent slices (reversed every other round; the variants' order rotates), so each ratio
+    // compares slices a few seconds apart even when the machine's load drifts. An idem variant's keyed
+    // slice also has a keyed slice of hand-tx on its framework beside it (before it in one round, after
+    // it in the next): keyed / hand-tx is that pair's ratio. Compared with hand-tx's own slice of the
+    // round, up to a minute away, two identical runs on this machine gave idem/node 1.15 and 0.71.
+    const ratios = new Map<string, { keyed: number[]; replay: number[]; hot: number[]; hand: number[] }>(
+      keyed.map((v) => [v.name, { keyed: [], replay: [], hot: [], hand: [] }]),
     );
+    type Step = { v: Variant; mode: Mode; as: Mode | "hand" };
     for (let round = 0; round < settings.rounds; round++) {
       const shift = (round * 3) % keyed.length;
       for (const v of [...keyed.slice(shift), ...keyed.slice(0, shift)]) {
-        const modes: Mode[] =
-          round % 2 === 0 ? ["bare", "keyed", "replay", "hot"] : ["hot", "replay", "keyed", "bare"];
-        const got: Partial<Record<Mode, Sample>> = {};
-        for (const mode of modes) got[mode] = await measure(mode === "bare" ? bareOf(v) : v, mode, round);
-        ratios.get(v.name)!.keyed.push(got.keyed!.rps / got.bare!.rps);
-        ratios.get(v.name)!.replay.push(got.replay!.rps / got.bare!.rps);
-        ratios.get(v.name)!.hot.push(got.hot!.rps / got.bare!.rps);
+        const hand = v.kind === "idem" ? handTxOf(v, variants) : undefined;
+        const steps: Step[] = [
+          { v: bareOf(v), mode: "bare", as: "bare" },
+          ...(hand ? [{ v: hand, mode: "keyed" as Mode, as: "hand" as const }] : []),
+          { v, mode: "keyed", as: "keyed" },
+          { v, mode: "replay", as: "replay" },
+          { v, mode: "hot", as: "hot" },
+        ];
+        if (round % 2 === 1) steps.reverse();
+        const got: Partial<Record<Mode | "hand", Sample>> = {};
+        for (const step of steps) got[step.as] = await measure(step.v, step.mode, round);
+        const r = ratios.get(v.name)!;
+        r.keyed.push(got.keyed!.rps / got.bare!.rps);
+        r.replay.push(got.replay!.rps / got.bare!.rps);
+        r.hot.push(got.hot!.rps / got.bare!.rps);
+        if (got.hand) r.hand.push(got.keyed!.rps / got.hand.rps);
       }
     }
 
@@ -321,12 +336,8 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         row.replayRatio = spread(r.replay);
         row.hotRatio = spread(r.hot);
       }
-      // Keyed first-time over hand-tx's keyed, each round's slices (issue 30's yardstick).
-      const hand = samples.get("hand-tx/keyed");
-      const mine = samples.get(`${v.name}/keyed`);
-      if (hand && mine && v.kind === "idem") {
-        row.handRatio = spread(mine.map((s) => s.rps / hand.find((h) => h.round === s.round)!.rps));
-      }
+      // Keyed first-time over the hand-tx keyed slice beside it (issue 30's yardstick).
+      if (r?.hand.length) row.handRatio = spread(r.hand);
       return row;
     });
 

@@ -21,6 +21,13 @@ export interface Variant {
   stuckUntil?: string;
 }
 
+const FRAMEWORK_NAMES: Record<Framework, string> = {
+  express: "Express",
+  hono: "Hono",
+  fastify: "Fastify",
+  node: "node:http",
+};
+
 export const VARIANTS: readonly Variant[] = [
   {
     name: "bare-express",
@@ -74,6 +81,15 @@ export const VARIANTS: readonly Variant[] = [
     framework: "node",
     kind: "hand",
   },
+  ...(["express", "hono", "fastify"] as const).map(
+    (framework): Variant => ({
+      name: `hand-tx-${framework}`,
+      short: `hand-tx, ${FRAMEWORK_NAMES[framework]}`,
+      label: `hand-written transaction, ${FRAMEWORK_NAMES[framework]}, pg pipeline`,
+      framework,
+      kind: "hand",
+    }),
+  ),
   {
     name: "hand-cte",
     short: "hand-cte",
@@ -109,15 +125,25 @@ export const VARIANTS: readonly Variant[] = [
 
 /**
  * The variants a run measures: all, or those named in BENCH_COMPARE_ONLY (comma-separated; the bare
- * handlers of their frameworks and hand-tx come with them).
+ * handlers and hand-tx of their frameworks come with them, and hand-tx on node:http always).
  */
 export function chosenVariants(): readonly Variant[] {
   const only = process.env.BENCH_COMPARE_ONLY?.split(",").filter(Boolean);
   if (!only?.length) return VARIANTS;
   const named = VARIANTS.filter((v) => only.includes(v.name) || v.name === "hand-tx");
   return VARIANTS.filter(
-    (v) => named.includes(v) || (v.kind === "bare" && named.some((n) => n.framework === v.framework)),
+    (v) =>
+      named.includes(v) ||
+      ((v.kind === "bare" || isHandTx(v)) && named.some((n) => n.framework === v.framework)),
   );
+}
+
+/** hand-tx on any framework (`hand-tx`, `hand-tx-express`, ...). */
+export const isHandTx = (v: Variant) => v.kind === "hand" && v.name.startsWith("hand-tx");
+
+/** The hand-tx an idem variant is compared with: the one on its framework, among `variants`. */
+export function handTxOf(v: Variant, variants: readonly Variant[]): Variant | undefined {
+  return variants.find((h) => isHandTx(h) && h.framework === v.framework);
 }
 
 export function variant(name: string): Variant {
