@@ -121,11 +121,26 @@ export class GuardedTx implements Tx {
  * without awaiting after it returned, fails with `TransactionEndedError` instead of reaching the
  * connection after the transaction.
  */
-export async function withGuardedTx<T>(tx: Tx, work: (tx: Tx) => Promise<T>): Promise<T> {
+export function withGuardedTx<T>(tx: Tx, work: (tx: Tx) => Promise<T>): Promise<T> {
   const guard = new GuardedTx(tx);
+  const end = () => guard.end("returned");
+  let running: Promise<T>;
   try {
-    return await work(guard);
-  } finally {
-    guard.end("returned");
+    running = work(guard);
+  } catch (err) {
+    end();
+    return Promise.reject(err);
   }
+  // `finally` as one reaction (no async layer of its own, nor `.finally`'s extra promises: this wraps
+  // every keyed handler).
+  return Promise.resolve(running).then(
+    (value) => {
+      end();
+      return value;
+    },
+    (err: unknown) => {
+      end();
+      throw err;
+    },
+  );
 }

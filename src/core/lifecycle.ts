@@ -39,7 +39,7 @@ import {
 import { DamagedReplyError, DEFAULT_REPLAYED_HEADERS, isSaved, type StoredResponse } from "./response.ts";
 import { SealedValueError } from "./sealing.ts";
 import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
-import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./store.ts";
+import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp, WorkResult } from "./store.ts";
 
 type Inspectable = { inspect(scope: string, key: string): Promise<unknown> };
 const canInspect = (store: unknown): store is Inspectable =>
@@ -166,22 +166,21 @@ export class Lifecycle<Tx> {
     const compact = this.options.compact;
     const claim = begun.claim;
     const observer = begun.observed ? lifecycleObserver() : undefined;
+    const toResult = (produced: StoredResponse): WorkResult => {
+      if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
+      const save = {
+        status: produced.status,
+        headers: keepHeaders(produced.headers, this.replayed),
+        body: produced.body,
+      };
+      const compactId = compact?.id(produced);
+      return compactId === undefined ? { response: produced, save } : { response: produced, save, compactId };
+    };
     const run = () =>
       this.options.store.atomic(
         claim,
-        async (tx) => {
-          const produced = await (observer ? observer.work(claim, () => work(tx)) : work(tx));
-          if (!isSaved(produced.status, this.options)) return { response: produced, save: undefined };
-          const save = {
-            status: produced.status,
-            headers: keepHeaders(produced.headers, this.replayed),
-            body: produced.body,
-          };
-          const compactId = compact?.id(produced);
-          return compactId === undefined
-            ? { response: produced, save }
-            : { response: produced, save, compactId };
-        },
+        // A promise chain, not an async function: one layer fewer per keyed request.
+        (tx) => (observer ? observer.work(claim, () => work(tx)) : work(tx)).then(toResult),
         compact
           ? { signal: options.signal, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) }
           : { signal: options.signal, speculate: this.options.effectsInTxOnly === true },

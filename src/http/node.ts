@@ -121,7 +121,7 @@ function listener(
     begun: Begun & { kind: "keyed" | "unkeyed" },
     raw: Uint8Array,
     res: ServerResponse,
-  ) => Promise<StoredResponse>,
+  ) => Promise<{ response: StoredResponse }>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
   const onError = options.onError ?? ((err: unknown) => console.error(err));
   const limit = options.limit;
@@ -133,7 +133,10 @@ function listener(
       const scoped = options.scope(req);
       const scope = typeof scoped === "object" ? await scoped : scoped; // a string, undefined or a promise
       begun = lifecycle.begin(new NodeIdemRequest(req, req.url ?? "/"), scope, raw);
-      writeResponse(res, begun.kind === "answer" ? begun.response : await run(req, begun, raw, res));
+      writeResponse(
+        res,
+        begun.kind === "answer" ? begun.response : (await run(req, begun, raw, res)).response,
+      );
     } catch (err) {
       const owed = lifecycle.failure(err, begun); // 413, or the database down
       if (owed) return writeResponse(res, owed);
@@ -175,21 +178,20 @@ export function idempotency(
   }
   checkRouteOptions("idempotency()", options, "atomic");
   const lifecycle = new Lifecycle<Tx>(options);
-  return listener(lifecycle, options, async (req, begun, rawBody, res) => {
+  // Promise chains rather than async functions on this path: each async layer costs promises and jobs.
+  return listener(lifecycle, options, (req, begun, rawBody, res) => {
     const body = begun.body.value;
     if (begun.kind === "unkeyed") {
       const scope = begun.scope;
-      return lifecycle.unkeyed(begun, async (tx) =>
-        toStored(await handler(req, { tx, key: undefined, scope, body, rawBody })),
-      );
+      return lifecycle
+        .unkeyed(begun, (tx) => handler(req, { tx, key: undefined, scope, body, rawBody }).then(toStored))
+        .then((response) => ({ response }));
     }
     const { scope, key } = begun.claim;
-    const out = await lifecycle.keyed(
-      begun,
-      async (tx) => toStored(await handler(req, { tx, key, scope, body, rawBody })),
-      { signal: new SocketHangUp(req.socket, res), authorize: authorizer(options, req) },
-    );
-    return out.response;
+    return lifecycle.keyed(begun, (tx) => handler(req, { tx, key, scope, body, rawBody }).then(toStored), {
+      signal: new SocketHangUp(req.socket, res),
+      authorize: authorizer(options, req),
+    });
   });
 }
 
@@ -221,10 +223,9 @@ export function idempotentPhases<I>(
   return listener(lifecycle, options, async (req, begun, _raw, res) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
     const input = await options.input(req, begun.body.value);
-    const out = await lifecycle.phases(begun, options.runner, input, {
+    return lifecycle.phases(begun, options.runner, input, {
       signal: new SocketHangUp(req.socket, res),
       authorize: authorizer(options, req),
     });
-    return out.response;
   });
 }

@@ -15,20 +15,25 @@ class RolledBack<T> {
   constructor(readonly value: T) {}
 }
 
-/** Run `fn` in a transaction of `db` (`Db.transaction`'s options) and return its value, however it ended. */
-export async function endTx<T>(
+/**
+ * Run `fn` in a transaction of `db` (`Db.transaction`'s options) and return its value, however it ended.
+ * Promise chains, not async functions: this runs once per keyed request, and each async layer that
+ * awaits another costs promises and jobs of its own.
+ */
+export function endTx<T>(
   db: Db,
   fn: (tx: Tx) => Promise<TxEnd<T>>,
   options?: Parameters<Db["transaction"]>[1],
 ): Promise<T> {
-  try {
-    return await db.transaction(async (tx) => {
-      const ended = await fn(tx);
-      if (ended.end === "rollback") throw new RolledBack(ended.value);
-      return ended.value;
-    }, options);
-  } catch (err) {
-    if (err instanceof RolledBack) return err.value as T;
-    throw err;
-  }
+  return db.transaction((tx) => fn(tx).then(valueOrRollback), options).catch(rolledBackValue) as Promise<T>;
+}
+
+function valueOrRollback<T>(ended: TxEnd<T>): T {
+  if (ended.end === "rollback") throw new RolledBack(ended.value);
+  return ended.value;
+}
+
+function rolledBackValue(err: unknown): unknown {
+  if (err instanceof RolledBack) return err.value;
+  throw err;
 }

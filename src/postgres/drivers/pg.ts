@@ -207,7 +207,8 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
     );
     return deciding;
   };
-  const checkout = async (): Promise<PgClientLike> => {
+  /** The first checkouts, until `named` is decided. */
+  const checkoutDeciding = async (): Promise<PgClientLike> => {
     const client = await pool.connect();
     if (named === undefined) {
       try {
@@ -219,6 +220,8 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
     }
     return client;
   };
+  // Once decided, the pool's own promise: no async layer per transaction.
+  const checkout = (): Promise<PgClientLike> => (named === undefined ? checkoutDeciding() : pool.connect());
   return {
     driver: "pg",
     supportsBefore: true,
@@ -274,14 +277,14 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
         held = undefined;
         wire.uncork();
       };
-      const settleBegin = async () => {
-        if (begun) {
-          const b = begun;
-          begun = undefined;
-          if (opts?.batch && wire.pipelined) held = setImmediate(release);
-          else wire.uncork();
-          await b;
-        }
+      /** Send what waits behind BEGIN; its answer, the first time (undefined after). */
+      const settleBegin = (): Promise<unknown> | undefined => {
+        const b = begun;
+        if (!b) return undefined;
+        begun = undefined;
+        if (opts?.batch && wire.pipelined) held = setImmediate(release);
+        else wire.uncork();
+        return b;
       };
       let last: Promise<unknown> | undefined;
       let readOnlyDone = false;
@@ -297,13 +300,22 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
           last = run(client, sql, params, asNamed);
           last.catch(() => {});
         },
-        async query<R>(sql: string, params?: readonly unknown[]) {
+        // Not an async function: the statement's own promise is returned as it is (an async layer
+        // that returns a promise costs three more promise jobs per statement), except for the
+        // first one, which answers only once BEGIN did.
+        query<R>(sql: string, params?: readonly unknown[]): Promise<QueryResult<R>> {
           if (last) wire.uncork(); // a statement after final() (against its contract) must not wait for COMMIT
-          const q = run<R>(client, sql, params, asNamed);
+          let q: Promise<QueryResult<R>>;
+          try {
+            q = run<R>(client, sql, params, asNamed);
+          } catch (err) {
+            return Promise.reject(err);
+          }
           if (held) release(); // the batch's second statement: BEGIN, the first and this leave together
-          if (begun) {
+          const b = settleBegin();
+          if (b) {
             q.catch(() => {});
-            await settleBegin();
+            return b.then(() => q);
           }
           return q;
         },
@@ -322,7 +334,8 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
         let value: T;
         try {
           value = await fn(tx);
-          await settleBegin();
+          const b = settleBegin(); // a function that sent nothing: BEGIN still answers here
+          if (b) await b;
         } catch (err) {
           release();
           if (readOnlyDone) {
