@@ -124,7 +124,8 @@ if (wanted("http")) {
 if (wanted("compare")) {
   const group = "Against a bare handler and the peers (same handler, wrk, 32 connections)";
   console.log(`\n${group}${QUICK ? " (--quick)" : ""}`);
-  const c = await section(group, () => compareBench({ quick: QUICK }), QUICK ? 300_000 : 600_000);
+  // A full run measures 17 servers in 4 rounds (about 15 minutes on the 2-core machine).
+  const c = await section(group, () => compareBench({ quick: QUICK }), QUICK ? 300_000 : 1_800_000);
   if (c) {
     report.comparison = { group, data: c, machine: report.machine };
     const best = (kind: string) =>
