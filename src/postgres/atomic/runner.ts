@@ -106,6 +106,9 @@ interface LockedRow {
   covered?: boolean;
 }
 
+/** The row of the lookup without a lock (atomic/sql.ts `lookup`): NULLs when the key has no live row. */
+type LookupRow = Omit<KeyRow, "created_at"> & { created_ms: number };
+
 /** What the locked lookup found. */
 interface Looked {
   /** The key's live row (the newest), if any. */
@@ -203,10 +206,12 @@ export class AtomicRunner {
    * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
    */
   private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
-    const { rows } = await this.host.db.query<KeyRow>(this.host.sql.lookup, [claim.scope, claim.key]);
-    const row = rows[0]!;
+    const { rows } = await this.host.db.query<LookupRow>(this.host.sql.lookup, [claim.scope, claim.key]);
+    const found = rows[0]!;
     const answer =
-      row.bucket === null || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
+      found.bucket === null || found.resource_id != null
+        ? undefined
+        : replayOf(this.host, claim, { ...found, created_at: new Date(found.created_ms) });
     if (answer) this.finished.remember(id, answer.expiresAt.getTime());
     else this.finished.forget(id);
     return answer;

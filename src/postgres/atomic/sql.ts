@@ -56,11 +56,13 @@ export function atomicSql(s: string, t: DbTime) {
               WHERE scope = $1 AND key = $2${range} AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}`;
   let around: { lo: number; hi: number; text: string } | undefined;
   return {
-    // Always one row: the key's live row (or NULLs).
+    // Always one row: the key's live row (or NULLs). Its creation as epoch ms (`created_ms`), not a
+    // timestamptz: every replay of a finished key reads this, and the driver parses a timestamp with a
+    // regular expression (2.4 us per replay in a CPU profile, 2 Dec 2026).
     lookup: `SELECT k.*
                FROM (VALUES (1)) AS one (x) LEFT JOIN LATERAL (
-                 SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
-                        claim_id::text AS claim_id ${lookupWhere}
+                 SELECT bucket, fingerprint, (extract(epoch FROM created_at) * 1000)::float8 AS created_ms,
+                        recovery_point, status, headers, body, resource_id, claim_id::text AS claim_id ${lookupWhere}
                ) k ON true`,
     // Always one row, over every row of the key a live row may be among (markers and expired rows too;
     // a miss probes the same partitions as `lookup`): the newest live row (not a marker, within

@@ -21,6 +21,7 @@ export class FinishedHints {
   }
 
   remember(id: string, expiresAtMs: number): void {
+    if (this.newer.get(id) === expiresAtMs) return; // a replay of a key remembered already
     this.older.delete(id); // kept in the newer generation only
     this.newer.set(id, expiresAtMs);
     if (this.newer.size >= this.capacity / 2) {
