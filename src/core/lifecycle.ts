@@ -180,7 +180,7 @@ export class Lifecycle<Tx> {
       this.options.store.atomic(
         claim,
         // A promise chain, not an async function: one layer fewer per keyed request.
-        (tx) => (observer ? observer.work(claim, () => work(tx)) : work(tx)).then(toResult),
+        (tx) => Promise.resolve(observer ? observer.work(claim, () => work(tx)) : work(tx)).then(toResult),
         compact
           ? { signal: options.signal, rebuild: (saved, tx) => this.rebuild(compact, saved, tx) }
           : { signal: options.signal, speculate: this.options.effectsInTxOnly === true },

@@ -184,11 +184,15 @@ export function idempotency(
     if (begun.kind === "unkeyed") {
       const scope = begun.scope;
       return lifecycle
-        .unkeyed(begun, (tx) => handler(req, { tx, key: undefined, scope, body, rawBody }).then(toStored))
+        .unkeyed(begun, (tx) =>
+          Promise.resolve(handler(req, { tx, key: undefined, scope, body, rawBody })).then(toStored),
+        )
         .then((response) => ({ response }));
     }
     const { scope, key } = begun.claim;
-    return lifecycle.keyed(begun, (tx) => handler(req, { tx, key, scope, body, rawBody }).then(toStored), {
+    // Promise.resolve: a handler written as a plain function (returning its reply) works as before.
+    const work = (tx: Tx) => Promise.resolve(handler(req, { tx, key, scope, body, rawBody })).then(toStored);
+    return lifecycle.keyed(begun, work, {
       signal: new SocketHangUp(req.socket, res),
       authorize: authorizer(options, req),
     });

@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { describe } from "vitest";
+import { describe, expect, it } from "vitest";
 import { InvalidBodyError } from "../../src/core/index.ts";
 import { idempotency, idempotentPhases, type NodeIdempotentHandler } from "../../src/http/node.ts";
 import { backends } from "../helpers/db.ts";
@@ -31,6 +31,17 @@ const pay: NodeIdempotentHandler<unknown, false> = async (req, { tx, scope, body
 
 const crashes: unknown[] = [];
 
+/** A handler written as a plain function (JavaScript callers may), counting its runs. */
+let plainRuns = 0;
+const plain = ((_req: IncomingMessage, { key }: { key: string }) => {
+  plainRuns++;
+  return {
+    status: 201,
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ key, run: plainRuns }),
+  };
+}) as unknown as NodeIdempotentHandler;
+
 function startNode({ store, runner }: AppParts) {
   const scope = (req: IncomingMessage) => req.headers["x-account"] as string | undefined;
   const onError = (err: unknown) => crashes.push(err);
@@ -53,6 +64,7 @@ function startNode({ store, runner }: AppParts) {
     }),
     "/v1/tips": idempotency(pay, { store, scope, onError, required: false }),
     "/v1/small": idempotency(pay, { store, scope, onError, limit: 64 }),
+    "/v1/plain": idempotency(plain, { store, scope, onError }),
   };
   const server = createServer((req, res) => {
     const route = routes[req.url ?? ""];
@@ -80,4 +92,16 @@ describe.each(backends)("node:http adapter on $name", (backend) => {
   lifecycleContract(app);
 
   ownBodyContract(app, crashes);
+
+  it("runs a handler written as a plain function once, and replays its answer byte for byte", async () => {
+    const before = plainRuns;
+    const first = await app.post("/v1/plain", { account: "acct_plain", key: `plain-${backend.name}` });
+    const firstBody = await first.text();
+    const again = await app.post("/v1/plain", { account: "acct_plain", key: `plain-${backend.name}` });
+    expect(first.status).toBe(201);
+    expect(again.status).toBe(201);
+    expect(again.headers.get("idempotent-replayed")).toBe("true");
+    expect(await again.text()).toBe(firstBody);
+    expect(plainRuns - before).toBe(1);
+  });
 });
