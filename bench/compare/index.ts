@@ -12,7 +12,7 @@
  * Needs PostgreSQL (DATABASE_URL; a database of its own, dropped after), Redis (REDIS_URL, default
  * redis://127.0.0.1:6379) and wrk (`apt-get install -y wrk`). idem runs from its built package (the
  * bench builds dist/ first; BENCH_SOURCE=1 runs the sources). Full: 15 s of warm-up per server, then 4
- * rounds of 2 s slices, about 12 minutes on a quiet machine; --quick: no warm-up, one round of 1 s
+ * rounds of 2 s slices, about 15 minutes on the 2-core machine; --quick: no warm-up, one round of 1 s
  * slices, about a minute. BENCH_COMPARE_WARMUP_S, BENCH_COMPARE_ROUNDS and BENCH_COMPARE_SLICE_S
  * override the three.
  */
