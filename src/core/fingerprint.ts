@@ -1,6 +1,6 @@
-import * as crypto from "node:crypto";
 import { createHash } from "node:crypto";
 import { canonicalBytes, canonicalJson, type RequestBody, readRequestBody } from "./body.ts";
+import { sha256 } from "./sha256.ts";
 
 /** What the fingerprint is computed from: the parts of a request that make it "the same request". */
 export interface FingerprintInput {
@@ -34,19 +34,6 @@ export function fingerprintRequest(method: string, path: string, body: RequestBo
   if (typeof canonical === "string") return sha256(head + canonical);
   // Bytes (possibly large): hashed where they are, not copied behind the head.
   return createHash("sha256").update(head).update(canonical).digest();
-}
-
-/**
- * SHA-256 of a string in one call (`crypto.hash`, Node 20.12+: no Hash object, one UTF-8 conversion),
- * the same digest as `createHash` fed the same text in parts. Asked for as a "binary" (latin1) string,
- * one char per byte, and copied into a pooled Buffer: about 1 us faster than its own Buffer output,
- * which Node 20 and 24 allocate outside the pool.
- */
-const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: "binary") => string }).hash;
-function sha256(text: string): Buffer {
-  return oneShot
-    ? Buffer.from(oneShot("sha256", text, "binary"), "latin1")
-    : createHash("sha256").update(text).digest();
 }
 
 /**
