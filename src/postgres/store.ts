@@ -311,7 +311,8 @@ export class PostgresStore implements AtomicStore<Tx> {
    * One parameterised statement (prepared on a direct connection) when the driver takes one with
    * BEGIN: `set_config(..., true)` is transaction-local, so nothing outlives the transaction (safe
    * through PgBouncer's transaction mode); evaluated in order, the inner row saves the timeout, sets
-   * the wait and takes the lock (OFFSET 0 keeps that subquery whole), the outer puts the timeout back.
+   * the wait and takes the lock (OFFSET 0 keeps that subquery whole), the outer puts the timeout back
+   * in its filter and selects no column (the driver describes and copies every column it is sent).
    * Otherwise, and on Citus (`shardLockSql`), the same as SQL text with the lock id as a literal.
    */
   lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] } {
@@ -334,9 +335,9 @@ function lockStatement(waitMs: number): string {
   let text = lockStatements.get(waitMs);
   if (text === undefined) {
     text =
-      "SELECT set_config('lock_timeout', w.prev, true) AS lock_timeout FROM (" +
+      "SELECT FROM (" +
       `SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', '${waitMs}ms', true) AS wait, ` +
-      "pg_advisory_xact_lock($1::bigint) AS locked OFFSET 0) w";
+      "pg_advisory_xact_lock($1::bigint) AS locked OFFSET 0) w WHERE set_config('lock_timeout', w.prev, true) IS NOT NULL";
     lockStatements.set(waitMs, text);
   }
   return text;

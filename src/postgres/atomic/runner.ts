@@ -67,7 +67,7 @@ import {
 } from "../keys/row.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import { type AtomicSql, type LockedRowJson, lockedRowOf } from "./sql.ts";
+import { type AtomicSql, type LockedFound, lockedFoundOf, lockedRowOf } from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -94,16 +94,9 @@ type Attempt =
   /** The work (or a compact reply's rebuild) threw: everything rolled back, and its error is rethrown. */
   | { kind: "failed"; error: unknown };
 
-/** The row of the locked lookup (atomic/sql.ts `lockedLookup`). */
+/** The row of the locked lookup (atomic/sql.ts `lockedLookup`): one JSON array. */
 interface LockedRow {
-  /** The key's newest live row, if any. */
-  live: LockedRowJson | string | null;
-  /** A row of the key (live or not) is in the bucket a row saved now goes to. */
-  here: boolean;
-  /** When a key saved in this transaction expires, epoch ms. */
-  new_expires_ms: number;
-  /** `lockedLookupAround` only: whether the partitions it read are all those a live row may be in. */
-  covered?: boolean;
+  found: LockedFound | string;
 }
 
 /** The row of the lookup without a lock (atomic/sql.ts `lookup`): NULLs when the key has no live row. */
@@ -343,13 +336,16 @@ export class AtomicRunner {
   private lookupIn(tx: Tx, claim: Claim): Promise<Looked> {
     const sql = this.host.sql;
     const params = [claim.scope, claim.key];
-    return tx.query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params).then(({ rows }) =>
+    return tx.query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params).then(({ rows }) => {
+      const found = lockedFoundOf(rows[0]!.found);
       // The partitions named from this process's estimate of the time miss one the database's clock
       // says a live row may be in: read by that clock alone (same lock, same transaction).
-      rows[0]!.covered === false
-        ? tx.query<LockedRow>(sql.lockedLookup, params).then((again) => lookedOf(again.rows[0]!))
-        : lookedOf(rows[0]!),
-    );
+      return found[3] === false
+        ? tx
+            .query<LockedRow>(sql.lockedLookup, params)
+            .then((again) => lookedOf(lockedFoundOf(again.rows[0]!.found)))
+        : lookedOf(found);
+    });
   }
 
   /**
@@ -389,9 +385,9 @@ export class AtomicRunner {
 }
 
 /** What the locked lookup's row says. */
-function lookedOf(found: LockedRow): Looked {
-  const row = found.live === null ? undefined : lockedRowOf(found.live);
-  return { row, expiresAt: new Date(found.new_expires_ms), replace: !row && found.here };
+function lookedOf([live, here, newExpiresMs]: LockedFound): Looked {
+  const row = live === null ? undefined : lockedRowOf(live);
+  return { row, expiresAt: new Date(newExpiresMs), replace: !row && here };
 }
 
 /** Whether `p` settles (either way) before `deadline` (epoch ms). */
