@@ -336,16 +336,18 @@ export class AtomicRunner {
   private lookupIn(tx: Tx, claim: Claim): Promise<Looked> {
     const sql = this.host.sql;
     const params = [claim.scope, claim.key];
-    return tx.query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params).then(({ rows }) => {
-      const found = lockedFoundOf(rows[0]!.found);
-      // The partitions named from this process's estimate of the time miss one the database's clock
-      // says a live row may be in: read by that clock alone (same lock, same transaction).
-      return found[3] === false
-        ? tx
-            .query<LockedRow>(sql.lockedLookup, params)
-            .then((again) => lookedOf(lockedFoundOf(again.rows[0]!.found)))
-        : lookedOf(found);
-    });
+    return tx
+      .query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params)
+      .then(({ rows }) => {
+        const found = lockedFoundOf(rows[0]!.found);
+        // The partitions named from this process's estimate of the time miss one the database's clock
+        // says a live row may be in: read by that clock alone (same lock, same transaction).
+        return found[3] === false
+          ? tx
+              .query<LockedRow>(sql.lockedLookup, params)
+              .then((again) => lookedOf(lockedFoundOf(again.rows[0]!.found)))
+          : lookedOf(found);
+      });
   }
 
   /**
