@@ -103,15 +103,21 @@ export function writeResponse(res: ServerResponse, r: StoredResponse): void {
   res.end(NULL_BODY_STATUSES.has(r.status) || r.body.length === 0 ? undefined : r.body);
 }
 
-/** Whether a name comes twice (then grouped: setHeader replaces); compared pairwise, as there are few. */
+/**
+ * Whether a name comes twice (then grouped: setHeader replaces); compared pairwise, as there are few,
+ * and lower-cased only when two names have the same length (the only way they can be equal).
+ */
 function hasRepeatedName(headers: ReadonlyArray<readonly [string, string]>): boolean {
   const n = headers.length;
   if (n > 16) return true; // many: grouped anyway
-  const names: string[] = new Array(n);
-  for (let i = 0; i < n; i++) {
-    const name = headers[i]![0].toLowerCase();
-    for (let j = 0; j < i; j++) if (names[j] === name) return true;
-    names[i] = name;
+  for (let i = 1; i < n; i++) {
+    const name = headers[i]![0];
+    for (let j = 0; j < i; j++) {
+      const other = headers[j]![0];
+      if (other.length === name.length && (other === name || other.toLowerCase() === name.toLowerCase())) {
+        return true;
+      }
+    }
   }
   return false;
 }
