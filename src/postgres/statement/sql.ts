@@ -31,24 +31,39 @@
  * Parameters: the route's own $1..$n first, then ours: $n+1 scope, $n+2 key, $n+3 fingerprint,
  * $n+4 lock id, $n+5 status, $n+6 saved headers (JSON text).
  *
- * The row it returns is narrow on purpose (seven columns, no timestamp, no bytea): the driver parses
- * every column of every answer, and this one answers every request of the route.
+ * The row it returns is narrow on purpose (two columns, no timestamp, no bytea): node-postgres
+ * describes and parses every column of every answer (building and copying an object per description),
+ * and this one answers every request of the route; so the small values come as one JSON array, and
+ * the saved body as text beside it (as JSON it would be escaped and unescaped again).
  */
 import type { DbTime } from "../db-time.ts";
 
-/** What the statement returns (always one row). */
+/** What the statement returns (always one row): `found` (`statementFoundOf`) and the saved body. */
 export interface StatementRow {
-  /** The advisory lock was taken (false: a live row was seen, or the key is held by another statement). */
-  locked: boolean;
-  /** A live row of the key was seen (its answer is read with the lookup). */
-  live: boolean;
-  /** This statement's saved key row: its status (null: nothing saved), body, creation (epoch ms), claim. */
-  saved_status: number | null;
+  found: StatementFound | string;
+  /** This statement's saved body, or null when it saved nothing. */
   saved_body: string | null;
-  saved_ms: number | null;
-  saved_claim_id: string | null;
-  /** Always null: a statement that returned rows without reading its claim fails on it (22P02). */
-  ungated: null;
+}
+
+/**
+ * [locked, live, saved status, saved ms, saved claim id, ungated]: the advisory lock was taken (false: a
+ * live row was seen, or the key is held by another statement); a live row of the key was seen (its
+ * answer is read with the lookup); this statement's saved key row, its status (null: nothing saved),
+ * creation (epoch ms) and claim; and always null last (a statement that returned rows without reading
+ * its claim fails on it, 22P02).
+ */
+export type StatementFound = [
+  locked: boolean,
+  live: boolean,
+  savedStatus: number | null,
+  savedMs: number | null,
+  savedClaimId: string | null,
+  ungated: null,
+];
+
+/** The array of `StatementRow.found` (a driver may hand JSON over unparsed). */
+export function statementFoundOf(found: StatementFound | string): StatementFound {
+  return typeof found === "string" ? JSON.parse(found) : found;
 }
 
 /** The table-side constants a statement is built for. */
@@ -127,12 +142,12 @@ ${sql}
      WHERE NOT EXISTS (SELECT 1 FROM idem_put p WHERE p.bucket = w.bucket)
     RETURNING 1
   )
-  SELECT g.locked, EXISTS (SELECT 1 FROM idem_live) AS live, p.status AS saved_status,
-         CASE WHEN p.status IS NOT NULL THEN (SELECT body FROM idem_reply) END AS saved_body,
-         (extract(epoch FROM p.created_at) * 1000)::float8 AS saved_ms, p.claim_id AS saved_claim_id,
-         CASE WHEN NOT g.locked AND EXISTS (SELECT 1 FROM work)
-              THEN concat('idem: the single statement ran without reading FROM ${CLAIM_RELATION} (',
-                          (SELECT count(*) FROM work), ' rows)')::int END AS ungated
+  SELECT json_build_array(g.locked, EXISTS (SELECT 1 FROM idem_live), p.status,
+           (extract(epoch FROM p.created_at) * 1000)::float8, p.claim_id,
+           CASE WHEN NOT g.locked AND EXISTS (SELECT 1 FROM work)
+                THEN concat('idem: the single statement ran without reading FROM ${CLAIM_RELATION} (',
+                            (SELECT count(*) FROM work), ' rows)')::int END) AS found,
+         CASE WHEN p.status IS NOT NULL THEN (SELECT body FROM idem_reply) END AS saved_body
     FROM idem_gate g LEFT JOIN idem_put p ON NOT p.marker`;
 }
 

@@ -43,7 +43,7 @@ import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import { type KeyRow, replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
-import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
+import { CLAIM_RELATION, type StatementRow, statementFoundOf, statementSql, unkeyedSql } from "./sql.ts";
 
 /** A route's one statement, as its handler gives it to `statement()`. */
 export interface StatementSpec {
@@ -336,21 +336,24 @@ export class SingleStatementStore implements AtomicStore<Tx> {
           continue;
         }
       }
-      if (row?.saved_status != null) {
-        const body = encoder.encode(row.saved_body ?? "");
+      const [locked, live, savedStatus, savedMs, savedClaimId] = row
+        ? statementFoundOf(row.found)
+        : [false, false, null, null, null];
+      if (savedStatus != null) {
+        const body = encoder.encode(row!.saved_body ?? "");
         return {
           kind: "executed",
           response: { status: response.status, headers: response.headers, body },
           saved: true,
-          expiresAt: new Date(row.saved_ms! + this.retentionMs),
-          claimId: row.saved_claim_id,
+          expiresAt: new Date(savedMs! + this.retentionMs),
+          claimId: savedClaimId,
         };
       }
-      if (row?.live) {
+      if (live) {
         // The key's live row answers (read apart: a replay, 422); not finished, or gone since: wait.
         const answer = await this.replayOf(claim);
         if (answer) return answer;
-      } else if (row?.locked) {
+      } else if (locked) {
         // Claimed, and the statement returned no row: it changed nothing, and nothing was saved.
         const e = spec.empty ?? EMPTY;
         const headers = Object.entries(e.headers ?? {}).map(
