@@ -3,7 +3,7 @@
  * audit run of the admin API, the console and the CLI, with who, when, what and why. The table is
  * outside the partitioned tables (no sweep drops it) and append-only for the service's runtime role.
  */
-import type { Db, Tx } from "./db.ts";
+import { type Db, jsonColumn, type Tx } from "./db.ts";
 import { schemaOf } from "./migrate.ts";
 
 /** What a person did, as recorded. */
@@ -54,7 +54,7 @@ function toAction(r: ActionRow): AdminAction {
     key: r.key,
     target: r.target,
     reason: r.reason,
-    details: typeof r.details === "string" ? JSON.parse(r.details) : r.details,
+    details: jsonColumn(r.details),
   };
 }
 

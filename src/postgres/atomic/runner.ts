@@ -54,7 +54,7 @@ import {
   type WorkResult,
   withGuardedTx,
 } from "../../core/index.ts";
-import type { Db, Tx } from "../db.ts";
+import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import {
@@ -67,7 +67,7 @@ import {
 } from "../keys/row.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import { type AtomicSql, type LockedFound, lockedFoundOf, lockedRowOf } from "./sql.ts";
+import { type AtomicSql, type LockedFound, lockedRowOf } from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -339,13 +339,13 @@ export class AtomicRunner {
     return tx
       .query<LockedRow>(sql.lockedLookupAround(this.host.estimatedNowMs()), params)
       .then(({ rows }) => {
-        const found = lockedFoundOf(rows[0]!.found);
+        const found = jsonColumn(rows[0]!.found);
         // The partitions named from this process's estimate of the time miss one the database's clock
         // says a live row may be in: read by that clock alone (same lock, same transaction).
         return found[3] === false
           ? tx
               .query<LockedRow>(sql.lockedLookup, params)
-              .then((again) => lookedOf(lockedFoundOf(again.rows[0]!.found)))
+              .then((again) => lookedOf(jsonColumn(again.rows[0]!.found)))
           : lookedOf(found);
       });
   }

@@ -3,7 +3,7 @@
  *
  * `lookup` ($1 scope, $2 key): always one row, the key's live row (or NULLs); what a replay without a
  * lock reads. `lockedLookup` (same parameters): what the locked attempt reads, always one row of one
- * JSON array (`lockedFoundOf`): the key's live row (`lockedRowOf`), whether a row of the key is in the
+ * JSON array (`LockedFound`): the key's live row (`lockedRowOf`), whether a row of the key is in the
  * partition a row saved now goes to, and when a key saved in this transaction expires.
  * `insertDone` ($1 scope, $2 key, $3 fingerprint, $4 status, $5 headers, $6 body, $7 resource id,
  * $8 claim id): the key row with its reply, as the transaction's last statement; `replaceDone` (the
@@ -75,8 +75,9 @@ export function atomicSql(s: string, t: DbTime) {
      * `lockedLookup` with the partitions it reads also named as constants, from this process's estimate
      * of the database's time (`estimatedMs`) with a margin: PostgreSQL then prunes the others when it
      * plans the statement (once per connection), not at every execution, and locks only those. Its
-     * fourth element, `covered`, says whether they hold every partition the database's clock says a live row may be in;
-     * when false (the estimate was off by more than the margin), the caller reads `lockedLookup`.
+     * fourth element, `covered`, says whether they hold every partition the database's clock says a
+     * live row may be in; when false (the estimate was off by more than the margin), the caller reads
+     * `lockedLookup`.
      */
     lockedLookupAround(estimatedMs: number): string {
       const lo = Math.floor((estimatedMs - t.retentionMs - HINT_MARGIN_MS) / t.widthMs);
@@ -134,12 +135,7 @@ export type LockedFound = [
   covered?: boolean,
 ];
 
-/** The array `lockedLookup` returns (a driver may hand JSON over unparsed). */
-export function lockedFoundOf(found: LockedFound | string): LockedFound {
-  return typeof found === "string" ? JSON.parse(found) : found;
-}
-
-/** The key row that `lockedLookup`'s `live` element holds (a driver may hand JSON over unparsed). */
+/** The key row that `lockedLookup`'s `live` element holds. */
 export function lockedRowOf(j: LockedRowJson): KeyRow {
   return {
     bucket: j.bucket,

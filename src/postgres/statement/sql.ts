@@ -38,7 +38,7 @@
  */
 import type { DbTime } from "../db-time.ts";
 
-/** What the statement returns (always one row): `found` (`statementFoundOf`) and the saved body. */
+/** What the statement returns (always one row): `found` (`StatementFound`) and the saved body. */
 export interface StatementRow {
   found: StatementFound | string;
   /** This statement's saved body, or null when it saved nothing. */
@@ -60,11 +60,6 @@ export type StatementFound = [
   savedClaimId: string | null,
   ungated: null,
 ];
-
-/** The array of `StatementRow.found` (a driver may hand JSON over unparsed). */
-export function statementFoundOf(found: StatementFound | string): StatementFound {
-  return typeof found === "string" ? JSON.parse(found) : found;
-}
 
 /** The table-side constants a statement is built for. */
 export interface StatementTable {

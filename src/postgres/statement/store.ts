@@ -38,12 +38,12 @@ import {
   sqlStateOf,
   type WorkResult,
 } from "../../core/index.ts";
-import type { Db, Tx } from "../db.ts";
+import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import { type KeyRow, replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
-import { CLAIM_RELATION, type StatementRow, statementFoundOf, statementSql, unkeyedSql } from "./sql.ts";
+import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
 
 /** A route's one statement, as its handler gives it to `statement()`. */
 export interface StatementSpec {
@@ -337,7 +337,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         }
       }
       const [locked, live, savedStatus, savedMs, savedClaimId] = row
-        ? statementFoundOf(row.found)
+        ? jsonColumn(row.found)
         : [false, false, null, null, null];
       if (savedStatus != null) {
         const body = encoder.encode(row!.saved_body ?? "");
