@@ -19,6 +19,10 @@
  *   SELECT what happened: a live row was seen (its answer is read apart: a replay, 422, in flight),
  *          or the saved row (its body as text), or "busy"
  *
+ * That is the full statement (`statementSql`). Most requests are sent a smaller one first
+ * (`commonStatementSql`): the same gate and work, the key row as a plain INSERT, no marker; it declines
+ * when a marker is due, and fails on an expired row in its place, and the full one is sent then.
+ *
  * Why the marker: the unique index is per partition, and the statement's snapshot cannot see a
  * duplicate that committed after it began (the lock alone does not help: taking it inside the
  * statement does not refresh the snapshot). Statements whose `now()` fall in the first
@@ -46,11 +50,12 @@ export interface StatementRow {
 }
 
 /**
- * [locked, live, saved status, saved ms, saved claim id, ungated]: the advisory lock was taken (false: a
- * live row was seen, or the key is held by another statement); a live row of the key was seen (its
- * answer is read with the lookup); this statement's saved key row, its status (null: nothing saved),
- * creation (epoch ms) and claim; and always null last (a statement that returned rows without reading
- * its claim fails on it, 22P02).
+ * [locked, live, saved status, saved ms, saved claim id, ungated, marker due]: the advisory lock was taken
+ * (false: a live row was seen, or the key is held by another statement, or a marker is due); a live row
+ * of the key was seen (its answer is read with the lookup); this statement's saved key row, its status
+ * (null: nothing saved), creation (epoch ms) and claim; always null (a statement that returned rows
+ * without reading its claim fails on it, 22P02); and whether the common statement declined because a
+ * row made now needs a boundary marker (always false from the full statement).
  */
 export type StatementFound = [
   locked: boolean,
@@ -59,6 +64,7 @@ export type StatementFound = [
   savedMs: number | null,
   savedClaimId: string | null,
   ungated: null,
+  markerDue: boolean,
 ];
 
 /** The table-side constants a statement is built for. */
@@ -74,33 +80,105 @@ const LOOKUP_AHEAD_MS = 600_000;
 /** The name the route's statement reads its claim from. */
 export const CLAIM_RELATION = "idem_claim";
 
-/**
- * The whole statement for the route's `sql` (with `n` parameters of its own) and its reply body
- * expression (over one row of `work`).
- */
-export function statementSql(table: StatementTable, sql: string, n: number, bodyExpr: string): string {
-  const s = table.schema;
+/** The pieces both statements share, for the route's `sql` with `n` parameters of its own. */
+function partsOf(table: StatementTable, n: number) {
   const t = table.dbTime;
   const p = (i: number) => `$${n + i}`;
   const [scope, key, fp, lockId, status, headers] = [1, 2, 3, 4, 5, 6].map(p);
   const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
   const overlap = Math.trunc(table.boundaryOverlapMs);
   const width = Math.trunc(t.widthMs);
+  return {
+    scope,
+    key,
+    fp,
+    lockId,
+    status,
+    headers,
+    /** A live (not expired, not marker) row of the key, in any partition a live row can be in. */
+    liveWhere: `scope = ${scope}::text AND key = ${key}::text AND NOT marker
+       AND bucket >= ${t.oldestBucket} AND bucket <= ${newest} AND created_at > ${t.oldest}`,
+    /** Whether a row made now is in the first `boundaryOverlapMs` of its partition (a marker is due). */
+    markerDue: `extract(epoch FROM ${t.now})::float8 * 1000 - ${t.bucket}::float8 * ${width} < ${overlap}`,
+    /**
+     * The statement's answer when it returned rows without reading its claim: an error (22P02) that
+     * rolls its work back (`concat` is stable, so the cast is not folded into an error at planning).
+     */
+    ungated: (locked: string) => `CASE WHEN NOT ${locked} AND EXISTS (SELECT 1 FROM work)
+                THEN concat('idem: the single statement ran without reading FROM ${CLAIM_RELATION}', '')::int END`,
+  };
+}
+
+/**
+ * The common case's statement: the key row alone, as a plain INSERT into the current partition.
+ *
+ * It declines (no lock, no work; `found` says `markerDue`) when a row made now needs a boundary marker:
+ * the store then sends `statementSql`'s text, which writes both. Its plain INSERT meets any row of the
+ * key in the current partition: a live one is a duplicate that committed after this statement's snapshot
+ * (23505, as the full statement's `idem_dup`); an expired one (only when the retention is shorter than a
+ * partition) fails it too, and the store sends the full statement, which replaces that row in place.
+ *
+ * Why a second text: PostgreSQL builds the executor state of a prepared statement's whole plan at every
+ * execution, so the plan's size is paid per request. Measured with callgrind on a single-user
+ * PostgreSQL 15 (the payments INSERT of bench/compare, 1,000 executions): 762 K instructions per
+ * execution for the full statement, 557 K for this one (the hand-written CTE of bench/compare/hand.ts:
+ * 259 K; the bare INSERT: 120 K). Of the difference, the upsert of an expired row cost 89 K, the second
+ * INSERT for a duplicate 58 K, the marker's rows the rest.
+ */
+export function commonStatementSql(table: StatementTable, sql: string, n: number, bodyExpr: string): string {
+  const s = table.schema;
+  const t = table.dbTime;
+  const q = partsOf(table, n);
+  return `WITH idem_gate AS MATERIALIZED (
+    SELECT ${t.bucket} AS bucket, ${q.markerDue} AS marker,
+           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveWhere}) AS live
+  ),
+  ${CLAIM_RELATION} AS MATERIALIZED (
+    SELECT ${q.scope}::text AS scope, ${q.key}::text AS key, gen_random_uuid() AS claim_id
+      FROM idem_gate
+     WHERE CASE WHEN live OR marker THEN false ELSE pg_try_advisory_xact_lock(${q.lockId}::bigint) END
+  ),
+  work AS (
+${sql}
+  ),
+  idem_reply AS MATERIALIZED (
+    SELECT (${bodyExpr})::text AS body FROM work LIMIT 1
+  ),
+  idem_put AS (
+    INSERT INTO ${s}.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, headers, body,
+                           claim_id)
+    SELECT g.bucket, ${q.scope}, ${q.key}, ${q.fp}, ${t.now}, 'done', ${q.status}::int, ${q.headers}::text::jsonb,
+           convert_to(r.body, 'UTF8'), c.claim_id
+      FROM idem_gate g, ${CLAIM_RELATION} c, idem_reply r
+    RETURNING status, created_at, claim_id::text AS claim_id
+  )
+  SELECT json_build_array(c.key IS NOT NULL, g.live, p.status, (extract(epoch FROM p.created_at) * 1000)::float8,
+           p.claim_id, ${q.ungated("(c.key IS NOT NULL)")}, g.marker) AS found,
+         CASE WHEN p.status IS NOT NULL THEN (SELECT body FROM idem_reply) END AS saved_body
+    FROM idem_gate g LEFT JOIN ${CLAIM_RELATION} c ON true LEFT JOIN idem_put p ON true`;
+}
+
+/**
+ * The whole statement for the route's `sql` (with `n` parameters of its own) and its reply body
+ * expression (over one row of `work`): with the boundary marker when one is due, and the upsert of an
+ * expired row of the key in the current partition.
+ */
+export function statementSql(table: StatementTable, sql: string, n: number, bodyExpr: string): string {
+  const s = table.schema;
+  const t = table.dbTime;
+  const q = partsOf(table, n);
   const expired = t.expiredAgainst("k.created_at", "excluded.created_at");
   return `WITH idem_live AS MATERIALIZED (
-    SELECT 1 FROM ${s}.keys
-     WHERE scope = ${scope}::text AND key = ${key}::text AND NOT marker
-       AND bucket >= ${t.oldestBucket} AND bucket <= ${newest} AND created_at > ${t.oldest}
+    SELECT 1 FROM ${s}.keys WHERE ${q.liveWhere}
      ORDER BY bucket DESC LIMIT 1
   ),
   idem_gate AS MATERIALIZED (
-    SELECT ${t.bucket} AS bucket,
-           extract(epoch FROM ${t.now})::float8 * 1000 - ${t.bucket}::float8 * ${width} < ${overlap} AS marker,
+    SELECT ${t.bucket} AS bucket, ${q.markerDue} AS marker,
            CASE WHEN EXISTS (SELECT 1 FROM idem_live) THEN false
-                ELSE pg_try_advisory_xact_lock(${lockId}::bigint) END AS locked
+                ELSE pg_try_advisory_xact_lock(${q.lockId}::bigint) END AS locked
   ),
   ${CLAIM_RELATION} AS MATERIALIZED (
-    SELECT ${scope}::text AS scope, ${key}::text AS key, gen_random_uuid() AS claim_id
+    SELECT ${q.scope}::text AS scope, ${q.key}::text AS key, gen_random_uuid() AS claim_id
       FROM idem_gate WHERE locked
   ),
   work AS (
@@ -117,9 +195,9 @@ ${sql}
   idem_put AS (
     INSERT INTO ${s}.keys AS k (bucket, scope, key, marker, fingerprint, created_at, recovery_point, status,
                                 headers, body, claim_id)
-    SELECT w.bucket, ${scope}, ${key}, w.marker, ${fp}, ${t.now}, 'done',
-           CASE WHEN w.marker THEN NULL ELSE ${status}::int END,
-           CASE WHEN w.marker THEN NULL ELSE ${headers}::text::jsonb END,
+    SELECT w.bucket, ${q.scope}, ${q.key}, w.marker, ${q.fp}, ${t.now}, 'done',
+           CASE WHEN w.marker THEN NULL ELSE ${q.status}::int END,
+           CASE WHEN w.marker THEN NULL ELSE ${q.headers}::text::jsonb END,
            CASE WHEN w.marker THEN NULL ELSE convert_to(w.body, 'UTF8') END, w.claim_id
       FROM idem_want w
     ON CONFLICT (scope, key, bucket) DO UPDATE
@@ -133,15 +211,13 @@ ${sql}
   ),
   idem_dup AS (
     INSERT INTO ${s}.keys (bucket, scope, key, marker, fingerprint, created_at)
-    SELECT w.bucket, ${scope}, ${key}, w.marker, ${fp}, ${t.now} FROM idem_want w
+    SELECT w.bucket, ${q.scope}, ${q.key}, w.marker, ${q.fp}, ${t.now} FROM idem_want w
      WHERE NOT EXISTS (SELECT 1 FROM idem_put p WHERE p.bucket = w.bucket)
     RETURNING 1
   )
   SELECT json_build_array(g.locked, EXISTS (SELECT 1 FROM idem_live), p.status,
-           (extract(epoch FROM p.created_at) * 1000)::float8, p.claim_id,
-           CASE WHEN NOT g.locked AND EXISTS (SELECT 1 FROM work)
-                THEN concat('idem: the single statement ran without reading FROM ${CLAIM_RELATION} (',
-                            (SELECT count(*) FROM work), ' rows)')::int END) AS found,
+           (extract(epoch FROM p.created_at) * 1000)::float8, p.claim_id, ${q.ungated("g.locked")},
+           false) AS found,
          CASE WHEN p.status IS NOT NULL THEN (SELECT body FROM idem_reply) END AS saved_body
     FROM idem_gate g LEFT JOIN idem_put p ON NOT p.marker`;
 }

@@ -43,7 +43,14 @@ import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import { type KeyRow, replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
-import { CLAIM_RELATION, type StatementRow, statementSql, unkeyedSql } from "./sql.ts";
+import {
+  CLAIM_RELATION,
+  commonStatementSql,
+  type StatementFound,
+  type StatementRow,
+  statementSql,
+  unkeyedSql,
+} from "./sql.ts";
 
 /** A route's one statement, as its handler gives it to `statement()`. */
 export interface StatementSpec {
@@ -181,6 +188,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   private readonly texts = new Map<string, Map<string, BuiltText>>();
   private textCount = 0;
   private lookup: { timeKey: string; text: string } | undefined;
+  /**
+   * Until when (this process's clock: a hint) statements go out whole, marker and all: the common
+   * statement last declined because the database's now was in a partition's first `boundaryOverlapMs`.
+   */
+  private markerUntil = 0;
 
   constructor(readonly store: PostgresStore) {
     if (store.sealer) {
@@ -305,7 +317,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     deadline: number,
   ): Promise<AtomicOutcome> {
     const own = spec.params ?? [];
-    const text = this.textOf(spec.sql, own.length, spec.body ?? DEFAULT_BODY);
+    const built = this.textOf(spec.sql, own.length, spec.body ?? DEFAULT_BODY);
     const params = own.concat(
       claim.scope,
       claim.key,
@@ -315,17 +327,24 @@ export class SingleStatementStore implements AtomicStore<Tx> {
       JSON.stringify(save.headers),
     );
     let remade = false;
+    // The common statement first (no marker, the key row a plain INSERT), unless a marker is likely due.
+    let whole = this.markerUntil > Date.now();
     for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
       let row: StatementRow | undefined;
       try {
-        row = (await this.store.db.query<StatementRow>(text, params)).rows[0]!;
+        row = (await this.store.db.query<StatementRow>(whole ? built.text : built.common, params)).rows[0]!;
       } catch (err) {
         if (sqlStateOf(err) === SqlState.UniqueViolation) {
           // A duplicate committed after this statement's snapshot (the boundary marker or the key row met
-          // it): nothing of this statement was kept; its row answers. No live row: the violation was the
+          // it): nothing of this statement was kept; its row answers. No live row: the common statement
+          // met an expired row of the key (the full one replaces it: sent next), or the violation was the
           // route statement's own (its table's unique index), an error of the route.
           const answer = await this.replayOf(claim);
-          if (answer === undefined) throw err;
+          if (answer === undefined) {
+            if (whole) throw err;
+            whole = true;
+            continue;
+          }
           if (answer) return answer;
         } else {
           if (!isMissingPartition(err) || remade) throw err;
@@ -336,9 +355,9 @@ export class SingleStatementStore implements AtomicStore<Tx> {
           continue;
         }
       }
-      const [locked, live, savedStatus, savedMs, savedClaimId] = row
-        ? jsonColumn(row.found)
-        : [false, false, null, null, null];
+      const [locked, live, savedStatus, savedMs, savedClaimId, , markerDue] = row
+        ? jsonColumn<StatementFound>(row.found)
+        : NOTHING_FOUND;
       if (savedStatus != null) {
         const body = encoder.encode(row!.saved_body ?? "");
         return {
@@ -353,6 +372,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         // The key's live row answers (read apart: a replay, 422); not finished, or gone since: wait.
         const answer = await this.replayOf(claim);
         if (answer) return answer;
+      } else if (markerDue) {
+        // The common statement declined (no lock taken, no work): a row made now needs a marker.
+        this.markerUntil = Date.now() + this.store.boundaryOverlapMs;
+        whole = true;
+        continue;
       } else if (locked) {
         // Claimed, and the statement returned no row: it changed nothing, and nothing was saved.
         const e = spec.empty ?? EMPTY;
@@ -403,18 +427,23 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     return text;
   }
 
-  /** The statement's text, built once per route statement (and again when the store's time shift moved). */
-  private textOf(sql: string, n: number, body: string): string {
+  /** The statements' texts, built once per route statement (and again when the store's time shift moved). */
+  private textOf(sql: string, n: number, body: string): BuiltText {
     const time = this.store.dbTime;
     let bodies = this.texts.get(sql);
     const hit = bodies?.get(body);
-    if (hit && hit.n === n && hit.timeKey === time.key) return hit.text;
-    const text = statementSql(
-      { schema: this.store.schema, dbTime: time, boundaryOverlapMs: this.store.boundaryOverlapMs },
-      sql,
+    if (hit && hit.n === n && hit.timeKey === time.key) return hit;
+    const table = {
+      schema: this.store.schema,
+      dbTime: time,
+      boundaryOverlapMs: this.store.boundaryOverlapMs,
+    };
+    const built: BuiltText = {
       n,
-      body,
-    );
+      timeKey: time.key,
+      text: statementSql(table, sql, n, body),
+      common: commonStatementSql(table, sql, n, body),
+    };
     if (this.textCount >= MAX_TEXTS) {
       this.texts.clear();
       this.textCount = 0;
@@ -425,17 +454,23 @@ export class SingleStatementStore implements AtomicStore<Tx> {
       this.texts.set(sql, bodies);
     }
     if (!hit) this.textCount++;
-    bodies.set(body, { n, timeKey: time.key, text });
-    return text;
+    bodies.set(body, built);
+    return built;
   }
 }
 
-/** A built statement: for `n` route parameters, at the store's time shift `timeKey`. */
+/** A route's built statements: for `n` route parameters, at the store's time shift `timeKey`. */
 interface BuiltText {
   n: number;
   timeKey: string;
+  /** The full statement (sql.ts `statementSql`). */
   text: string;
+  /** The common case's (sql.ts `commonStatementSql`). */
+  common: string;
 }
+
+/** What a statement that failed (and was read apart) found. */
+const NOTHING_FOUND: StatementFound = [false, false, null, null, null, null, false];
 
 const encoder = new TextEncoder();
 
