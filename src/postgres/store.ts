@@ -176,8 +176,11 @@ export class PostgresStore implements AtomicStore<Tx> {
     return ms + this.shift.offsetMs;
   }
 
-  /** This process's estimate of the database's time (moved by the shift): a hint, never a decision. */
-  private estimatedNowMs(): number {
+  /**
+   * This process's estimate of the database's time (moved by the shift), in epoch ms: a hint, never a
+   * decision (which partitions a statement names, when to make partitions ahead); the statements decide.
+   */
+  estimatedNowMs(): number {
     return Date.now() + this.skewMs + this.shift.offsetMs;
   }
 

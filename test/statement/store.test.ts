@@ -3,7 +3,7 @@
  * autocommitted statement, with atomic mode's guarantees. Every backend (PGlite; pg and postgres.js on
  * the real server); the races that need two connections on the real server only.
  */
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { isKeyInFlightError, isKeyMismatchError } from "../../src/core/index.ts";
 import { AesGcmSealer } from "../../src/core/sealing.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
@@ -18,7 +18,8 @@ import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { TestTime } from "../helpers/time.ts";
 
-const DAY = 86_400_000;
+const HOUR = 3_600_000;
+const DAY = 24 * HOUR;
 const dec = new TextDecoder();
 
 /** The payment: one INSERT gated on the claim, its reply the row as JSON. */
@@ -233,6 +234,37 @@ describe.each(backends)("single-statement store on $name", (backend) => {
     expect(await payments(open, "boundary")).toBe(1);
     expect(await payments(open, "boundary-2")).toBe(1);
   });
+
+  // PGlite reads its clock from this process's Date.now: only a server can be days apart.
+  it.skipIf(backend.name === "pglite")(
+    "a process clock days off the database's still finds a key of an earlier partition: one charge",
+    async () => {
+      // The common statement names the lookup's partitions from this process's estimate of the
+      // database's time; when they miss one, it declines (no lock, no work) and the full statement,
+      // which reads by the database's clock alone, answers.
+      const now = new TestTime(Date.UTC(2034, 4, 6, 23));
+      const s = await stores({ timeShift: now });
+      const c = paymentClaim("acct_1", "k-skewed", "{}");
+      expect((await s.runStatement(c, pay("skewed"))).kind).toBe("executed");
+      now.ms += 20 * HOUR; // the next daily partition, within the 24 h retention
+      const realNow = Date.now.bind(Date);
+      for (const offMs of [3 * DAY, -3 * DAY]) {
+        const off = await stores({ timeShift: now }); // has not seen the key
+        const clock = vi.spyOn(Date, "now").mockImplementation(() => realNow() + offMs);
+        try {
+          const again = await off.runStatement(c, pay("skewed"));
+          expect(again.kind).toBe("replayed");
+          const fresh = paymentClaim("acct_1", `k-skewed-${offMs}`, "{}");
+          expect((await off.runStatement(fresh, pay("skewed-new"))).kind).toBe("executed");
+          expect((await off.runStatement(fresh, pay("skewed-new"))).kind).toBe("replayed");
+        } finally {
+          clock.mockRestore();
+        }
+      }
+      expect(await payments(open, "skewed")).toBe(1);
+      expect(await payments(open, "skewed-new")).toBe(2);
+    },
+  );
 
   it("makes the partition of now when it is missing, and runs the statement once", async () => {
     const now = new TestTime(Date.UTC(2030, 0, 1));

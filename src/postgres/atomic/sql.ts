@@ -14,23 +14,8 @@ import type { KeyRow } from "../keys/row.ts";
 
 export type AtomicSql = ReturnType<typeof atomicSql>;
 
-/**
- * How far past the database's now a lookup still reads partitions. Rows go to the bucket of the
- * database's now, so the partitions made ahead hold none: bounding the lookup spares their index
- * probes (7 buffers per miss -> 3 on a fresh daily-partitioned table: bench/lookup-bound.ts). The
- * margin keeps a row found if the database's clock stepped back after saving it (by less than this),
- * near a partition boundary.
- */
-const LOOKUP_AHEAD_MS = 600_000;
-
-/**
- * How far the process's estimate of the database's time may be off before a locked lookup named by it
- * misses a partition (it then reads again by the database's clock alone: `lockedLookupAround`).
- */
-const HINT_MARGIN_MS = 60_000;
-
 export function atomicSql(s: string, t: DbTime) {
-  const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
+  const newest = t.newestBucket;
   const lookupWhere = `FROM ${s}.keys
               WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND bucket <= ${newest}
                 AND created_at > ${t.oldest}
@@ -80,10 +65,9 @@ export function atomicSql(s: string, t: DbTime) {
      * `lockedLookup`.
      */
     lockedLookupAround(estimatedMs: number): string {
-      const lo = Math.floor((estimatedMs - t.retentionMs - HINT_MARGIN_MS) / t.widthMs);
-      const hi = Math.floor((estimatedMs + LOOKUP_AHEAD_MS + HINT_MARGIN_MS) / t.widthMs);
+      const { lo, hi } = t.rangeAround(estimatedMs);
       if (around?.lo !== lo || around.hi !== hi) {
-        const covered = `, ${t.oldestBucket} >= ${lo} AND ${newest} <= ${hi}`;
+        const covered = `, ${t.covers({ lo, hi })}`;
         around = { lo, hi, text: lockedLookup(` AND bucket >= ${lo} AND bucket <= ${hi}`, covered) };
       }
       return around.text;

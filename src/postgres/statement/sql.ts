@@ -20,8 +20,9 @@
  *          or the saved row (its body as text), or "busy"
  *
  * That is the full statement (`statementSql`). Most requests are sent a smaller one first
- * (`commonStatementSql`): the same gate and work, the key row as a plain INSERT, no marker; it declines
- * when a marker is due, and fails on an expired row in its place, and the full one is sent then.
+ * (`commonStatementSql`): the same gate and work, the lookup in partitions named as constants, the key
+ * row as a plain INSERT, no marker; it declines when a marker is due (or its partitions miss one), and
+ * fails on an expired row in its place, and the full one is sent then.
  *
  * Why the marker: the unique index is per partition, and the statement's snapshot cannot see a
  * duplicate that committed after it began (the lock alone does not help: taking it inside the
@@ -50,12 +51,13 @@ export interface StatementRow {
 }
 
 /**
- * [locked, live, saved status, saved ms, saved claim id, ungated, marker due]: the advisory lock was taken
- * (false: a live row was seen, or the key is held by another statement, or a marker is due); a live row
- * of the key was seen (its answer is read with the lookup); this statement's saved key row, its status
- * (null: nothing saved), creation (epoch ms) and claim; always null (a statement that returned rows
- * without reading its claim fails on it, 22P02); and whether the common statement declined because a
- * row made now needs a boundary marker (always false from the full statement).
+ * [locked, live, saved status, saved ms, saved claim id, ungated, declined]: the advisory lock was taken
+ * (false: a live row was seen, or the key is held by another statement, or the statement declined); a
+ * live row of the key was seen (its answer is read with the lookup); this statement's saved key row, its
+ * status (null: nothing saved), creation (epoch ms) and claim; always null (a statement that returned
+ * rows without reading its claim fails on it, 22P02); and whether the common statement declined (a
+ * boundary marker is due, or its partitions miss one: the full statement answers; always false from the
+ * full statement).
  */
 export type StatementFound = [
   locked: boolean,
@@ -64,7 +66,7 @@ export type StatementFound = [
   savedMs: number | null,
   savedClaimId: string | null,
   ungated: null,
-  markerDue: boolean,
+  declined: boolean,
 ];
 
 /** The table-side constants a statement is built for. */
@@ -74,9 +76,6 @@ export interface StatementTable {
   boundaryOverlapMs: number;
 }
 
-/** How far past the database's now a lookup still reads partitions (atomic/sql.ts: LOOKUP_AHEAD_MS). */
-const LOOKUP_AHEAD_MS = 600_000;
-
 /** The name the route's statement reads its claim from. */
 export const CLAIM_RELATION = "idem_claim";
 
@@ -85,7 +84,6 @@ function partsOf(table: StatementTable, n: number) {
   const t = table.dbTime;
   const p = (i: number) => `$${n + i}`;
   const [scope, key, fp, lockId, status, headers] = [1, 2, 3, 4, 5, 6].map(p);
-  const newest = t.bucketOf(`(${t.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
   const overlap = Math.trunc(table.boundaryOverlapMs);
   const width = Math.trunc(t.widthMs);
   return {
@@ -97,7 +95,11 @@ function partsOf(table: StatementTable, n: number) {
     headers,
     /** A live (not expired, not marker) row of the key, in any partition a live row can be in. */
     liveWhere: `scope = ${scope}::text AND key = ${key}::text AND NOT marker
-       AND bucket >= ${t.oldestBucket} AND bucket <= ${newest} AND created_at > ${t.oldest}`,
+       AND bucket >= ${t.oldestBucket} AND bucket <= ${t.newestBucket} AND created_at > ${t.oldest}`,
+    /** The same, in the partitions `lo`..`hi` named as constants (PostgreSQL prunes the others at planning). */
+    liveWhereIn: (range: { lo: number; hi: number }) => `scope = ${scope}::text AND key = ${key}::text
+       AND NOT marker AND bucket >= ${Math.trunc(range.lo)} AND bucket <= ${Math.trunc(range.hi)}
+       AND created_at > ${t.oldest}`,
     /** Whether a row made now is in the first `boundaryOverlapMs` of its partition (a marker is due). */
     markerDue: `extract(epoch FROM ${t.now})::float8 * 1000 - ${t.bucket}::float8 * ${width} < ${overlap}`,
     /**
@@ -110,33 +112,45 @@ function partsOf(table: StatementTable, n: number) {
 }
 
 /**
- * The common case's statement: the key row alone, as a plain INSERT into the current partition.
+ * The common case's statement: the key row alone, as a plain INSERT into the current partition, and the
+ * live lookup in the partitions `range` names as constants (from this process's estimate of the
+ * database's time, `DbTime.rangeAround`), so that PostgreSQL prunes the others once, when it plans the
+ * statement, instead of at every execution.
  *
- * It declines (no lock, no work; `found` says `markerDue`) when a row made now needs a boundary marker:
- * the store then sends `statementSql`'s text, which writes both. Its plain INSERT meets any row of the
- * key in the current partition: a live one is a duplicate that committed after this statement's snapshot
- * (23505, as the full statement's `idem_dup`); an expired one (only when the retention is shorter than a
- * partition) fails it too, and the store sends the full statement, which replaces that row in place.
+ * It declines (no lock, no work; `found` says `declined`) when a row made now needs a boundary marker,
+ * or when `range` misses a partition the database's clock says a live row may be in: the store then
+ * sends `statementSql`'s text, which reads by that clock alone and writes the marker. Its plain INSERT
+ * meets any row of the key in the current partition: a live one is a duplicate that committed after this
+ * statement's snapshot (23505, as the full statement's `idem_dup`); an expired one (only when the
+ * retention is shorter than a partition) fails it too, and the store sends the full statement, which
+ * replaces that row in place.
  *
  * Why a second text: PostgreSQL builds the executor state of a prepared statement's whole plan at every
- * execution, so the plan's size is paid per request. Measured with callgrind on a single-user
- * PostgreSQL 15 (the payments INSERT of bench/compare, 1,000 executions): 762 K instructions per
- * execution for the full statement, 557 K for this one (the hand-written CTE of bench/compare/hand.ts:
- * 259 K; the bare INSERT: 120 K). Of the difference, the upsert of an expired row cost 89 K, the second
- * INSERT for a duplicate 58 K, the marker's rows the rest.
+ * execution (and sets up the pruning of a partitioned scan whose bounds are expressions), so the plan's
+ * size is paid per request. Measured with callgrind on a single-user PostgreSQL 15 (the payment INSERT of
+ * bench/compare, 1,000 executions after 200, daily partitions), instructions per execution: the full
+ * statement 762 K; this one 576 K with the lookup's bounds as expressions, 509 K with its partitions
+ * named (the hand-written CTE of bench/compare/hand.ts: 259 K, the bare INSERT: 120 K). Of the full
+ * statement's excess, the upsert of an expired row cost 89 K and the duplicate's second INSERT 58 K.
  */
-export function commonStatementSql(table: StatementTable, sql: string, n: number, bodyExpr: string): string {
+export function commonStatementSql(
+  table: StatementTable,
+  sql: string,
+  n: number,
+  bodyExpr: string,
+  range: { lo: number; hi: number },
+): string {
   const s = table.schema;
   const t = table.dbTime;
   const q = partsOf(table, n);
   return `WITH idem_gate AS MATERIALIZED (
-    SELECT ${t.bucket} AS bucket, ${q.markerDue} AS marker,
-           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveWhere}) AS live
+    SELECT ${t.bucket} AS bucket, (${q.markerDue}) OR NOT ${t.covers(range)} AS declined,
+           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveWhereIn(range)}) AS live
   ),
   ${CLAIM_RELATION} AS MATERIALIZED (
     SELECT ${q.scope}::text AS scope, ${q.key}::text AS key, gen_random_uuid() AS claim_id
       FROM idem_gate
-     WHERE CASE WHEN live OR marker THEN false ELSE pg_try_advisory_xact_lock(${q.lockId}::bigint) END
+     WHERE CASE WHEN live OR declined THEN false ELSE pg_try_advisory_xact_lock(${q.lockId}::bigint) END
   ),
   work AS (
 ${sql}
@@ -153,7 +167,7 @@ ${sql}
     RETURNING status, created_at, claim_id::text AS claim_id
   )
   SELECT json_build_array(c.key IS NOT NULL, g.live, p.status, (extract(epoch FROM p.created_at) * 1000)::float8,
-           p.claim_id, ${q.ungated("(c.key IS NOT NULL)")}, g.marker) AS found,
+           p.claim_id, ${q.ungated("(c.key IS NOT NULL)")}, g.declined) AS found,
          CASE WHEN p.status IS NOT NULL THEN (SELECT body FROM idem_reply) END AS saved_body
     FROM idem_gate g LEFT JOIN ${CLAIM_RELATION} c ON true LEFT JOIN idem_put p ON true`;
 }

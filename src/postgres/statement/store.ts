@@ -48,6 +48,7 @@ import {
   commonStatementSql,
   type StatementFound,
   type StatementRow,
+  type StatementTable,
   statementSql,
   unkeyedSql,
 } from "./sql.ts";
@@ -189,10 +190,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   private textCount = 0;
   private lookup: { timeKey: string; text: string } | undefined;
   /**
-   * Until when (this process's clock: a hint) statements go out whole, marker and all: the common
-   * statement last declined because the database's now was in a partition's first `boundaryOverlapMs`.
+   * Until when (this process's clock: a hint) statements go out whole: the common statement last
+   * declined (the database's now was in a partition's first `boundaryOverlapMs`, or this process's
+   * estimate of it was off).
    */
-  private markerUntil = 0;
+  private declinedUntil = 0;
 
   constructor(readonly store: PostgresStore) {
     if (store.sealer) {
@@ -328,11 +330,12 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     );
     let remade = false;
     // The common statement first (no marker, the key row a plain INSERT), unless a marker is likely due.
-    let whole = this.markerUntil > Date.now();
+    let whole = this.declinedUntil > Date.now();
+    const common = whole ? "" : this.commonOf(built);
     for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
       let row: StatementRow | undefined;
       try {
-        row = (await this.store.db.query<StatementRow>(whole ? built.text : built.common, params)).rows[0]!;
+        row = (await this.store.db.query<StatementRow>(whole ? built.text : common, params)).rows[0]!;
       } catch (err) {
         if (sqlStateOf(err) === SqlState.UniqueViolation) {
           // A duplicate committed after this statement's snapshot (the boundary marker or the key row met
@@ -355,7 +358,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
           continue;
         }
       }
-      const [locked, live, savedStatus, savedMs, savedClaimId, , markerDue] = row
+      const [locked, live, savedStatus, savedMs, savedClaimId, , declined] = row
         ? jsonColumn<StatementFound>(row.found)
         : NOTHING_FOUND;
       if (savedStatus != null) {
@@ -372,9 +375,10 @@ export class SingleStatementStore implements AtomicStore<Tx> {
         // The key's live row answers (read apart: a replay, 422); not finished, or gone since: wait.
         const answer = await this.replayOf(claim);
         if (answer) return answer;
-      } else if (markerDue) {
-        // The common statement declined (no lock taken, no work): a row made now needs a marker.
-        this.markerUntil = Date.now() + this.store.boundaryOverlapMs;
+      } else if (declined) {
+        // The common statement declined (no lock taken, no work): a row made now needs a marker, or the
+        // partitions it named miss one. The full statement answers, for the rest of a marker's window.
+        this.declinedUntil = Date.now() + this.store.boundaryOverlapMs;
         whole = true;
         continue;
       } else if (locked) {
@@ -427,6 +431,19 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     return text;
   }
 
+  /**
+   * The common statement, naming the partitions this process's estimate of the database's time puts the
+   * lookup's window in: built again when they move on (a partition boundary, twice per partition).
+   */
+  private commonOf(built: BuiltText): string {
+    const { lo, hi } = built.table.dbTime.rangeAround(this.store.estimatedNowMs());
+    const c = built.common;
+    if (c?.lo === lo && c.hi === hi) return c.text;
+    const text = commonStatementSql(built.table, built.sql, built.n, built.body, { lo, hi });
+    built.common = { lo, hi, text };
+    return text;
+  }
+
   /** The statements' texts, built once per route statement (and again when the store's time shift moved). */
   private textOf(sql: string, n: number, body: string): BuiltText {
     const time = this.store.dbTime;
@@ -442,7 +459,10 @@ export class SingleStatementStore implements AtomicStore<Tx> {
       n,
       timeKey: time.key,
       text: statementSql(table, sql, n, body),
-      common: commonStatementSql(table, sql, n, body),
+      table,
+      sql,
+      body,
+      common: undefined,
     };
     if (this.textCount >= MAX_TEXTS) {
       this.texts.clear();
@@ -465,8 +485,12 @@ interface BuiltText {
   timeKey: string;
   /** The full statement (sql.ts `statementSql`). */
   text: string;
-  /** The common case's (sql.ts `commonStatementSql`). */
-  common: string;
+  /** The common case's (sql.ts `commonStatementSql`), for the partitions it was built for. */
+  common: { lo: number; hi: number; text: string } | undefined;
+  /** Its table, route statement and body expression. */
+  table: StatementTable;
+  sql: string;
+  body: string;
 }
 
 /** What a statement that failed (and was read apart) found. */
