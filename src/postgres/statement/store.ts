@@ -329,7 +329,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
       JSON.stringify(save.headers),
     );
     let remade = false;
-    // The common statement first (no marker, the key row a plain INSERT), unless a marker is likely due.
+    // The common statement first (no marker, the key row a plain INSERT), unless it declined lately.
     let whole = this.declinedUntil > Date.now();
     const common = whole ? "" : this.commonOf(built);
     for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
