@@ -36,21 +36,37 @@ interface Running {
 }
 
 function startInstance(skew: string, env: NodeJS.ProcessEnv): Promise<Running> {
+  // A process group of its own: faketime runs the service as its child and does not pass signals on,
+  // so stopping faketime alone would leave the service running (`stop` signals the group).
   const child = spawn(
     "faketime",
     ["-f", skew, process.execPath, "--conditions=source", "--import", "tsx", "app/main.ts"],
-    { env: { ...process.env, ...env, PORT: "0", LOG_LEVEL: "warn" }, stdio: ["ignore", "pipe", "pipe"] },
+    {
+      env: { ...process.env, ...env, PORT: "0", LOG_LEVEL: "warn" },
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true,
+    },
   );
   return listeningUrl(child, 60_000).then((url) => ({ url, child }));
 }
 
-function stop(child: ChildProcess): Promise<void> {
-  return new Promise((r) => {
-    if (child.exitCode !== null || child.signalCode !== null) return r();
-    child.once("exit", () => r());
-    child.kill("SIGTERM");
-    setTimeout(() => child.kill("SIGKILL"), 5_000).unref();
-  });
+/** Signal faketime and the service it runs (their process group); false once the group is gone. */
+function signalGroup(child: ChildProcess, signal: NodeJS.Signals | 0): boolean {
+  try {
+    process.kill(-child.pid!, signal);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Stop an instance: SIGTERM to its group, SIGKILL after 5 s; resolves once every process of it exited. */
+async function stop(child: ChildProcess): Promise<void> {
+  signalGroup(child, "SIGTERM");
+  for (let waited = 0; waited < 10_000 && signalGroup(child, 0); waited += 50) {
+    if (waited === 5_000) signalGroup(child, "SIGKILL");
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 describe.runIf(DATABASE_URL && hasFaketime).each([
