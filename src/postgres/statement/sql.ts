@@ -93,13 +93,13 @@ function partsOf(table: StatementTable, n: number) {
     lockId,
     status,
     headers,
-    /** A live (not expired, not marker) row of the key, in any partition a live row can be in. */
-    liveWhere: `scope = ${scope}::text AND key = ${key}::text AND NOT marker
-       AND bucket >= ${t.oldestBucket} AND bucket <= ${t.newestBucket} AND created_at > ${t.oldest}`,
-    /** The same, in the partitions `lo`..`hi` named as constants (PostgreSQL prunes the others at planning). */
-    liveWhereIn: (range: { lo: number; hi: number }) => `scope = ${scope}::text AND key = ${key}::text
-       AND NOT marker AND bucket >= ${Math.trunc(range.lo)} AND bucket <= ${Math.trunc(range.hi)}
-       AND created_at > ${t.oldest}`,
+    /**
+     * A live (not expired, not marker) row of the key in buckets `lo`..`hi`: SQL expressions (every
+     * partition a live row can be in, by the database's clock), or constants (PostgreSQL prunes the
+     * other partitions when it plans the statement).
+     */
+    liveIn: (lo: string | number, hi: string | number) => `scope = ${scope}::text AND key = ${key}::text
+       AND NOT marker AND bucket >= ${lo} AND bucket <= ${hi} AND created_at > ${t.oldest}`,
     /** Whether a row made now is in the first `boundaryOverlapMs` of its partition (a marker is due). */
     markerDue: `extract(epoch FROM ${t.now})::float8 * 1000 - ${t.bucket}::float8 * ${width} < ${overlap}`,
     /**
@@ -145,7 +145,7 @@ export function commonStatementSql(
   const q = partsOf(table, n);
   return `WITH idem_gate AS MATERIALIZED (
     SELECT ${t.bucket} AS bucket, (${q.markerDue}) OR NOT ${t.covers(range)} AS declined,
-           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveWhereIn(range)}) AS live
+           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveIn(Math.trunc(range.lo), Math.trunc(range.hi))}) AS live
   ),
   ${CLAIM_RELATION} AS MATERIALIZED (
     SELECT ${q.scope}::text AS scope, ${q.key}::text AS key, gen_random_uuid() AS claim_id
@@ -183,7 +183,7 @@ export function statementSql(table: StatementTable, sql: string, n: number, body
   const q = partsOf(table, n);
   const expired = t.expiredAgainst("k.created_at", "excluded.created_at");
   return `WITH idem_live AS MATERIALIZED (
-    SELECT 1 FROM ${s}.keys WHERE ${q.liveWhere}
+    SELECT 1 FROM ${s}.keys WHERE ${q.liveIn(t.oldestBucket, t.newestBucket)}
      ORDER BY bucket DESC LIMIT 1
   ),
   idem_gate AS MATERIALIZED (
