@@ -16,7 +16,10 @@ import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { CommitRolledBackError, fromPostgresJs } from "../../src/postgres/drivers/postgres-js.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { SingleStatementStore, type StatementSpec } from "../../src/postgres/statement/store.ts";
+import { PostgresStore } from "../../src/postgres/store.ts";
 import { pay, startService } from "../app/service.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { DATABASE_URL, freshDatabase, type TestBackend } from "../helpers/db.ts";
 import { paymentsContract, useApp } from "../http/contract.ts";
 import { lifecycleContract } from "../http/contract-lifecycle.ts";
@@ -145,6 +148,40 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
       await fresh.drop();
     }
   });
+
+  // Single-statement mode sends one autocommitted statement per attempt, under texts that change with
+  // the partitions they name: unnamed through the pooler, as every statement there.
+  it.each(["pg", "postgres"] as const)(
+    "runs a single statement once under 30 duplicates from three stores on %s, and replays it",
+    async (name) => {
+      const open = await through(name).open();
+      try {
+        await migrate(open.db);
+        await open.db.exec("CREATE TABLE payments (id serial PRIMARY KEY, note text NOT NULL)");
+        const stores = await Promise.all(
+          [1, 2, 3].map(async () => new SingleStatementStore(await PostgresStore.open(open.db))),
+        );
+        const spec: StatementSpec = {
+          sql: "INSERT INTO payments (note) SELECT $1 FROM idem_claim RETURNING id, note",
+          params: ["bouncer"],
+        };
+        const claim = paymentClaim("acct_1", randomUUID(), "{}");
+        const outs = await Promise.all(
+          Array.from({ length: 30 }, (_, i) => stores[i % 3]!.runStatement(claim, spec)),
+        );
+        expect(outs.filter((o) => o.kind === "executed")).toHaveLength(1);
+        const body = Buffer.from(outs.find((o) => o.kind === "executed")!.response.body).toString();
+        for (const o of outs) expect(Buffer.from(o.response.body).toString()).toBe(body);
+        const again = await stores[2]!.runStatement(claim, spec);
+        expect(again.kind).toBe("replayed");
+        const { rows } = await open.db.query<{ n: number }>("SELECT count(*)::int AS n FROM payments");
+        expect(rows[0]!.n).toBe(1);
+      } finally {
+        await open.close();
+      }
+    },
+    60_000,
+  );
 
   describe.each(["atomic", "phases"] as const)("the reference service in %s mode", (mode) => {
     it("answers 50 concurrent duplicates of one key with one payment and no 5xx", async () => {
