@@ -8,11 +8,15 @@
  *   NODE_ENV=production tsx bench/compare/adapter-cost.ts [names...]   (ROUNDS, default 5)
  *
  * Names: bare-node idem-node bare-express idem-express bare-hono idem-hono bare-fastify idem-fastify
- * (default: all). idem is imported from its built package (`npm run build` first).
+ * bare-nest idem-nest (NestJS 12 on Express, its default platform) (default: all). idem is imported from
+ * its built package (`npm run build` first).
  */
+import "reflect-metadata";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
+import { Controller, type DynamicModule, Module, Post, Req } from "@nestjs/common";
+import { NestFactory } from "@nestjs/core";
 import express from "express";
 import Fastify from "fastify";
 import { Hono } from "hono";
@@ -20,6 +24,7 @@ import type { AtomicStore } from "idem";
 import { idempotency as expressIdempotency, keepRawBody } from "idem/express";
 import { idempotency as fastifyIdempotency } from "idem/fastify";
 import { idempotency as honoIdempotency, type IdempotencyEnv } from "idem/hono";
+import { IdempotencyCtx, IdempotencyModule, Idempotent, type NestIdempotencyContext } from "idem/nestjs";
 import { idempotency as nodeIdempotency } from "idem/node";
 import type { Tx } from "idem/postgres";
 import { readJson } from "./frameworks.ts";
@@ -135,12 +140,43 @@ async function start(name: string): Promise<Running> {
       await app.listen({ port: 0, host: "127.0.0.1" });
       return { port: (app.server.address() as AddressInfo).port, close: () => void app.close() };
     }
+    case "nest": {
+      const app = await NestFactory.create(idem ? IdemNestApp : BareNestApp, {
+        rawBody: idem,
+        logger: false,
+      });
+      await app.listen(0, "127.0.0.1");
+      return { port: app.getHttpServer().address().port, close: () => void app.close() };
+    }
     default:
       throw new Error(`unknown server ${name}`);
   }
 }
 
-const ALL = ["node", "express", "hono", "fastify"].flatMap((f) => [`bare-${f}`, `idem-${f}`]);
+// NestJS as its users write it: a controller returning the row (POST answers 201), and idem's module with
+// `@Idempotent()` and `@IdempotencyCtx()`, the app created with `rawBody: true` as idem/nestjs documents.
+@Controller()
+class BareNestController {
+  @Post(PATH)
+  create(@Req() req: { body: Payment }) {
+    return pay(db, req.body);
+  }
+}
+@Controller()
+class IdemNestController {
+  @Post(PATH)
+  @Idempotent()
+  create(@IdempotencyCtx() idem: NestIdempotencyContext<Payment>) {
+    return pay(idem.tx, idem.body);
+  }
+}
+@Module({ controllers: [BareNestController] })
+class BareNestApp {}
+const idemModule: DynamicModule = IdempotencyModule.forRoot(options);
+@Module({ imports: [idemModule], controllers: [IdemNestController] })
+class IdemNestApp {}
+
+const ALL = ["node", "express", "hono", "fastify", "nest"].flatMap((f) => [`bare-${f}`, `idem-${f}`]);
 const names = process.argv.length > 2 ? process.argv.slice(2) : ALL;
 const servers = new Map<string, Running>();
 for (const n of names) servers.set(n, await start(n));

@@ -19,7 +19,7 @@
  */
 import type { IncomingMessage } from "node:http";
 import { createParamDecorator, type DynamicModule, type ExecutionContext } from "@nestjs/common";
-import { APP_INTERCEPTOR } from "@nestjs/core";
+import { APP_INTERCEPTOR, HttpAdapterHost } from "@nestjs/core";
 import {
   IDEMPOTENCY_OPTIONS,
   IdempotencyInterceptor,
@@ -69,8 +69,10 @@ export class IdempotencyModule {
         { provide: IDEMPOTENCY_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] },
         {
           provide: APP_INTERCEPTOR,
-          useFactory: (o: IdempotencyModuleOptions<any>) => new IdempotencyInterceptor(o),
-          inject: [IDEMPOTENCY_OPTIONS],
+          // The application's HTTP adapter, so that answers are sent without Nest's streaming path.
+          useFactory: (o: IdempotencyModuleOptions<any>, host?: HttpAdapterHost) =>
+            new IdempotencyInterceptor(o, host?.httpAdapter),
+          inject: [IDEMPOTENCY_OPTIONS, { token: HttpAdapterHost, optional: true }],
         },
       ],
       exports: [IDEMPOTENCY_OPTIONS],

@@ -62,6 +62,14 @@ function appModule(idemDb: IdemDb, store: PostgresStore) {
         receipt: randomBytes(8).toString("hex"),
       };
     }
+
+    /** A receipt as bytes that are not UTF-8, with a status other than the route's 201. */
+    @Post("receipts")
+    @Idempotent()
+    receipt() {
+      const bytes = Buffer.concat([Buffer.from([0xff, 0xfe, 0x00, 0x80]), randomBytes(16)]);
+      return new Response(bytes, { status: 200, headers: { "content-type": "application/octet-stream" } });
+    }
   }
 
   @Module({
@@ -146,6 +154,31 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
     expect(retry.headers.get("content-type")).toBe(first.headers.get("content-type"));
     expect(await retry.text()).toBe(body);
     expect(await rows(acct)).toBe(1);
+  });
+
+  it("sends a keyed answer whole, with its length, its status and bytes as saved, first and replayed", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const send = () =>
+      fetch(`${base}/v1/receipts`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-account": acct, "idempotency-key": key },
+        body: "{}",
+      });
+    const first = await send();
+    const bytes = Buffer.from(await first.arrayBuffer());
+    const retry = await send();
+    const again = Buffer.from(await retry.arrayBuffer());
+    expect([first.status, retry.status]).toEqual([200, 200]);
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(bytes.subarray(0, 4)).toEqual(Buffer.from([0xff, 0xfe, 0x00, 0x80]));
+    expect(again.equals(bytes)).toBe(true);
+    for (const res of [first, retry]) {
+      // One sized answer, as Nest sends a route's own result: not a stream in chunks.
+      expect(res.headers.get("content-length")).toBe(String(bytes.length));
+      expect(res.headers.get("transfer-encoding")).toBeNull();
+      expect(res.headers.get("content-type")).toBe("application/octet-stream");
+    }
   });
 
   it("commits nothing when the handler throws after its ORM write, and the retry runs", async () => {
