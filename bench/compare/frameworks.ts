@@ -105,6 +105,8 @@ async function bare(v: Variant, url: string): Started {
       );
       return listenFastify(app);
     }
+    case "nest":
+      throw new Error("the NestJS variants are started by nest.ts");
     case "node": {
       const server = createServer((req, res) => {
         readJson(req)
@@ -164,6 +166,8 @@ async function withIdem(v: Variant, url: string): Started {
       });
       return listenFastify(app);
     }
+    case "nest":
+      throw new Error("the NestJS variants are started by nest.ts");
     case "node": {
       const server = createServer(
         idempotency(

@@ -1,7 +1,8 @@
 /**
  * What a careful engineer would write by hand for the keyed handler, as the yardstick of idem's keyed
  * path (issue 30): the same one-INSERT payment, one key per request, the reply saved. hand-tx runs on
- * every framework (`hand-tx` on node:http, `hand-tx-express`, ...), hand-cte on node:http.
+ * every framework (`hand-tx` on node:http, `hand-tx-express`, ..., `hand-tx-nest` in nest.ts), hand-cte
+ * on node:http.
  *
  *   hand-tx   BEGIN; INSERT key ON CONFLICT DO NOTHING; INSERT payment  (one write, pipelined)
  *             UPDATE key SET reply; COMMIT                               (one write)
@@ -144,6 +145,8 @@ export function startHand(v: Variant, url: string): Started {
       });
       return listenHono(app);
     }
+    case "nest":
+      return import("./nest.ts").then((nest) => nest.startNestHand(answer));
     case "fastify": {
       const app = Fastify();
       app.post(PATH, async (request, reply) => {

@@ -18,6 +18,8 @@ const port =
       ? await (await import("./statement.ts")).startStatement(url)
       : v.kind === "hand"
         ? await (await import("./hand.ts")).startHand(v, url)
-        : await (await import("./frameworks.ts")).startFramework(v, url);
+        : v.framework === "nest"
+          ? await (await import("./nest.ts")).startNest(v, url)
+          : await (await import("./frameworks.ts")).startFramework(v, url);
 console.log(`listening http://127.0.0.1:${port}`);
 process.on("SIGTERM", () => process.exit(0));

@@ -3,7 +3,7 @@
  * keyed variant is compared with the bare handler on its own framework, measured in the same rounds.
  */
 
-export type Framework = "express" | "hono" | "fastify" | "node";
+export type Framework = "express" | "hono" | "fastify" | "nest" | "node";
 
 export interface Variant {
   name: string;
@@ -25,6 +25,7 @@ const FRAMEWORK_NAMES: Record<Framework, string> = {
   express: "Express",
   hono: "Hono",
   fastify: "Fastify",
+  nest: "NestJS",
   node: "node:http",
 };
 
@@ -42,6 +43,13 @@ export const VARIANTS: readonly Variant[] = [
     short: "bare, Fastify",
     label: "bare handler, Fastify",
     framework: "fastify",
+    kind: "bare",
+  },
+  {
+    name: "bare-nest",
+    short: "bare, NestJS",
+    label: "bare handler, NestJS 12 on Express",
+    framework: "nest",
     kind: "bare",
   },
   {
@@ -66,6 +74,13 @@ export const VARIANTS: readonly Variant[] = [
     framework: "fastify",
     kind: "idem",
   },
+  {
+    name: "idem-nest",
+    short: "idem/nestjs",
+    label: "idem/nestjs (on Express), pg pipeline",
+    framework: "nest",
+    kind: "idem",
+  },
   { name: "idem-node", short: "idem/node", label: "idem/node, pg pipeline", framework: "node", kind: "idem" },
   {
     name: "idem-statement",
@@ -81,7 +96,7 @@ export const VARIANTS: readonly Variant[] = [
     framework: "node",
     kind: "hand",
   },
-  ...(["express", "hono", "fastify"] as const).map(
+  ...(["express", "hono", "fastify", "nest"] as const).map(
     (framework): Variant => ({
       name: `hand-tx-${framework}`,
       short: `hand-tx, ${FRAMEWORK_NAMES[framework]}`,
