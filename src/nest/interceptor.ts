@@ -220,6 +220,7 @@ interface NestHttpAdapter {
 /** The slice of a Fastify reply an answer is sent through. */
 interface FastifyReplyLike {
   code(status: number): unknown;
+  removeHeader(name: string): unknown;
   header(name: string, value: string | string[]): unknown;
   send(payload?: Buffer): unknown;
 }
@@ -255,6 +256,9 @@ function answersDirectly(adapter: unknown): boolean {
     const fastify = response as FastifyReplyLike;
     fastify.code(r.status);
     for (const [name, values] of groupHeaders(r.headers)) {
+      // Replaced, as Node's setHeader does on Express: Fastify's header() appends a Set-Cookie to one the
+      // handler set, and that one is in the answer already.
+      fastify.removeHeader(name);
       fastify.header(name, values.length === 1 ? values[0]! : values);
     }
     const empty = NULL_BODY_STATUSES.has(r.status) || r.body.length === 0;

@@ -7,7 +7,7 @@ import type { IncomingMessage } from "node:http";
 import "reflect-metadata";
 import { randomBytes, randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
-import { Body, Controller, Headers, type INestApplication, Module, Post } from "@nestjs/common";
+import { Body, Controller, Headers, type INestApplication, Module, Post, Res } from "@nestjs/common";
 import { NestFactory } from "@nestjs/core";
 import { FastifyAdapter } from "@nestjs/platform-fastify";
 import { drizzle } from "drizzle-orm/node-postgres";
@@ -61,6 +61,14 @@ function appModule(idemDb: IdemDb, store: PostgresStore) {
         amount_cents: body.amount_cents,
         receipt: randomBytes(8).toString("hex"),
       };
+    }
+
+    /** A cookie set on the platform's response (Express's res, Fastify's reply), as Nest's passthrough allows. */
+    @Post("sessions")
+    @Idempotent()
+    session(@Res({ passthrough: true }) res: { header(name: string, value: string): unknown }) {
+      res.header("set-cookie", "session=s1; HttpOnly");
+      return { ok: true };
     }
 
     /** A receipt as bytes that are not UTF-8, with a status other than the route's 201. */
@@ -179,6 +187,25 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
       expect(res.headers.get("transfer-encoding")).toBeNull();
       expect(res.headers.get("content-type")).toBe("application/octet-stream");
     }
+  });
+
+  it("sends a cookie the handler set on the platform's response once, and never replays it", async () => {
+    const acct = account();
+    const key = randomUUID();
+    const send = () =>
+      fetch(`${base}/v1/sessions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-account": acct, "idempotency-key": key },
+        body: "{}",
+      });
+    const first = await send();
+    const body = await first.text();
+    expect(first.status).toBe(201);
+    expect(first.headers.getSetCookie()).toEqual(["session=s1; HttpOnly"]);
+    const retry = await send();
+    expect(retry.headers.get("idempotent-replayed")).toBe("true");
+    expect(retry.headers.getSetCookie()).toEqual([]);
+    expect(await retry.text()).toBe(body);
   });
 
   it("commits nothing when the handler throws after its ORM write, and the retry runs", async () => {
