@@ -147,6 +147,15 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
   const rows = (acct: string) => count("SELECT count(*)::int AS n FROM payments WHERE account = $1", acct);
   const keys = (acct: string) => count("SELECT count(*)::int AS n FROM idem.keys WHERE scope = $1", acct);
   const account = () => `acct_${randomBytes(6).toString("hex")}`;
+  /** Sends `{}` to `path` with one new account and key, the same each time it is called. */
+  const keyedEmptyPost = (path: string) => {
+    const headers = {
+      "content-type": "application/json",
+      "x-account": account(),
+      "idempotency-key": randomUUID(),
+    };
+    return () => fetch(`${base}${path}`, { method: "POST", headers, body: "{}" });
+  };
 
   it("runs a keyed request once and replays the same bytes, status and content type", async () => {
     const acct = account();
@@ -165,14 +174,7 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
   });
 
   it("sends a keyed answer whole, with its length, its status and bytes as saved, first and replayed", async () => {
-    const acct = account();
-    const key = randomUUID();
-    const send = () =>
-      fetch(`${base}/v1/receipts`, {
-        method: "POST",
-        headers: { "content-type": "application/json", "x-account": acct, "idempotency-key": key },
-        body: "{}",
-      });
+    const send = keyedEmptyPost("/v1/receipts");
     const first = await send();
     const bytes = Buffer.from(await first.arrayBuffer());
     const retry = await send();
@@ -190,14 +192,7 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
   });
 
   it("sends a cookie the handler set on the platform's response once, and never replays it", async () => {
-    const acct = account();
-    const key = randomUUID();
-    const send = () =>
-      fetch(`${base}/v1/sessions`, {
-        method: "POST",
-        headers: { "content-type": "application/json", "x-account": acct, "idempotency-key": key },
-        body: "{}",
-      });
+    const send = keyedEmptyPost("/v1/sessions");
     const first = await send();
     const body = await first.text();
     expect(first.status).toBe(201);
