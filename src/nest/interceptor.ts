@@ -208,7 +208,15 @@ function bodyOf(req: NestRequest): Uint8Array | RequestBody {
  * hands Nest when `answersDirectly` took over the adapter's `reply`.
  */
 class OwedAnswer {
-  constructor(readonly response: StoredResponse) {}
+  // Private: should another interceptor wrap this result (`{ data: result }`) and Nest serialize it, the
+  // answer's headers (a Set-Cookie among them) stay out of that body, as a Response's do.
+  readonly #response: StoredResponse;
+  constructor(response: StoredResponse) {
+    this.#response = response;
+  }
+  get response(): StoredResponse {
+    return this.#response;
+  }
 }
 
 /** The slice of Nest's HTTP adapter (`HttpAdapterHost.httpAdapter`) that `answersDirectly` uses. */
@@ -236,10 +244,10 @@ const answering = new WeakSet<object>();
  * other results get the route's status, 201 for every POST), and Nest sends it as a stream (the body's
  * ReadableStream read into a Node stream, piped, chunked). Measured on NestJS 12.5 on Express without a
  * database (bench/compare/adapter-cost.ts, 2 Dec 2026, the two builds alternately): 568-717 µs of CPU
- * per keyed request over the bare handler that way, 155-193 µs this way (idem/node's: 35 µs). Every
- * other result still takes Nest's own path; an `OwedAnswer`
- * is written as the node adapter writes (Express), or through the reply's `code`, `header` and `send`
- * (Fastify, whose hooks then run as for any reply).
+ * per keyed request over the bare handler that way, 155-193 µs this way (idem/node's: 25-42 µs). Every
+ * other result still takes Nest's own path; an `OwedAnswer` is written as the node adapter writes
+ * (Express), or through the reply's `code`, `header` and `send` (Fastify, whose hooks then run as for
+ * any reply).
  */
 function answersDirectly(adapter: unknown): boolean {
   const a = adapter as Partial<NestHttpAdapter> | undefined;
