@@ -42,7 +42,7 @@ import type {
   Tx,
 } from "../core/index.ts";
 import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
-import { groupHeaders, headerPairs, SocketHangUp } from "./shared.ts";
+import { bufferOf, groupHeaders, headerPairs, SocketHangUp } from "./shared.ts";
 
 /** What `request.idempotency` holds on an idempotent route: the transaction, key, scope and body. */
 export interface FastifyIdempotency {
@@ -137,11 +137,6 @@ function setHeaders(reply: FastifyReply, headers: Array<[string, string]>): void
     seen.add(lower);
   }
   for (const [name, value] of headers) reply.header(name, value);
-}
-
-/** The body as a Buffer over the same bytes (Fastify sends Buffers as they are; no copy). */
-function bufferOf(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
 function send(reply: FastifyReply, r: StoredResponse): FastifyReply {
@@ -293,7 +288,7 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
         if (owed) out = owed;
         else if (err === p.error)
           // rolled back; Fastify's error reply stands (as a Buffer: Fastify refuses a bare Uint8Array)
-          return Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+          return bufferOf(body);
         else {
           setHeaders(reply, []); // the store failed at commit: drop the handler's headers (Set-Cookie...)
           throw err;

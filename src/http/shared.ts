@@ -91,6 +91,11 @@ export function headerOf(req: IncomingMessage, name: string): string | undefined
   return Array.isArray(v) ? v.join(", ") : v;
 }
 
+/** Bytes as a Buffer over the same memory (Fastify sends Buffers as they are, and refuses a bare Uint8Array). */
+export function bufferOf(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
 /** Send a response as the lifecycle returned it. */
 export function writeResponse(res: ServerResponse, r: StoredResponse): void {
   const headers = r.headers;

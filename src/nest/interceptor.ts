@@ -32,7 +32,14 @@ import type {
 } from "../core/index.ts";
 import { checkRouteOptions, Lifecycle, parsedBody } from "../core/index.ts";
 import { NULL_BODY_STATUSES, toResponse, toStored } from "../http/fetch.ts";
-import { groupHeaders, headerPairs, NodeIdemRequest, SocketHangUp, writeResponse } from "../http/shared.ts";
+import {
+  bufferOf,
+  groupHeaders,
+  headerPairs,
+  NodeIdemRequest,
+  SocketHangUp,
+  writeResponse,
+} from "../http/shared.ts";
 
 /**
  * What an `@Idempotent()` handler gets through `@IdempotencyCtx()`; `Body` is your DTO's type, as with
@@ -270,7 +277,7 @@ function answersDirectly(adapter: unknown): boolean {
       fastify.header(name, values.length === 1 ? values[0]! : values);
     }
     const empty = NULL_BODY_STATUSES.has(r.status) || r.body.length === 0;
-    return fastify.send(empty ? undefined : Buffer.from(r.body.buffer, r.body.byteOffset, r.body.byteLength));
+    return fastify.send(empty ? undefined : bufferOf(r.body));
   };
   answering.add(a);
   return true;
