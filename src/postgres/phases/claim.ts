@@ -26,7 +26,7 @@ import { replayOf } from "../keys/row.ts";
 import { type KeyTable, withPartitions } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
 import { type Lease, retryAfter } from "./lease.ts";
-import { type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
+import { fencedSql, type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
 
 /** What the claim needs of the runner. */
 export interface ClaimSettings {
@@ -101,7 +101,7 @@ export async function acquire<I, D>(
       // Body check BEFORE the lease: a wrong request must not block the real retry for a lease's length.
       const replay = replayOf(table, claim, row);
       if (replay) return replay;
-      return takeLease(s, table, sql, claim, row, input);
+      return takeLease(s, table, claim, row, input);
     }
     if (signal?.aborted) {
       throw new RetryableError("The client went away before the key was claimed; nothing was done.");
@@ -142,7 +142,7 @@ function newLease<I, D>(
   return {
     table,
     get sql() {
-      return phaseSql(table);
+      return fencedSql(table, this.bucket);
     },
     claim,
     bucket: Number(claimed.bucket),
@@ -188,7 +188,6 @@ async function claimNew<I, D>(
 async function takeLease<I, D>(
   s: ClaimSettings,
   table: KeyTable,
-  sql: PhaseSql,
   claim: Claim,
   row: PhaseRow,
   input: I,
@@ -201,11 +200,12 @@ async function takeLease<I, D>(
   const context = sealContext(claim.scope, claim.key, "request");
   const stored = openJson(table.sealer, row.request, context);
   const token = randomUUID();
+  const bucket = Number(row.bucket);
   // The statement takes the lease only if it is free or expired by the database's clock: the check
   // above is a shortcut, this is the decision.
   const { rows } = await table.db.query<
     Pick<PhaseRow, "recovery_point" | "phase_data" | "request" | "attempted_at">
-  >(sql.takeLease, [claim.scope, claim.key, row.bucket, token, s.leaseMs]);
+  >(fencedSql(table, bucket).takeLease, [claim.scope, claim.key, bucket, token, s.leaseMs]);
   const taken = rows[0];
   if (taken) {
     if (row.lease_token) {
@@ -215,10 +215,10 @@ async function takeLease<I, D>(
     return {
       table,
       get sql() {
-        return phaseSql(table);
+        return fencedSql(table, bucket);
       },
       claim,
-      bucket: row.bucket,
+      bucket,
       claimId: row.claim_id ?? null,
       token,
       point: taken.recovery_point,

@@ -13,14 +13,14 @@ import {
   sealHeaders,
 } from "../../core/index.ts";
 import type { KeyTable } from "../keys/table.ts";
-import type { PhaseSql } from "./sql.ts";
+import type { FencedSql } from "./sql.ts";
 
 /** This worker's hold on one key. */
 export interface Lease<I, D> {
   /** The keys table of the claim's scope. */
   table: KeyTable;
-  /** The table's statements, at its current time shift. */
-  readonly sql: PhaseSql;
+  /** The statements on this key row (its bucket), at the table's current time shift. */
+  readonly sql: FencedSql;
   claim: Claim;
   bucket: number;
   /**
