@@ -84,9 +84,14 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
              needs_review_at,
              CASE WHEN lease_until > ${NOW} THEN ceil(extract(epoch FROM lease_until - ${NOW}))::int ELSE 0 END
                AS lease_left_s`;
-  /** The live (unexpired) row of (scope, key): created after the oldest live instant, in a live bucket. */
+  /**
+   * The live (unexpired) row of (scope, key): created after the oldest live instant, in a live bucket,
+   * not in the partitions made ahead (no row goes there: db-time.ts, LOOKUP_AHEAD_MS), as atomic mode
+   * reads it. On a daily-partitioned table, 3 buffers for a miss instead of 7.
+   */
   const live = (scope: string, key: string) =>
-    `scope = ${scope} AND key = ${key} AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}`;
+    `scope = ${scope} AND key = ${key} AND NOT marker AND bucket >= ${t.oldestBucket}
+     AND bucket <= ${t.newestBucket} AND created_at > ${t.oldest}`;
   const found = (where: string) => `SELECT ${ROW} FROM ${s}.keys WHERE ${where} ORDER BY bucket DESC LIMIT 1`;
   /**
    * Where a claim made now goes, and whether it also marks the previous bucket: claims in the first
