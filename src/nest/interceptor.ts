@@ -200,6 +200,7 @@ interface NestResponse {
   raw?: ServerResponse;
   statusCode: number;
   getHeaders(): Record<string, number | string | readonly string[] | undefined>;
+  removeHeader(name: string): unknown;
 }
 
 /** The bytes when Nest kept them (`rawBody: true`), else the value its parser made. */
@@ -301,9 +302,14 @@ export class IdempotencyInterceptor implements NestInterceptor {
     this.direct = answersDirectly(adapter);
   }
 
-  /** The lifecycle's answer in the form Nest is handed. */
-  private answer(r: StoredResponse): OwedAnswer | Response {
-    return this.direct ? new OwedAnswer(r) : toResponse(r);
+  /** The lifecycle's answer in the form Nest is handed, for the platform's response `res`. */
+  private answer(r: StoredResponse, res: NestResponse): OwedAnswer | Response {
+    if (this.direct) return new OwedAnswer(r);
+    // Nest adds a Response's headers to the ones already on the platform's response, so a Set-Cookie
+    // the handler set there (and that the answer holds) would go out twice: each header of the answer
+    // replaces the one there, as on the direct path.
+    for (const name of new Set(r.headers.map(([n]) => n.toLowerCase()))) res.removeHeader(name);
+    return toResponse(r);
   }
 
   /** Nest's hook: a marked route's handler runs inside a claim; other routes pass through. */
@@ -347,7 +353,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     try {
       const scope = await this.options.scope(req);
       begun = lifecycle.begin(new NodeIdemRequest(incoming, req.originalUrl ?? req.url), scope, bodyOf(req));
-      if (begun.kind === "answer") return this.answer(begun.response);
+      if (begun.kind === "answer") return this.answer(begun.response, res);
       const body = begun.body.value;
       if (begun.kind === "unkeyed") {
         return this.answer(
@@ -356,12 +362,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
             req[CONTEXT] = { tx, key: undefined, scope, body } as unknown as NestIdempotencyContext;
             return produce();
           }),
+          res,
         );
       }
       const { key, scope: claimed } = begun.claim;
       if (route.mode === "phases") {
         const input = await lastValueFrom(next.handle(), { defaultValue: undefined });
-        return this.answer((await lifecycle.phases(begun, route.runner, input, run)).response);
+        return this.answer((await lifecycle.phases(begun, route.runner, input, run)).response, res);
       }
       const out = await lifecycle.keyed(
         begun,
@@ -371,10 +378,10 @@ export class IdempotencyInterceptor implements NestInterceptor {
         },
         run,
       );
-      return this.answer(out.response);
+      return this.answer(out.response, res);
     } catch (err) {
       const owed = lifecycle.failure(err, begun); // e.g. 503 when the database is down
-      if (owed) return this.answer(owed);
+      if (owed) return this.answer(owed, res);
       throw err; // the handler's: rolled back, nothing saved; Nest's exception filters answer
     }
   }

@@ -15,7 +15,9 @@ import { integer, pgTable, serial, text } from "drizzle-orm/pg-core";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
+  IDEMPOTENCY_OPTIONS,
   IdempotencyCtx,
+  IdempotencyInterceptor,
   IdempotencyModule,
   Idempotent,
   type NestIdempotencyContext,
@@ -37,7 +39,7 @@ const payments = pgTable("payments", {
 
 type IdemDb = ReturnType<typeof fromDrizzle<ReturnType<typeof drizzle>>>;
 
-function appModule(idemDb: IdemDb, store: PostgresStore) {
+function appModule(idemDb: IdemDb, store: PostgresStore, byHand = false) {
   @Controller("v1")
   class PaymentsController {
     @Post("payments")
@@ -80,21 +82,43 @@ function appModule(idemDb: IdemDb, store: PostgresStore) {
     }
   }
 
+  // Without the module: its options provided as they are, and the interceptor built by hand (startApp),
+  // with no HTTP adapter.
   @Module({
-    imports: [
-      IdempotencyModule.forRoot({
-        store,
-        // Express's and Fastify's requests both carry Node's headers.
-        scope: (req: IncomingMessage) => {
-          const account = req.headers["x-account"];
-          return typeof account === "string" ? account : undefined;
-        },
-      }),
-    ],
+    imports: byHand ? [] : [IdempotencyModule.forRoot({ store, scope: scopeOf })],
+    providers: byHand ? [{ provide: IDEMPOTENCY_OPTIONS, useValue: { store, scope: scopeOf } }] : [],
     controllers: [PaymentsController],
   })
   class AppModule {}
   return AppModule;
+}
+
+/** Express's and Fastify's requests both carry Node's headers. */
+function scopeOf(req: IncomingMessage): string | undefined {
+  const account = req.headers["x-account"];
+  return typeof account === "string" ? account : undefined;
+}
+
+/** A Nest app on a database of its own, listening on loopback. */
+async function startApp(adapter: FastifyAdapter | undefined, byHand = false) {
+  const fresh = await freshDatabase("idem_nest");
+  const pool = new pg.Pool({ connectionString: fresh.url, max: 10 });
+  // The database is dropped (WITH FORCE) at the end: a connection it kills while the pool ends must
+  // not become an uncaught error that fails the whole run.
+  pool.on("error", () => {});
+  const idemDb = fromDrizzle(drizzle(pool));
+  await migrate(idemDb);
+  await idemDb.exec(PAYMENTS_DDL);
+  const store = await PostgresStore.open(idemDb);
+  const module = appModule(idemDb, store, byHand);
+  const options = { rawBody: true, logger: false as const };
+  const app = adapter
+    ? await NestFactory.create(module, adapter, options)
+    : await NestFactory.create(module, options);
+  if (byHand) app.useGlobalInterceptors(new IdempotencyInterceptor({ store, scope: scopeOf }));
+  await app.listen(0, "127.0.0.1");
+  const base = `http://127.0.0.1:${(app.getHttpServer().address() as AddressInfo).port}`;
+  return { fresh, idemDb, app, base };
 }
 
 const platforms = [
@@ -105,25 +129,10 @@ const platforms = [
 describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", ({ adapter }) => {
   let fresh: Awaited<ReturnType<typeof freshDatabase>>;
   let idemDb: IdemDb;
-  let pool: pg.Pool;
   let app: INestApplication;
   let base: string;
   beforeAll(async () => {
-    fresh = await freshDatabase("idem_nest");
-    pool = new pg.Pool({ connectionString: fresh.url, max: 10 });
-    // The database is dropped (WITH FORCE) at the end: a connection it kills while the pool ends must
-    // not become an uncaught error that fails the whole run.
-    pool.on("error", () => {});
-    idemDb = fromDrizzle(drizzle(pool));
-    await migrate(idemDb);
-    await idemDb.exec(PAYMENTS_DDL);
-    const store = await PostgresStore.open(idemDb);
-    const module = appModule(idemDb, store);
-    const options = { rawBody: true, logger: false as const };
-    const a = adapter();
-    app = a ? await NestFactory.create(module, a, options) : await NestFactory.create(module, options);
-    await app.listen(0, "127.0.0.1");
-    base = `http://127.0.0.1:${(app.getHttpServer().address() as AddressInfo).port}`;
+    ({ fresh, idemDb, app, base } = await startApp(adapter()));
   }, 60_000);
   afterAll(async () => {
     await app?.close();
@@ -255,3 +264,35 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
     expect(await rows(acct)).toBe(0);
   });
 });
+
+describe.skipIf(!DATABASE_URL).each(platforms)(
+  "NestJS on $name, the interceptor built by hand",
+  ({ adapter }) => {
+    let started: Awaited<ReturnType<typeof startApp>>;
+    beforeAll(async () => {
+      started = await startApp(adapter(), true);
+    }, 60_000);
+    afterAll(async () => {
+      await started?.app.close();
+      await started?.idemDb.close();
+      await started?.fresh.drop();
+    });
+
+    it("sends a cookie the handler set on the platform's response once, and never replays it", async () => {
+      const headers = {
+        "content-type": "application/json",
+        "x-account": "acct_h",
+        "idempotency-key": randomUUID(),
+      };
+      const send = () => fetch(`${started.base}/v1/sessions`, { method: "POST", headers, body: "{}" });
+      const first = await send();
+      const body = await first.text();
+      expect(first.status).toBe(201);
+      expect(first.headers.getSetCookie()).toEqual(["session=s1; HttpOnly"]);
+      const retry = await send();
+      expect(retry.headers.get("idempotent-replayed")).toBe("true");
+      expect(retry.headers.getSetCookie()).toEqual([]);
+      expect(await retry.text()).toBe(body);
+    });
+  },
+);
