@@ -121,6 +121,18 @@ async function startApp(adapter: FastifyAdapter | undefined, byHand = false) {
   return { fresh, idemDb, app, base };
 }
 
+/** `send` (one keyed request to /v1/sessions) gets its cookie once, first, and a replay without it. */
+async function expectCookieOnce(send: () => Promise<Response>): Promise<void> {
+  const first = await send();
+  const body = await first.text();
+  expect(first.status).toBe(201);
+  expect(first.headers.getSetCookie()).toEqual(["session=s1; HttpOnly"]);
+  const retry = await send();
+  expect(retry.headers.get("idempotent-replayed")).toBe("true");
+  expect(retry.headers.getSetCookie()).toEqual([]);
+  expect(await retry.text()).toBe(body);
+}
+
 const platforms = [
   { name: "Express", adapter: () => undefined },
   { name: "Fastify", adapter: () => new FastifyAdapter() },
@@ -201,15 +213,7 @@ describe.skipIf(!DATABASE_URL).each(platforms)("NestJS on $name with Drizzle", (
   });
 
   it("sends a cookie the handler set on the platform's response once, and never replays it", async () => {
-    const send = keyedEmptyPost("/v1/sessions");
-    const first = await send();
-    const body = await first.text();
-    expect(first.status).toBe(201);
-    expect(first.headers.getSetCookie()).toEqual(["session=s1; HttpOnly"]);
-    const retry = await send();
-    expect(retry.headers.get("idempotent-replayed")).toBe("true");
-    expect(retry.headers.getSetCookie()).toEqual([]);
-    expect(await retry.text()).toBe(body);
+    await expectCookieOnce(keyedEmptyPost("/v1/sessions"));
   });
 
   it("commits nothing when the handler throws after its ORM write, and the retry runs", async () => {
@@ -284,15 +288,9 @@ describe.skipIf(!DATABASE_URL).each(platforms)(
         "x-account": "acct_h",
         "idempotency-key": randomUUID(),
       };
-      const send = () => fetch(`${started.base}/v1/sessions`, { method: "POST", headers, body: "{}" });
-      const first = await send();
-      const body = await first.text();
-      expect(first.status).toBe(201);
-      expect(first.headers.getSetCookie()).toEqual(["session=s1; HttpOnly"]);
-      const retry = await send();
-      expect(retry.headers.get("idempotent-replayed")).toBe("true");
-      expect(retry.headers.getSetCookie()).toEqual([]);
-      expect(await retry.text()).toBe(body);
+      await expectCookieOnce(() =>
+        fetch(`${started.base}/v1/sessions`, { method: "POST", headers, body: "{}" }),
+      );
     });
   },
 );
