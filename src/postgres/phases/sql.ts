@@ -237,38 +237,35 @@ function appended(s: string, t: DbTime, from: string, kind: string, token: strin
   return `${appendEvents(s)} SELECT bucket, claim_id::uuid, $1, $2, ${t.now}, ${kind}, ${token}, ${details} FROM ${from}`;
 }
 
-const cache = new Map<string, PhaseSql>();
-
-/** The statements for a keys table at its current time shift (built once per configuration). */
-export function phaseSql(table: KeyTable): PhaseSql {
-  const time = table.dbTime;
-  const id = `${table.schema}/${time.key}/${table.boundaryOverlapMs}`;
+/**
+ * Built once per configuration (and bucket): `make` runs on a miss. Bounded: tests move the time shift
+ * often, a service uses one configuration and sees a new bucket once per partition width.
+ */
+function cached<T>(cache: Map<string, T>, id: string, make: () => T): T {
   let sql = cache.get(id);
   if (!sql) {
-    // Tests move the time shift often; a service uses one configuration.
     if (cache.size > 200) cache.clear();
-    sql = build(table.schema, time, table.boundaryOverlapMs);
+    sql = make();
     cache.set(id, sql);
   }
   return sql;
 }
 
+const claimCache = new Map<string, PhaseSql>();
 const fencedCache = new Map<string, FencedSql>();
 
-/**
- * The statements on one key row of a keys table, in partition `bucket` (built once per configuration
- * and bucket: a service sees a new bucket once per partition width).
- */
+/** The statements for a keys table at its current time shift. */
+export function phaseSql(table: KeyTable): PhaseSql {
+  const { schema, dbTime, boundaryOverlapMs } = table;
+  return cached(claimCache, `${schema}/${dbTime.key}/${boundaryOverlapMs}`, () =>
+    build(schema, dbTime, boundaryOverlapMs),
+  );
+}
+
+/** The statements on one key row of a keys table, in partition `bucket`. */
 export function fencedSql(table: KeyTable, bucket: number): FencedSql {
-  const time = table.dbTime;
-  const id = `${table.schema}/${time.key}/${bucket}`;
-  let sql = fencedCache.get(id);
-  if (!sql) {
-    if (fencedCache.size > 200) fencedCache.clear();
-    sql = buildFenced(table.schema, time, bucket);
-    fencedCache.set(id, sql);
-  }
-  return sql;
+  const { schema, dbTime } = table;
+  return cached(fencedCache, `${schema}/${dbTime.key}/${bucket}`, () => buildFenced(schema, dbTime, bucket));
 }
 
 /**
