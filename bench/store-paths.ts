@@ -9,9 +9,9 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import type { Claim, StoredResponse } from "../src/core/index.ts";
-import { lookupQuery } from "../src/postgres/atomic/sql.ts";
+import { type LookupRow, lookupQuery, lookupRowOf } from "../src/postgres/atomic/sql.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { type KeyRow, replayOf } from "../src/postgres/keys/row.ts";
+import { replayOf } from "../src/postgres/keys/row.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
@@ -64,8 +64,8 @@ export async function storePathsBench(): Promise<PathRow[]> {
         async () => {
           const c = any();
           const q = lookupQuery(store, c.scope, c.key);
-          const row = (await db.query<KeyRow>(q.text, q.params)).rows[0];
-          if (!row || row.bucket === null || !replayOf(store, c, row)) throw new Error("no replay");
+          const found = (await db.query<LookupRow>(q.text, q.params)).rows[0];
+          if (!found || !replayOf(store, c, lookupRowOf(found))) throw new Error("no replay");
         },
       ],
     ];

@@ -67,7 +67,7 @@ import {
 } from "../keys/row.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import { type AtomicSql, type LockedFound, lockedRowOf } from "./sql.ts";
+import { type AtomicSql, type LockedFound, type LookupRow, lockedRowOf, lookupRowOf } from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -98,9 +98,6 @@ type Attempt =
 interface LockedRow {
   found: LockedFound | string;
 }
-
-/** The row of the lookup without a lock (atomic/sql.ts `lookup`): NULLs when the key has no live row. */
-type LookupRow = Omit<KeyRow, "created_at"> & { created_ms: number };
 
 /** What the locked lookup found. */
 interface Looked {
@@ -200,11 +197,8 @@ export class AtomicRunner {
    */
   private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
     const { rows } = await this.host.db.query<LookupRow>(this.host.sql.lookup, [claim.scope, claim.key]);
-    const found = rows[0]!;
-    const answer =
-      found.bucket === null || found.resource_id != null
-        ? undefined
-        : replayOf(this.host, claim, { ...found, created_at: new Date(found.created_ms) });
+    const row = rows[0] && lookupRowOf(rows[0]);
+    const answer = row === undefined || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
     if (answer) this.finished.remember(id, answer.expiresAt.getTime());
     else this.finished.forget(id);
     return answer;
