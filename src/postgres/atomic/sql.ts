@@ -50,7 +50,10 @@ export function atomicSql(s: string, t: DbTime) {
     // columns, not nine: node-postgres describes each column of each result and copies a row object
     // built field by field, which cost a replay 10 us (CPU profile, 3 Dec 2026). The body stays a
     // bytea column: as hex inside the JSON, a 256 KiB reply took PostgreSQL 4.8 ms instead of 1.0.
-    lookup: `SELECT json_build_object(${rowJson}) AS live, body ${lookupWhere}`,
+    // `needs_review_ms`: set on a phases-mode key whose outcome waits for a person (`replayOf`).
+    lookup: `SELECT json_build_object(${rowJson},
+                      'needs_review_ms', (extract(epoch FROM needs_review_at) * 1000)::float8) AS live, body
+               ${lookupWhere}`,
     // Always one row, over every row of the key a live row may be among (markers and expired rows too;
     // a miss probes the same partitions as `lookup`): the newest live row (not a marker, within
     // retention), whether a row of the key is in the bucket a row saved now goes to (with no live row,
@@ -117,7 +120,7 @@ export interface LockedRowJson extends KeyRowJson {
 
 /** What `lookup` returns when the key has a live row. */
 export interface LookupRow {
-  live: KeyRowJson | string;
+  live: (KeyRowJson & { needs_review_ms: number | null }) | string;
   body: Uint8Array | null;
 }
 
@@ -136,7 +139,10 @@ export function lockedRowOf(j: LockedRowJson): KeyRow {
 
 /** The key row `lookup` found (its `live` column parsed by the driver or not), with its body. */
 export function lookupRowOf(found: LookupRow): KeyRow {
-  return keyRowOf(jsonColumn(found.live), found.body);
+  const j = jsonColumn(found.live);
+  const row = keyRowOf(j, found.body);
+  if (j.needs_review_ms !== null) row.needs_review_at = new Date(j.needs_review_ms);
+  return row;
 }
 
 function keyRowOf(j: KeyRowJson, body: Uint8Array | null): KeyRow {

@@ -38,10 +38,11 @@ import {
   sqlStateOf,
   type WorkResult,
 } from "../../core/index.ts";
+import { atomicSql, type LookupRow, lookupRowOf } from "../atomic/sql.ts";
 import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
-import { type KeyRow, replayOf } from "../keys/row.ts";
+import { replayOf } from "../keys/row.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
 import {
   CLAIM_RELATION,
@@ -408,25 +409,20 @@ export class SingleStatementStore implements AtomicStore<Tx> {
    * undefined when there is none.
    */
   private async replayOf(claim: Claim): Promise<AtomicOutcome | null | undefined> {
-    const { rows } = await this.store.db.query<KeyRow>(this.lookupText(), [claim.scope, claim.key]);
-    const row = rows[0];
-    if (!row) return undefined;
-    return replayOf(this.store, claim, row) ?? null;
+    const { rows } = await this.store.db.query<LookupRow>(this.lookupText(), [claim.scope, claim.key]);
+    const found = rows[0];
+    if (!found) return undefined;
+    return replayOf(this.store, claim, lookupRowOf(found)) ?? null;
   }
 
   /**
-   * The lookup's text, built once per time shift: every replay reads it, and the driver finds its
+   * Atomic mode's lookup, built once per time shift: every replay reads it, and the driver finds its
    * prepared name by the text (a string built per call would be hashed again each time).
    */
   private lookupText(): string {
     const t = this.store.dbTime;
     if (this.lookup?.timeKey === t.key) return this.lookup.text;
-    const text = `SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id,
-                   claim_id::text AS claim_id, needs_review_at
-              FROM ${this.store.schema}.keys
-             WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket}
-               AND created_at > ${t.oldest}
-             ORDER BY bucket DESC LIMIT 1`;
+    const text = atomicSql(this.store.schema, t).lookup;
     this.lookup = { timeKey: t.key, text };
     return text;
   }
