@@ -4,7 +4,7 @@
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
-import { lookupQuery } from "../../src/postgres/atomic/sql.ts";
+import { INLINE_BODY_MAX, lookupQuery } from "../../src/postgres/atomic/sql.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
@@ -91,6 +91,39 @@ describe.each(backends)("atomic store on $name", (backend) => {
     });
     expect(again.kind).toBe("replayed");
     expect(Buffer.from(again.response.body).equals(Buffer.from(bytes))).toBe(true);
+  });
+
+  it("replays a large body saved by another instance byte for byte, and tells another request apart", async () => {
+    // Larger than the locked lookup returns (INLINE_BODY_MAX): read after the lock, without it.
+    const bytes = new Uint8Array(INLINE_BODY_MAX * 3 + 7).map((_, i) => (i * 31) & 0xff);
+    const response: StoredResponse = {
+      status: 200,
+      headers: [["content-type", "application/octet-stream"]],
+      body: bytes,
+    };
+    const report = (note: string) => async (tx: Tx) => {
+      await tx.query("INSERT INTO effects (note) VALUES ($1)", [note]);
+      return { response, save: response };
+    };
+    const c = claimOf("acct_1", "k-large", '{"report":1}');
+    await store.atomic(c, report("large"));
+    // Other instances know nothing of the key: they take the locked path.
+    const again = await (await stores()).atomic(c, report("large-again"));
+    expect(again.kind).toBe("replayed");
+    expect(Buffer.from(again.response.body).equals(Buffer.from(bytes))).toBe(true);
+    expect(again.response.headers).toEqual(response.headers);
+    // The same with the work's statements sent behind the lookup (rolled back: the key is finished).
+    const speculated = await (await stores()).atomic(c, report("large-again"), { speculate: true });
+    expect(speculated.kind).toBe("replayed");
+    expect(Buffer.from(speculated.response.body).equals(Buffer.from(bytes))).toBe(true);
+    const mismatch = await (await stores())
+      .atomic(claimOf("acct_1", "k-large", '{"report":2}'), report("large-again"))
+      .catch((e) => e);
+    expect(isKeyMismatchError(mismatch)).toBe(true);
+    const { rows } = await open.db.query<{ note: string; n: number }>(
+      "SELECT note, count(*)::int AS n FROM effects WHERE note LIKE 'large%' GROUP BY note",
+    );
+    expect(rows).toEqual([{ note: "large", n: 1 }]);
   });
 
   it("answers a different request under the same key with a mismatch and runs nothing", async () => {

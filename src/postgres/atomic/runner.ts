@@ -92,7 +92,9 @@ type Attempt =
   /** Another transaction held the key's lock past LOCK_WAIT_MS: sleep without a connection, try again. */
   | { kind: "busy" }
   /** The work (or a compact reply's rebuild) threw: everything rolled back, and its error is rethrown. */
-  | { kind: "failed"; error: unknown };
+  | { kind: "failed"; error: unknown }
+  /** The key is finished with a large body (`body_elsewhere`): answered by the lookup without a lock. */
+  | { kind: "reread" };
 
 /** The row of the locked lookup (atomic/sql.ts `lockedLookup`): one JSON array. */
 interface LockedRow {
@@ -107,7 +109,11 @@ interface Looked {
   expiresAt: Date;
   /** A row of the key that is not live is in the bucket the key row goes to: it is replaced. */
   replace: boolean;
+  /** The live row is finished, with a body too large for the locked lookup to return. */
+  reread: boolean;
 }
+
+const REREAD: Attempt = { kind: "reread" };
 
 export class AtomicRunner {
   /** This process's atomic calls in progress, by (scope, key), and the duplicates waiting behind each. */
@@ -160,7 +166,15 @@ export class AtomicRunner {
         }
         const attempt = await this.attempt(claim, work, options, spec);
         if (attempt.kind === "failed") throw attempt.error;
-        if (attempt.kind === "answer") {
+        if (attempt.kind === "reread") {
+          // A finished key never changes until it expires: its large body is read without the lock. Not
+          // answered so (it expired meanwhile): the next attempt, after the pause below, decides.
+          const answer = await this.replayWithoutLock(id, claim);
+          if (answer) {
+            finished = true;
+            return answer;
+          }
+        } else if (attempt.kind === "answer") {
           const out = attempt.outcome;
           finished = out.kind === "replayed" || out.saved;
           if (finished && !options.rebuild) this.finished.remember(id, out.expiresAt.getTime());
@@ -263,8 +277,9 @@ export class AtomicRunner {
         running.catch(() => {}); // abandoned below when the key is taken
       }
       let existing: KeyRow | undefined;
+      let reread: boolean;
       try {
-        ({ row: existing, expiresAt, replace } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
+        ({ row: existing, expiresAt, replace, reread } = await lookup); // a lock timeout (55P03) rejects here: busy, retried
       } catch (err) {
         if (sqlStateOf(err) !== SqlState.LockNotAvailable) gate.abandon();
         throw err;
@@ -272,7 +287,7 @@ export class AtomicRunner {
       if (existing) {
         // The key was taken (or finished) meanwhile: roll the work's statements back, then answer.
         gate.abandon();
-        return rollback(await this.answerInTx(claim, existing, tx, undefined));
+        return rollback(reread ? REREAD : await this.answerInTx(claim, existing, tx, undefined));
       }
       gate.free();
       try {
@@ -281,8 +296,9 @@ export class AtomicRunner {
         return rollback({ kind: "failed", error });
       }
     } else {
-      const { row: existing, expiresAt: fresh, replace: here } = await lookup;
+      const { row: existing, expiresAt: fresh, replace: here, reread } = await lookup;
       if (existing) {
+        if (reread) return rollback(REREAD);
         const answer = await this.answerInTx(claim, existing, tx, rebuild);
         return answer.kind === "failed" ? rollback(answer) : commit(answer);
       }
@@ -383,7 +399,9 @@ export class AtomicRunner {
 /** What the locked lookup's row says. */
 function lookedOf([live, here, newExpiresMs]: LockedFound): Looked {
   const row = live === null ? undefined : lockedRowOf(live);
-  return { row, expiresAt: new Date(newExpiresMs), replace: !row && here };
+  // Never replayed from this row (its body is not in it): a live row with a large body is finished.
+  const reread = live?.body_elsewhere === true;
+  return { row, expiresAt: new Date(newExpiresMs), replace: !row && here, reread };
 }
 
 /** Whether `p` settles (either way) before `deadline` (epoch ms). */
