@@ -22,11 +22,11 @@
 import type {
   FastifyReply,
   FastifyRequest,
-  onErrorAsyncHookHandler,
-  onResponseAsyncHookHandler,
+  onErrorHookHandler,
+  onResponseHookHandler,
   onSendAsyncHookHandler,
   preHandlerAsyncHookHandler,
-  preParsingAsyncHookHandler,
+  preParsingHookHandler,
   RouteHandlerMethod,
 } from "fastify";
 import fp from "fastify-plugin";
@@ -83,18 +83,21 @@ interface FastifyRouteOptions {
 /** The options of `idempotency()`: the store, the scope and the route's rules. */
 export interface FastifyIdempotencyOptions extends LifecycleOptions<Tx>, FastifyRouteOptions {}
 
-/** The hooks `idempotency()` returns, to spread into a route's options. */
+/**
+ * The hooks `idempotency()` returns, to spread into a route's options. The hooks that wait for nothing
+ * take Fastify's `done` callback rather than being async: Fastify then has no promise to wait for.
+ */
 export interface IdempotencyHooks {
   /** Keeps a copy of the raw body bytes (for the fingerprint) while Fastify's parsers read them. */
-  preParsing: preParsingAsyncHookHandler;
+  preParsing: preParsingHookHandler;
   /** Claims the key and opens the transaction (`request.idempotency`), then lets the handler run. */
   preHandler: preHandlerAsyncHookHandler;
   /** A handler error rolls back. */
-  onError: onErrorAsyncHookHandler;
+  onError: onErrorHookHandler;
   /** Hands the serialized reply to the engine, waits for the commit, sends what the engine chose. */
   onSend: onSendAsyncHookHandler<unknown>;
   /** A reply that skipped `onSend` (hijacked) rolls back rather than hold the transaction open. */
-  onResponse: onResponseAsyncHookHandler;
+  onResponse: onResponseHookHandler;
 }
 
 /** A request whose handler runs inside a claim: the lifecycle waits for the reply `onSend` passes on. */
@@ -139,6 +142,21 @@ function setHeaders(reply: FastifyReply, headers: Array<[string, string]>): void
   for (const [name, value] of headers) reply.header(name, value);
 }
 
+/**
+ * The handler's own reply with idem's headers added (an executed request: the lifecycle keeps the
+ * handler's pairs, the same objects, and appends its own): only those are set, when none of their names
+ * is set already. False for any other answer (a replay, a problem), which `setHeaders` writes whole.
+ */
+function addedHeaders(reply: FastifyReply, produced: StoredResponse, out: StoredResponse): boolean {
+  const mine = produced.headers;
+  const all = out.headers;
+  if (out.body !== produced.body || all.length < mine.length) return false;
+  for (let i = 0; i < mine.length; i++) if (all[i] !== mine[i]) return false;
+  for (let i = mine.length; i < all.length; i++) if (reply.hasHeader(all[i]![0])) return false;
+  for (let i = mine.length; i < all.length; i++) reply.header(all[i]![0], all[i]![1]);
+  return true;
+}
+
 function send(reply: FastifyReply, r: StoredResponse): FastifyReply {
   setHeaders(reply, r.headers);
   return reply.code(r.status).send(bufferOf(r.body));
@@ -165,14 +183,14 @@ class FastifyIdemRequest implements IdemRequest {
  * Readable's `on`: it does not start the stream flowing, so the parser that comes later (which may rely
  * on its own `on("data")` to start it) finds the stream as Fastify left it. No Transform, no pipe.
  */
-function rawBodyKeeper(rawBodies: WeakMap<FastifyRequest, Buffer[]>): preParsingAsyncHookHandler {
-  return async function preParsing(request, _reply, payload) {
+function rawBodyKeeper(rawBodies: WeakMap<FastifyRequest, Buffer[]>): preParsingHookHandler {
+  return function preParsing(request, _reply, payload, done) {
     const chunks: Buffer[] = [];
     rawBodies.set(request, chunks);
     payload.prependListener("data", (chunk: Buffer | string) => {
       chunks.push(typeof chunk === "string" ? Buffer.from(chunk) : chunk); // a decoding preParsing stream
     });
-    return payload;
+    done(null, payload);
   };
 }
 
@@ -268,9 +286,10 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       pending.set(request, p);
     },
 
-    async onError(request, _reply, error) {
+    onError(request, _reply, error, done) {
       const p = pending.get(request);
       if (p) p.error = error;
+      done();
     },
 
     async onSend(request, reply, payload) {
@@ -278,8 +297,9 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
       if (!p) return payload;
       pending.delete(request);
       const body = await payloadBytes(payload);
+      const produced = { status: reply.statusCode, headers: headerPairs(reply.getHeaders()), body };
       if (p.error !== undefined) p.fail(p.error);
-      else p.reply({ status: reply.statusCode, headers: headerPairs(reply.getHeaders()), body });
+      else p.reply(produced);
       let out: StoredResponse;
       try {
         out = await p.done;
@@ -294,18 +314,21 @@ export function idempotency(options: FastifyIdempotencyOptions): IdempotencyHook
           throw err;
         }
       }
-      setHeaders(reply, out.headers);
+      if (!addedHeaders(reply, produced, out)) setHeaders(reply, out.headers);
       reply.code(out.status);
       return bufferOf(out.body);
     },
 
-    async onResponse(request) {
+    onResponse(request, _reply, done) {
       // A reply that skipped onSend (hijacked): roll back rather than hold the transaction open.
       const p = pending.get(request);
-      if (!p) return;
+      if (!p) return done();
       pending.delete(request);
       p.fail(new Error("idem: the reply was sent without passing onSend (hijacked?); rolled back"));
-      await p.done.catch(() => {});
+      p.done.then(
+        () => done(),
+        () => done(),
+      );
     },
   };
 }
@@ -344,7 +367,7 @@ export interface FastifyPhasesOptions<I> extends PhasesLifecycleOptions, Fastify
  *   app.post("/v1/payments", { preValidation: validate, ...idempotentPhases({ runner, scope, input }) })
  */
 export function idempotentPhases<I>(options: FastifyPhasesOptions<I>): {
-  preParsing: preParsingAsyncHookHandler;
+  preParsing: preParsingHookHandler;
   handler: RouteHandlerMethod;
 } {
   checkRouteOptions("idempotentPhases()", options, "phases");

@@ -67,6 +67,13 @@ async function startFastify({ store, runner }: AppParts) {
     { prefix: "/plugin" },
   );
   app.post("/v1/unkeyed", async () => ({ ok: true })); // beside the plugin's prefix: not affected by it
+  // A handler that takes the response over (hijack) and writes it itself: onSend never runs.
+  app.post("/v1/hijacked", { ...idempotency({ store, scope }) }, async (request, reply) => {
+    const { tx, scope: owner, body } = request.idempotency;
+    await charge(tx, owner, body, (name) => request.headers[name] as string | undefined);
+    reply.hijack();
+    reply.raw.writeHead(201, { "content-type": "application/json" }).end('{"hijacked":true}');
+  });
   await app.register(async (notes) => {
     // A parser in the style of raw-body: it listens for data and end and never calls resume().
     notes.addContentTypeParser("text/plain", (_request, payload, done) => {
@@ -101,6 +108,19 @@ describe.each(backends)("Fastify adapter on $name", (backend) => {
     const outside = await app.post("/v1/unkeyed", { account: acct });
     expect(outside.status).toBe(200);
     expect(await app.rows(acct)).toBe(1);
+  });
+
+  it("rolls back a hijacked reply, which idem never sees, and runs its retry again", async () => {
+    const acct = account();
+    const key = randomUUID();
+    for (let i = 0; i < 2; i++) {
+      const res = await app.post("/v1/hijacked", { account: acct, key });
+      expect(res.status).toBe(201);
+      expect(await res.text()).toBe('{"hijacked":true}');
+      expect(res.headers.get("idempotent-replayed")).toBeNull();
+    }
+    // Rolled back after the response went out: nothing of either run is kept.
+    await expect.poll(() => app.rows(acct)).toBe(0);
   });
 
   it("answers and replays a route whose own parser reads the body with a data listener only", async () => {
