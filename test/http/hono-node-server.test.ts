@@ -79,6 +79,16 @@ describe("Hono on @hono/node-server", () => {
     expect(JSON.parse(Buffer.from(s.body).toString()).text).toBe(body);
   });
 
+  it("lets the handler read a large body again too (decoded only when asked)", async () => {
+    const body = JSON.stringify({ note: "é".repeat(20_000) }); // 40 KB of UTF-8
+    const res = await post("/json", body, "k-json-large");
+    expect(res.status).toBe(201);
+    const got = await res.json();
+    expect(got.text).toBe(body);
+    expect(got.json).toEqual(JSON.parse(body));
+    expect(got.bytes).toBe(Buffer.byteLength(body));
+  });
+
   it("sends and saves each of two Set-Cookie headers once (never replayed, still sent)", async () => {
     const res = await post("/cookies", "{}", "k-cookies");
     expect(res.status).toBe(200);
