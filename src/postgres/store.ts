@@ -317,6 +317,9 @@ export class PostgresStore implements AtomicStore<Tx> {
    * the wait and takes the lock (OFFSET 0 keeps that subquery whole), the outer puts the timeout back
    * in its filter and selects no column (the driver describes and copies every column it is sent).
    * Otherwise, and on Citus (`shardLockSql`), the same as SQL text with the lock id as a literal.
+   * That text with BEGIN would be one statement fewer on the wire, but PostgreSQL parses and plans it
+   * every time: idem/node's keyed requests, the two alternately (3 Dec, 8 rounds), cost PostgreSQL 764
+   * against 667 us and the server 572 against 570 us on a slow machine.
    */
   lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] } {
     const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
