@@ -103,6 +103,35 @@ describe.each(backends)("single-statement store on $name", (backend) => {
     expect(rows[0]!.claim_id).toBe(first.claimId);
   });
 
+  it("lets replays of one finished key that come together share one read, each with its own answer", async () => {
+    const lookups: unknown[] = [];
+    const counted = {
+      ...open.db,
+      query: (sql: string, params?: readonly unknown[]) => {
+        if (/^SELECT json_build_object/.test(sql)) lookups.push(params?.[1]);
+        return open.db.query(sql, params);
+      },
+    } as typeof open.db;
+    const s = new SingleStatementStore(await PostgresStore.open(counted));
+    const c = paymentClaim("acct_1", "k-storm", '{"a":1}');
+    const first = await s.runStatement(c, pay("storm"));
+    expect(first.kind).toBe("executed");
+    // 20 replays at once and a retry whose body changed, in one turn of the event loop: one read.
+    const answers = await Promise.all(Array.from({ length: 20 }, () => s.runStatement(c, pay("storm"))));
+    const changed = await s
+      .runStatement(paymentClaim("acct_1", "k-storm", '{"a":2}'), pay("storm"))
+      .catch((e) => e);
+    expect(isKeyMismatchError(changed)).toBe(true);
+    expect(lookups.filter((k) => k === "k-storm").length).toBe(2); // the 20 together, then the changed one
+    for (const a of answers) {
+      expect(a.kind).toBe("replayed");
+      expect(Buffer.from(a.response.body)).toEqual(Buffer.from(first.response.body));
+    }
+    answers[0]!.response.headers.push(["x-added", "1"]);
+    expect(answers[1]!.response.headers).toEqual([["content-type", "application/json"]]);
+    expect(await payments(open, "storm")).toBe(1);
+  });
+
   it("is an ordinary key row: inspection, the operation lookup and atomic mode see it", async () => {
     const c = paymentClaim("acct_1", "k-seen", "{}");
     const first = await store.runStatement(c, pay("seen"));

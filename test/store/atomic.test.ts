@@ -77,6 +77,43 @@ describe.each(backends)("atomic store on $name", (backend) => {
     expect(rows[0]).toEqual({ n: 1 });
   });
 
+  it("lets replays of one finished key that come together share one read, each with its own answer", async () => {
+    // The statements the store sends, counted on its way to the database.
+    const lookups: string[] = [];
+    const counted: Db = {
+      ...open.db,
+      query: (sql, params) => {
+        if (sql === lookupQuery(store, "acct_1", "k-storm").text) lookups.push(String(params?.[1]));
+        return open.db.query(sql, params);
+      },
+    };
+    const s = await PostgresStore.open(counted);
+    const c = claimOf("acct_1", "k-storm", '{"amount_cents":5000}');
+    const first = await s.atomic(c, (tx) => charge(tx, "storm"));
+    expect(first.kind).toBe("executed");
+    // A retry storm: 20 replays at once, and one retry whose body changed among them.
+    const mismatch = claimOf("acct_1", "k-storm", '{"amount_cents":9999}');
+    const runs = Array.from({ length: 20 }, () => s.atomic(c, (tx) => charge(tx, "storm-again")));
+    const changed = s.atomic(mismatch, (tx) => charge(tx, "storm-changed")).catch((e) => e);
+    const answers = await Promise.all(runs);
+    expect(isKeyMismatchError(await changed)).toBe(true);
+    for (const a of answers) {
+      expect(a.kind).toBe("replayed");
+      expect(Buffer.from(a.response.body)).toEqual(Buffer.from(first.response.body));
+      expect(a.response.headers).toEqual([["content-type", "application/json"]]);
+    }
+    // All 21 came in one turn of the event loop: one read, which the others waited for.
+    expect(lookups).toEqual(["k-storm"]);
+    // Each answer is its own: what one caller appends (idem adds its headers) or writes over is not
+    // seen by another that shared its read.
+    answers[0]!.response.headers.push(["x-added", "1"]);
+    answers[0]!.response.body.fill(0);
+    expect(answers[1]!.response.headers).toEqual([["content-type", "application/json"]]);
+    expect(Buffer.from(answers[1]!.response.body)).toEqual(Buffer.from(first.response.body));
+    const { rows } = await open.db.query("SELECT count(*)::int AS n FROM effects WHERE note LIKE 'storm%'");
+    expect(rows[0]).toEqual({ n: 1 });
+  });
+
   it("replays binary bodies exactly", async () => {
     const bytes = new Uint8Array(256).map((_, i) => i);
     const c = claimOf("acct_1", "k-binary", "{}");

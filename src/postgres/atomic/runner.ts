@@ -34,12 +34,13 @@
  * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
  * take the whole pool from every other account):
  *   - in this process, a duplicate waits in memory behind the call in flight (`inFlight`): when that
- *     call finished the key, every waiter reads the replay at once, side by side; otherwise the key is
- *     handed to the first waiter only;
+ *     call finished the key, every waiter reads the replay at once, in one shared read; otherwise the
+ *     key is handed to the first waiter only;
  *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
  *     the transaction ends, the connection goes back, and the duplicate sleeps and tries again.
  * A key known finished (`finished`) is read without a lock or a transaction, one statement, and never
- * waits behind anyone. Past `lockTimeoutMs` in all: 409 with Retry-After.
+ * waits behind anyone; replays of one key that come while it is being read share that read
+ * (`reads`, keys/shared-reads.ts). Past `lockTimeoutMs` in all: 409 with Retry-After.
  *
  * Every attempt ends in a value (`Attempt`), applied in one place (`atomic`); a throw is a real error.
  */
@@ -71,9 +72,17 @@ import {
   replayOf,
   sameRequest,
 } from "../keys/row.ts";
+import { SharedReads } from "../keys/shared-reads.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import { type AtomicSql, type LockedFound, type LookupRow, lockedRowOf, lookupRowOf } from "./sql.ts";
+import {
+  type AtomicSql,
+  firstLookupRow,
+  type LockedFound,
+  type LookupRow,
+  lockedRowOf,
+  lookupRowOf,
+} from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -126,6 +135,8 @@ export class AtomicRunner {
   private readonly inFlight = new KeysInFlight();
   /** Keys this process saw finished: a retry of one is read first without a lock (finished-hints.ts). */
   private readonly finished = new FinishedHints();
+  /** Those reads in flight: a replay of a key being read joins the read (shared-reads.ts). */
+  private readonly reads = new SharedReads<LookupRow | undefined>();
 
   constructor(private readonly host: AtomicHost) {}
 
@@ -216,8 +227,11 @@ export class AtomicRunner {
    * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
    */
   private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
-    const { rows } = await this.host.db.query<LookupRow>(this.host.sql.lookup, [claim.scope, claim.key]);
-    const row = rows[0] && lookupRowOf(rows[0]);
+    const { result, joined } = this.reads.read(id, () =>
+      this.host.db.query<LookupRow>(this.host.sql.lookup, [claim.scope, claim.key]).then(firstLookupRow),
+    );
+    const found = await result;
+    const row = found && lookupRowOf(found, joined);
     const answer = row === undefined || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
     if (answer) this.finished.remember(id, answer.expiresAt.getTime());
     else this.finished.forget(id);

@@ -150,10 +150,20 @@ export function lockedRowOf(j: LockedRowJson): KeyRow {
   return keyRowOf(j, j.body === null ? null : Buffer.from(j.body, "hex"));
 }
 
-/** The key row `lookup` found (its `live` column parsed by the driver or not), with its body. */
-export function lookupRowOf(found: LookupRow): KeyRow {
+/** The row a `lookup` returned, if any. */
+export function firstLookupRow(result: { rows: LookupRow[] }): LookupRow | undefined {
+  return result.rows[0];
+}
+
+/**
+ * The key row `lookup` found (its `live` column parsed by the driver or not), with its body. `copy`
+ * when `found` is another caller's read (keys/shared-reads.ts): the row then gets a headers list and a
+ * body of its own, since the answer built from them is changed (idem appends its headers to it).
+ */
+export function lookupRowOf(found: LookupRow, copy = false): KeyRow {
   const j = jsonColumn(found.live);
-  const row = keyRowOf(j, found.body);
+  const row = keyRowOf(j, copy && found.body ? Buffer.from(found.body) : found.body);
+  if (copy && Array.isArray(row.headers)) row.headers = row.headers.map(([name, value]) => [name, value]);
   if (j.needs_review_ms !== null) row.needs_review_at = new Date(j.needs_review_ms);
   return row;
 }

@@ -38,11 +38,12 @@ import {
   sqlStateOf,
   type WorkResult,
 } from "../../core/index.ts";
-import { atomicSql, type LookupRow, lookupRowOf } from "../atomic/sql.ts";
+import { atomicSql, firstLookupRow, type LookupRow, lookupRowOf } from "../atomic/sql.ts";
 import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
 import { replayOf } from "../keys/row.ts";
+import { SharedReads } from "../keys/shared-reads.ts";
 import { keyLockId, type PostgresStore } from "../store.ts";
 import {
   CLAIM_RELATION,
@@ -183,6 +184,8 @@ export class SingleStatementStore implements AtomicStore<Tx> {
   private readonly inFlight = new KeysInFlight();
   /** Keys this process saw finished (by this process's clock: a hint; the lookup decides). */
   private readonly finished = new FinishedHints();
+  /** The lookups of keys in flight, shared by the replays that come meanwhile (shared-reads.ts). */
+  private readonly reads = new SharedReads<LookupRow | undefined>();
   /**
    * The built statements by route statement, then body expression: looked up with the route's own
    * strings (constants, whose hashes V8 keeps), not with a key concatenated per request.
@@ -288,7 +291,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
     }
     const deadline = Date.now() + this.lockTimeoutMs;
     // A duplicate in this process waits for the call in progress (atomic mode's queue): a finished
-    // key's waiters read the replay at once, side by side; otherwise the first one takes the key.
+    // key's waiters read the replay at once, in one shared read; otherwise the first one takes the key.
     let ours = false;
     while (this.inFlight.has(id)) {
       const woken = await this.inFlight.wait(id, deadline);
@@ -409,10 +412,13 @@ export class SingleStatementStore implements AtomicStore<Tx> {
    * undefined when there is none.
    */
   private async replayOf(claim: Claim): Promise<AtomicOutcome | null | undefined> {
-    const { rows } = await this.store.db.query<LookupRow>(this.lookupText(), [claim.scope, claim.key]);
-    const found = rows[0];
+    // Shared with the replays of this key that come while it is read (keys/shared-reads.ts).
+    const { result, joined } = this.reads.read(keyIdOf(claim), () =>
+      this.store.db.query<LookupRow>(this.lookupText(), [claim.scope, claim.key]).then(firstLookupRow),
+    );
+    const found = await result;
     if (!found) return undefined;
-    return replayOf(this.store, claim, lookupRowOf(found)) ?? null;
+    return replayOf(this.store, claim, lookupRowOf(found, joined)) ?? null;
   }
 
   /**
