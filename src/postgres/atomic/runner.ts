@@ -75,14 +75,7 @@ import {
 import { SharedReads } from "../keys/shared-reads.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import {
-  type AtomicSql,
-  firstLookupRow,
-  type LockedFound,
-  type LookupRow,
-  lockedRowOf,
-  lookupRowOf,
-} from "./sql.ts";
+import { type AtomicSql, type LockedFound, type LookupRow, lockedRowOf, readLiveRow } from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -227,11 +220,7 @@ export class AtomicRunner {
    * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
    */
   private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
-    const { result, joined } = this.reads.read(id, () =>
-      this.host.db.query<LookupRow>(this.host.sql.lookup, [claim.scope, claim.key]).then(firstLookupRow),
-    );
-    const found = await result;
-    const row = found && lookupRowOf(found, joined);
+    const row = await readLiveRow(this.reads, this.host.db, this.host.sql.lookup, id, claim);
     const answer = row === undefined || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
     if (answer) this.finished.remember(id, answer.expiresAt.getTime());
     else this.finished.forget(id);

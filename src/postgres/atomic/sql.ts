@@ -9,9 +9,10 @@
  * $8 claim id): the key row with its reply, as the transaction's last statement; `replaceDone` (the
  * same parameters) when an expired row of the key is in that partition.
  */
-import { jsonColumn } from "../db.ts";
+import { type Db, jsonColumn } from "../db.ts";
 import type { DbTime } from "../db-time.ts";
 import type { KeyRow } from "../keys/row.ts";
+import type { SharedReads } from "../keys/shared-reads.ts";
 
 export type AtomicSql = ReturnType<typeof atomicSql>;
 
@@ -150,9 +151,22 @@ export function lockedRowOf(j: LockedRowJson): KeyRow {
   return keyRowOf(j, j.body === null ? null : Buffer.from(j.body, "hex"));
 }
 
-/** The row a `lookup` returned, if any. */
-export function firstLookupRow(result: { rows: LookupRow[] }): LookupRow | undefined {
-  return result.rows[0];
+/**
+ * The key's live row as `lookup` (`text`, built for the store's time) reads it, or undefined: one read
+ * shared with the replays of the key that come while it is in flight (keys/shared-reads.ts), each
+ * caller with a row of its own to answer from.
+ */
+export function readLiveRow(
+  reads: SharedReads<LookupRow | undefined>,
+  db: Db,
+  text: string,
+  id: string,
+  claim: { scope: string; key: string },
+): Promise<KeyRow | undefined> {
+  const { result, joined } = reads.read(id, () =>
+    db.query<LookupRow>(text, [claim.scope, claim.key]).then((r) => r.rows[0]),
+  );
+  return result.then((found) => found && lookupRowOf(found, joined));
 }
 
 /**

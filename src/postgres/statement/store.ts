@@ -38,7 +38,7 @@ import {
   sqlStateOf,
   type WorkResult,
 } from "../../core/index.ts";
-import { atomicSql, firstLookupRow, type LookupRow, lookupRowOf } from "../atomic/sql.ts";
+import { atomicSql, type LookupRow, readLiveRow } from "../atomic/sql.ts";
 import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
@@ -412,13 +412,9 @@ export class SingleStatementStore implements AtomicStore<Tx> {
    * undefined when there is none.
    */
   private async replayOf(claim: Claim): Promise<AtomicOutcome | null | undefined> {
-    // Shared with the replays of this key that come while it is read (keys/shared-reads.ts).
-    const { result, joined } = this.reads.read(keyIdOf(claim), () =>
-      this.store.db.query<LookupRow>(this.lookupText(), [claim.scope, claim.key]).then(firstLookupRow),
-    );
-    const found = await result;
-    if (!found) return undefined;
-    return replayOf(this.store, claim, lookupRowOf(found, joined)) ?? null;
+    const row = await readLiveRow(this.reads, this.store.db, this.lookupText(), keyIdOf(claim), claim);
+    if (!row) return undefined;
+    return replayOf(this.store, claim, row) ?? null;
   }
 
   /**
