@@ -51,6 +51,8 @@ export class DbTime {
   readonly newestBucket: string;
   /** Says which store configuration the statements were built for (a cache key). */
   readonly key: string;
+  /** The newest time a lookup reads the bucket of (`newestBucket`'s instant). */
+  private readonly ahead: string;
 
   constructor(
     readonly offsetMs: number,
@@ -62,7 +64,8 @@ export class DbTime {
     this.oldest = `(${this.now} - interval '${Math.trunc(retentionMs)} milliseconds')`;
     this.bucket = this.bucketOf(this.now);
     this.oldestBucket = this.bucketOf(this.oldest);
-    this.newestBucket = this.bucketOf(`(${this.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`);
+    this.ahead = `(${this.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`;
+    this.newestBucket = this.bucketOf(this.ahead);
     this.key = `${offset}/${widthMs}/${retentionMs}`;
   }
 
@@ -83,9 +86,22 @@ export class DbTime {
     };
   }
 
-  /** SQL: whether buckets `lo`..`hi` hold every one the database's clock says a lookup must read. */
+  /**
+   * SQL: whether buckets `lo`..`hi` hold every one the database's clock says a lookup must read. Said
+   * with the instants where `lo` starts and `hi` ends, not with bucket numbers: `oldestBucket >= lo`
+   * exactly when `oldest` is at or after the start of `lo`, and `newestBucket <= hi` exactly when the
+   * lookup's newest instant is before the start of `hi + 1` (a bucket is epoch ms over the width, floored).
+   * A bucket number is numeric arithmetic, about 2 us each time PostgreSQL works one out (3 Dec 2026).
+   */
   covers(range: { lo: number; hi: number }): string {
-    return `(${this.oldestBucket} >= ${Math.trunc(range.lo)} AND ${this.newestBucket} <= ${Math.trunc(range.hi)})`;
+    const from = this.instantOf(Math.trunc(range.lo));
+    const until = this.instantOf(Math.trunc(range.hi) + 1);
+    return `(${this.oldest} >= ${from} AND ${this.ahead} < ${until})`;
+  }
+
+  /** SQL: the instant bucket `b` starts at, as an exact timestamptz literal. */
+  private instantOf(b: number): string {
+    return `'${new Date(b * Math.trunc(this.widthMs)).toISOString()}'::timestamptz`;
   }
 
   /**

@@ -2,7 +2,7 @@
  * The store contract: every driver (PGlite, and pg + postgres.js on the real server) must behave the same.
  */
 import pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { isKeyInFlightError, isKeyMismatchError, type StoredResponse } from "../../src/core/index.ts";
 import { INLINE_BODY_MAX, lookupQuery } from "../../src/postgres/atomic/sql.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
@@ -83,7 +83,8 @@ describe.each(backends)("atomic store on $name", (backend) => {
     const counted: Db = {
       ...open.db,
       query: (sql, params) => {
-        if (sql === lookupQuery(store, "acct_1", "k-storm").text) lookups.push(String(params?.[1]));
+        // A read of the key without a lock: `lookupAround`, or `lookup` after it (atomic/sql.ts).
+        if (/ AS live, body\s/.test(sql)) lookups.push(String(params?.[1]));
         return open.db.query(sql, params);
       },
     };
@@ -113,6 +114,53 @@ describe.each(backends)("atomic store on $name", (backend) => {
     const { rows } = await open.db.query("SELECT count(*)::int AS n FROM effects WHERE note LIKE 'storm%'");
     expect(rows[0]).toEqual({ n: 1 });
   });
+
+  // On PGlite the database runs in this process and reads its clock: the two cannot disagree.
+  it.skipIf(backend.name === "pglite")(
+    "reads by the database's clock when this process's clock jumps after the store measured it",
+    async () => {
+      // The reads name the partitions from this process's estimate of the database's time; a clock
+      // stepped back three days (an NTP step, a VM resumed) names the wrong ones, and they say so.
+      const sent: string[] = [];
+      const counted: Db = {
+        ...open.db,
+        query: (sql, params) => {
+          sent.push(sql);
+          return open.db.query(sql, params);
+        },
+      };
+      const s = await PostgresStore.open(counted);
+      const c = claimOf("acct_1", "k-clock-jump", '{"amount_cents":5000}');
+      const first = await s.atomic(c, (tx) => charge(tx, "clock-jump"));
+      expect(first.kind).toBe("executed");
+      vi.useFakeTimers({ toFake: ["Date"] });
+      try {
+        vi.setSystemTime(Date.now() - 3 * DAY);
+        sent.length = 0;
+        // A replay of the key this process saw finished: read without a lock, then by the database's clock.
+        const again = await s.atomic(c, (tx) => charge(tx, "clock-jump-again"));
+        expect(again.kind).toBe("replayed");
+        expect(Buffer.from(again.response.body)).toEqual(Buffer.from(first.response.body));
+        expect(sent).toContain(lookupQuery(s, "acct_1", c.key).text);
+        // A new key: the locked lookup reads by the database's clock too, and the key is saved once.
+        const k = claimOf("acct_1", "k-clock-jump-new", '{"amount_cents":5000}');
+        const fresh = await s.atomic(k, (tx) => charge(tx, "clock-jump-new"));
+        expect(fresh.kind).toBe("executed");
+        const other = await PostgresStore.open(open.db); // another instance, its clock as wrong
+        const replay = await other.atomic(k, (tx) => charge(tx, "clock-jump-new-again"));
+        expect(replay.kind).toBe("replayed");
+        expect(Buffer.from(replay.response.body)).toEqual(
+          Buffer.from(fresh.kind === "executed" ? fresh.response.body : []),
+        );
+      } finally {
+        vi.useRealTimers();
+      }
+      const { rows } = await open.db.query(
+        "SELECT count(*)::int AS n FROM effects WHERE note LIKE 'clock-jump%'",
+      );
+      expect(rows[0]).toEqual({ n: 2 });
+    },
+  );
 
   it("replays binary bodies exactly", async () => {
     const bytes = new Uint8Array(256).map((_, i) => i);

@@ -220,7 +220,8 @@ export class AtomicRunner {
    * no live row, or it is not finished, or it is compact (rebuilt inside a transaction).
    */
   private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
-    const row = await readLiveRow(this.reads, this.host.db, this.host.sql.lookup, id, claim);
+    const host = this.host;
+    const row = await readLiveRow(this.reads, host.db, host.sql, host.estimatedNowMs(), id, claim);
     const answer = row === undefined || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
     if (answer) this.finished.remember(id, answer.expiresAt.getTime());
     else this.finished.forget(id);

@@ -38,7 +38,7 @@ import {
   sqlStateOf,
   type WorkResult,
 } from "../../core/index.ts";
-import { atomicSql, type LookupRow, readLiveRow } from "../atomic/sql.ts";
+import { type AtomicSql, atomicSql, type LookupRow, readLiveRow } from "../atomic/sql.ts";
 import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { FinishedHints } from "../keys/finished-hints.ts";
 import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
@@ -192,7 +192,7 @@ export class SingleStatementStore implements AtomicStore<Tx> {
    */
   private readonly texts = new Map<string, Map<string, BuiltText>>();
   private textCount = 0;
-  private lookup: { timeKey: string; text: string } | undefined;
+  private atomicBuilt: { timeKey: string; sql: AtomicSql } | undefined;
   /**
    * Until when (this process's clock: a hint) statements go out whole: the common statement last
    * declined (the database's now was in a partition's first `boundaryOverlapMs`, or this process's
@@ -412,21 +412,29 @@ export class SingleStatementStore implements AtomicStore<Tx> {
    * undefined when there is none.
    */
   private async replayOf(claim: Claim): Promise<AtomicOutcome | null | undefined> {
-    const row = await readLiveRow(this.reads, this.store.db, this.lookupText(), keyIdOf(claim), claim);
+    const store = this.store;
+    const row = await readLiveRow(
+      this.reads,
+      store.db,
+      this.atomicStatements(),
+      store.estimatedNowMs(),
+      keyIdOf(claim),
+      claim,
+    );
     if (!row) return undefined;
     return replayOf(this.store, claim, row) ?? null;
   }
 
   /**
-   * Atomic mode's lookup, built once per time shift: every replay reads it, and the driver finds its
-   * prepared name by the text (a string built per call would be hashed again each time).
+   * Atomic mode's statements, built once per time shift: every replay reads their lookup, and the
+   * driver finds its prepared name by the text (a string built per call would be hashed again each time).
    */
-  private lookupText(): string {
+  private atomicStatements(): AtomicSql {
     const t = this.store.dbTime;
-    if (this.lookup?.timeKey === t.key) return this.lookup.text;
-    const text = atomicSql(this.store.schema, t).lookup;
-    this.lookup = { timeKey: t.key, text };
-    return text;
+    if (this.atomicBuilt?.timeKey === t.key) return this.atomicBuilt.sql;
+    const sql = atomicSql(this.store.schema, t);
+    this.atomicBuilt = { timeKey: t.key, sql };
+    return sql;
   }
 
   /**
