@@ -3,7 +3,7 @@
  * the first minutes of a partition (claim plus boundary marker, in one transaction). Exactly one
  * request takes the lease; the others are told the key is in flight.
  */
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { isKeyInFlightError } from "../../src/core/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
@@ -13,6 +13,7 @@ import { claimOf, deferred, openWorld, paymentsRunner, type World } from "./help
 sayWhySkippedWithoutServer();
 
 const PAY = { amount_cents: 1500, currency: "eur" };
+const DAY = 86_400_000;
 
 describe.each(serverBackends)("first claims on $name", (backend) => {
   let w: World;
@@ -61,5 +62,34 @@ describe.each(serverBackends)("first claims on $name", (backend) => {
       [true, bucket - 1],
     ]);
     expect(await w.counts("claim-boundary")).toMatchObject({ charges: 1, receipts: 1 });
+  });
+
+  it("claims by the database's clock when this process's clock jumps after the store measured it", async () => {
+    // The claim names the partitions it reads from this process's estimate of the database's time. A
+    // clock stepped back three days (an NTP step, a VM resumed) names the wrong ones: the statement
+    // says so and claims nothing, and the claim goes by the database's clock. Without that check the
+    // key saved yesterday (in the partition before the current one) would be claimed again: a second
+    // charge.
+    const now = new TestTime(Date.UTC(2034, 1, 5, 23));
+    const store = await PostgresStore.open(w.db, { timeShift: now, retentionMs: 2 * DAY });
+    const runner = paymentsRunner(store, w.provider.url);
+    const c = claimOf("acct", "claim-clock-jump", PAY);
+    const first = await runner.run(c, PAY);
+    expect(first.kind).toBe("executed");
+    now.ms = Date.UTC(2034, 1, 6, 1); // the next partition, past its boundary overlap
+    vi.useFakeTimers({ toFake: ["Date"] });
+    try {
+      vi.setSystemTime(Date.now() - 3 * DAY);
+      const again = await runner.run(c, PAY);
+      expect(again.kind).toBe("replayed");
+      expect(Buffer.from(again.response.body)).toEqual(Buffer.from(first.response.body));
+      const k = claimOf("acct", "claim-clock-jump-new", PAY);
+      expect((await runner.run(k, PAY)).kind).toBe("executed");
+      expect((await runner.run(k, PAY)).kind).toBe("replayed");
+    } finally {
+      vi.useRealTimers();
+    }
+    expect(await w.counts("claim-clock-jump")).toMatchObject({ charges: 1, receipts: 1 });
+    expect(await w.counts("claim-clock-jump-new")).toMatchObject({ charges: 1, receipts: 1 });
   });
 });

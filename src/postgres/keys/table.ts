@@ -25,6 +25,12 @@ export interface KeyTable {
   readonly sealer?: Sealer;
   /** Make sure the partitions around the database's now exist. */
   ensurePartitions(): Promise<void>;
+  /**
+   * This process's estimate of the database's time, in epoch ms: a hint that names the partitions a
+   * claim reads (the statement checks it against the database's clock). Without it, every claim works
+   * out its partitions from the database's clock.
+   */
+  estimatedNowMs?(): number;
 }
 
 /** Several keys tables, one per shard, with the scope's route (a `ShardedStore` is one). */

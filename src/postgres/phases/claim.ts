@@ -43,6 +43,17 @@ export async function lookupKey(table: KeyTable, scope: string, key: string): Pr
   return rows[0];
 }
 
+/** What the lookup-or-claim statements return: the live row's columns (null when none), and the claim. */
+type LookedOrClaimed = PhaseRow & {
+  found: boolean;
+  needs_marker: boolean;
+  claimed_bucket: number | null;
+  claimed_at: Date | null;
+  claimed_id: string | null;
+  /** `lookupOrClaimAround` only: whether its partitions hold every one a live row may be in. */
+  covered?: boolean;
+};
+
 /** What a claim statement returns about the row it inserted. */
 interface Claimed {
   bucket: number;
@@ -66,21 +77,22 @@ export async function acquire<I, D>(
     // The common case in one round trip: look the key up and, if it is new (and no boundary marker is
     // due: the database's now decides), claim it with our lease.
     const token = randomUUID();
-    const { rows } = await withPartitions(table, () =>
-      table.db.query<
-        PhaseRow & {
-          found: boolean;
-          needs_marker: boolean;
-          claimed_bucket: number | null;
-          claimed_at: Date | null;
-          claimed_id: string | null;
-        }
-      >(
-        s.asyncRecoveryPoints ? sql.lookupOrClaimAsync : sql.lookupOrClaim,
-        claimParams(s, table, claim, token, input),
-      ),
+    const params = claimParams(s, table, claim, token, input);
+    const lookupOrClaim = (text: string) =>
+      withPartitions(table, () => table.db.query<LookedOrClaimed>(text, params)).then(({ rows }) => rows[0]!);
+    const estimated = table.estimatedNowMs?.();
+    let read = await lookupOrClaim(
+      estimated === undefined
+        ? s.asyncRecoveryPoints
+          ? sql.lookupOrClaimAsync
+          : sql.lookupOrClaim
+        : sql.lookupOrClaimAround(estimated, s.asyncRecoveryPoints),
     );
-    const read = rows[0]!;
+    // The partitions named from the estimate miss one the database's clock says a live row may be in
+    // (nothing was claimed): look up and claim by that clock alone.
+    if (read.covered === false) {
+      read = await lookupOrClaim(s.asyncRecoveryPoints ? sql.lookupOrClaimAsync : sql.lookupOrClaim);
+    }
     if (read.claimed_bucket !== null && read.claimed_bucket !== undefined) {
       const claimed = {
         bucket: read.claimed_bucket,
