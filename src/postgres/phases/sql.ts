@@ -135,8 +135,9 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
   //
   // With `range`, the lookup reads the partitions named (`DbTime.rangeAround`): PostgreSQL prunes the
   // others when it plans the statement instead of working out two bucket numbers at every execution
-  // (pgbench -M prepared, one client, 3 Dec 2026: 158-164 us per claim round trip against 195-202). The INSERT then
-  // also waits for `covered`: a lookup that may have missed a live row must not claim its key.
+  // (pgbench -M prepared, one client, 3 Dec 2026: 158-164 us per claim round trip against 195-202).
+  // The INSERT then also waits for `covered`: a lookup that may have missed a live row must not claim
+  // its key.
   const lookupOrClaim = (asyncCommit: boolean, range?: { lo: number; hi: number }) => `WITH found AS (${found(
     live("$1", "$2", range ? `bucket >= ${range.lo} AND bucket <= ${range.hi}` : window),
   )}),
