@@ -32,6 +32,12 @@ const LOOKUP_AHEAD_MS = 600_000;
  */
 const HINT_MARGIN_MS = 60_000;
 
+/** Partitions `lo` to `hi` (bucket numbers, both included). */
+export interface BucketRange {
+  lo: number;
+  hi: number;
+}
+
 /** Moves the time the store's statements read by `offsetMs` (tests: expire leases and keys without waiting). */
 export interface TimeShift {
   offsetMs: number;
@@ -51,6 +57,8 @@ export class DbTime {
   readonly newestBucket: string;
   /** Says which store configuration the statements were built for (a cache key). */
   readonly key: string;
+  /** SQL: a lookup's partitions by the database's clock (two bucket numbers worked out per execution). */
+  readonly window: string;
   /** The newest time a lookup reads the bucket of (`newestBucket`'s instant). */
   private readonly ahead: string;
 
@@ -66,6 +74,7 @@ export class DbTime {
     this.oldestBucket = this.bucketOf(this.oldest);
     this.ahead = `(${this.now} + interval '${LOOKUP_AHEAD_MS} milliseconds')`;
     this.newestBucket = this.bucketOf(this.ahead);
+    this.window = `bucket >= ${this.oldestBucket} AND bucket <= ${this.newestBucket}`;
     this.key = `${offset}/${widthMs}/${retentionMs}`;
   }
 
@@ -79,10 +88,28 @@ export class DbTime {
    * with a margin: named as constants in a statement, PostgreSQL prunes the other partitions when it
    * plans the statement (once per connection) instead of at every execution. `covers` checks them.
    */
-  rangeAround(estimatedMs: number): { lo: number; hi: number } {
+  rangeAround(estimatedMs: number): BucketRange {
     return {
       lo: Math.floor((estimatedMs - this.retentionMs - HINT_MARGIN_MS) / this.widthMs),
       hi: Math.floor((estimatedMs + LOOKUP_AHEAD_MS + HINT_MARGIN_MS) / this.widthMs),
+    };
+  }
+
+  /** SQL: the partitions `range` names, as constants (PostgreSQL prunes the others when it plans). */
+  static named(range: BucketRange): string {
+    return `bucket >= ${Math.trunc(range.lo)} AND bucket <= ${Math.trunc(range.hi)}`;
+  }
+
+  /**
+   * `make` per range of partitions named from an estimate (`rangeAround`), keeping the last range's
+   * value: an estimate moves on to a new range once per partition width, so statements are built then.
+   */
+  aroundEstimate<T>(make: (range: BucketRange) => T): (estimatedMs: number) => T {
+    let last: (BucketRange & { value: T }) | undefined;
+    return (estimatedMs) => {
+      const range = this.rangeAround(estimatedMs);
+      if (last?.lo !== range.lo || last.hi !== range.hi) last = { ...range, value: make(range) };
+      return last.value;
     };
   }
 
@@ -93,7 +120,7 @@ export class DbTime {
    * lookup's newest instant is before the start of `hi + 1` (a bucket is epoch ms over the width, floored).
    * A bucket number is numeric arithmetic, about 2 us each time PostgreSQL works one out (3 Dec 2026).
    */
-  covers(range: { lo: number; hi: number }): string {
+  covers(range: BucketRange): string {
     const from = this.instantOf(Math.trunc(range.lo));
     const until = this.instantOf(Math.trunc(range.hi) + 1);
     return `(${this.oldest} >= ${from} AND ${this.ahead} < ${until})`;

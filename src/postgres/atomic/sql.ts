@@ -21,17 +21,13 @@
  * locked lookup 56-70 against 39-47.
  */
 import { type Db, jsonColumn } from "../db.ts";
-import type { DbTime } from "../db-time.ts";
+import { DbTime } from "../db-time.ts";
 import type { KeyRow } from "../keys/row.ts";
 import type { SharedReads } from "../keys/shared-reads.ts";
 
 export type AtomicSql = ReturnType<typeof atomicSql>;
 
 export function atomicSql(s: string, t: DbTime) {
-  // The partitions a lookup reads: by the database's clock (bucket numbers worked out per execution),
-  // or named as constants (`...Around`).
-  const window = `bucket >= ${t.oldestBucket} AND bucket <= ${t.newestBucket}`;
-  const named = ({ lo, hi }: { lo: number; hi: number }) => `bucket >= ${lo} AND bucket <= ${hi}`;
   // Epoch ms, not a timestamptz: the driver parses a timestamp with a regular expression per row, and
   // every locked attempt reads this one.
   const expiresNew = `(extract(epoch FROM ${t.now}) * 1000)::float8 + ${Math.trunc(t.retentionMs)}`;
@@ -71,42 +67,31 @@ export function atomicSql(s: string, t: DbTime) {
                FROM ${s}.keys
               WHERE scope = $1 AND key = $2 AND NOT marker AND ${buckets} AND created_at > ${t.oldest}
               ORDER BY bucket DESC LIMIT 1`;
-  let around: { lo: number; hi: number; text: string } | undefined;
-  let replayAround: { lo: number; hi: number; text: string } | undefined;
   return {
-    lookup: lookup(window),
+    lookup: lookup(t.window),
     /**
      * `lookup` in the partitions named from this process's estimate of the database's time
      * (`estimatedMs`), and one more row, of nulls, when they miss one the database's clock says a live
      * row may be in: the caller then reads `lookup` (`readLiveRow`).
      */
-    lookupAround(estimatedMs: number): string {
-      const range = t.rangeAround(estimatedMs);
-      if (replayAround?.lo !== range.lo || replayAround.hi !== range.hi) {
-        const text = `(${lookup(named(range))})
-            UNION ALL SELECT NULL, NULL WHERE NOT ${t.covers(range)}`;
-        replayAround = { ...range, text };
-      }
-      return replayAround.text;
-    },
+    lookupAround: t.aroundEstimate(
+      (range) => `(${lookup(DbTime.named(range))})
+            UNION ALL SELECT NULL, NULL WHERE NOT ${t.covers(range)}`,
+    ),
     // Always one row, over every row of the key a live row may be among (markers and expired rows too;
     // a miss probes the same partitions as `lookup`): the newest live row (not a marker, within
     // retention), whether a row of the key is in the bucket a row saved now goes to (with no live row,
     // it is replaced by `replaceDone`), and when a key saved in this transaction expires.
-    lockedLookup: lockedLookup(window),
+    lockedLookup: lockedLookup(t.window),
     /**
      * `lockedLookup` in the partitions named from this process's estimate of the database's time
      * (`estimatedMs`). Its fourth element, `covered`, says whether they hold every partition the
      * database's clock says a live row may be in; when false (the estimate was off by more than the
      * margin), the caller reads `lockedLookup`.
      */
-    lockedLookupAround(estimatedMs: number): string {
-      const range = t.rangeAround(estimatedMs);
-      if (around?.lo !== range.lo || around.hi !== range.hi) {
-        around = { ...range, text: lockedLookup(named(range), `, ${t.covers(range)}`) };
-      }
-      return around.text;
-    },
+    lockedLookupAround: t.aroundEstimate((range) =>
+      lockedLookup(DbTime.named(range), `, ${t.covers(range)}`),
+    ),
     // The key row with its reply, when the locked lookup found no row of the key in this bucket: a plain
     // INSERT (no arbiter to look up, no subplan). A row there meanwhile fails it on the primary key
     // (23505), which rolls the transaction back. Into the bucket's partition by name (no routing), a

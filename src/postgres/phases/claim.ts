@@ -80,19 +80,14 @@ export async function acquire<I, D>(
     const params = claimParams(s, table, claim, token, input);
     const lookupOrClaim = (text: string) =>
       withPartitions(table, () => table.db.query<LookedOrClaimed>(text, params)).then(({ rows }) => rows[0]!);
+    const byDbClock = s.asyncRecoveryPoints ? sql.lookupOrClaimAsync : sql.lookupOrClaim;
     const estimated = table.estimatedNowMs?.();
     let read = await lookupOrClaim(
-      estimated === undefined
-        ? s.asyncRecoveryPoints
-          ? sql.lookupOrClaimAsync
-          : sql.lookupOrClaim
-        : sql.lookupOrClaimAround(estimated, s.asyncRecoveryPoints),
+      estimated === undefined ? byDbClock : sql.lookupOrClaimAround(estimated, s.asyncRecoveryPoints),
     );
     // The partitions named from the estimate miss one the database's clock says a live row may be in
     // (nothing was claimed): look up and claim by that clock alone.
-    if (read.covered === false) {
-      read = await lookupOrClaim(s.asyncRecoveryPoints ? sql.lookupOrClaimAsync : sql.lookupOrClaim);
-    }
+    if (read.covered === false) read = await lookupOrClaim(byDbClock);
     if (read.claimed_bucket !== null && read.claimed_bucket !== undefined) {
       const claimed = {
         bucket: read.claimed_bucket,

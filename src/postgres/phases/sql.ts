@@ -17,7 +17,7 @@
  * data-modifying CTE: a fenced write is then `WITH u AS (UPDATE ...) INSERT INTO key_events ...`, whose
  * count is the UPDATE's (1: done; 0: the fence refused it).
  */
-import { DbTime } from "../db-time.ts";
+import { type BucketRange, DbTime } from "../db-time.ts";
 import type { KeyRow } from "../keys/row.ts";
 import type { KeyTable } from "../keys/table.ts";
 import { appendEvents } from "./history.ts";
@@ -96,8 +96,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
    * not in the partitions made ahead (no row goes there: db-time.ts, LOOKUP_AHEAD_MS), as atomic mode
    * reads it. On a daily-partitioned table, 3 buffers for a miss instead of 7.
    */
-  const window = `bucket >= ${t.oldestBucket} AND bucket <= ${t.newestBucket}`;
-  const live = (scope: string, key: string, buckets = window) =>
+  const live = (scope: string, key: string, buckets = t.window) =>
     `scope = ${scope} AND key = ${key} AND NOT marker AND ${buckets} AND created_at > ${t.oldest}`;
   const found = (where: string) => `SELECT ${ROW} FROM ${s}.keys WHERE ${where} ORDER BY bucket DESC LIMIT 1`;
   /**
@@ -138,8 +137,8 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
   // (pgbench -M prepared, one client, 3 Dec 2026: 158-164 us per claim round trip against 195-202).
   // The INSERT then also waits for `covered`: a lookup that may have missed a live row must not claim
   // its key.
-  const lookupOrClaim = (asyncCommit: boolean, range?: { lo: number; hi: number }) => `WITH found AS (${found(
-    live("$1", "$2", range ? `bucket >= ${range.lo} AND bucket <= ${range.hi}` : window),
+  const lookupOrClaim = (asyncCommit: boolean, range?: BucketRange) => `WITH found AS (${found(
+    live("$1", "$2", range ? DbTime.named(range) : t.window),
   )}),
          place AS (${range ? `SELECT *, ${t.covers(range)} AS covered FROM (${place}) p0` : place}),
          claimed AS (
@@ -154,9 +153,10 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
            c.created_at AS claimed_at, c.claim_id AS claimed_id${range ? ", p.covered" : ""}
            ${asyncCommit ? ", set_config('synchronous_commit', 'off', true) AS async_commit" : ""}
       FROM place p LEFT JOIN found f ON true LEFT JOIN claimed c ON true`;
-  // The last range's texts (both commit forms): a process's estimate moves on to a new range once per
-  // partition width.
-  let around: { lo: number; hi: number; sync: string; async: string } | undefined;
+  const around = t.aroundEstimate((range) => ({
+    sync: lookupOrClaim(false, range),
+    async: lookupOrClaim(true, range),
+  }));
 
   return {
     lookup: found(live("$1", "$2")),
@@ -165,11 +165,8 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
     // extra round trip, and the session's setting is left alone.
     lookupOrClaimAsync: lookupOrClaim(true),
     lookupOrClaimAround(estimatedMs, asyncCommit) {
-      const range = t.rangeAround(estimatedMs);
-      if (around?.lo !== range.lo || around.hi !== range.hi) {
-        around = { ...range, sync: lookupOrClaim(false, range), async: lookupOrClaim(true, range) };
-      }
-      return asyncCommit ? around.async : around.sync;
+      const texts = around(estimatedMs);
+      return asyncCommit ? texts.async : texts.sync;
     },
     claim: `WITH place AS (SELECT bucket, marker AND $9::boolean AS marker FROM (${place}) p0),
          ins AS (
