@@ -13,6 +13,7 @@
 import { poolerError, sqlStateOf } from "../core/sqlstate.ts";
 import { type Listen, listenWithPg, listenWithPostgresJs } from "../messaging/listen.ts";
 import type { Db } from "./db.ts";
+import type { PostgresJsLike } from "./drivers/postgres-js.ts";
 
 /** A PostgreSQL URL taken apart (see {@link parseDatabaseUrl}). */
 export interface DatabaseUrl {
@@ -201,8 +202,18 @@ function chooseDriver(url: DatabaseUrl, driver: OpenDatabaseUrlOptions["driver"]
   return url.multiHost ? "postgres" : "pg";
 }
 
+/**
+ * postgres.js's default export, as far as idem calls it. Typed here rather than from its declarations,
+ * which changed shape in 4.0 (`export =` became `export default`): the same code then type-checks
+ * against either major version.
+ */
+type PostgresJsFactory = (
+  url: string,
+  options: { max: number; connect_timeout: number; onnotice: () => void },
+) => PostgresJsLike & Parameters<typeof listenWithPostgresJs>[0];
+
 async function postgresJs(url: DatabaseUrl, max: number, connectTimeoutMs: number) {
-  const mod = (await importDriver("postgres")) as { default: typeof import("postgres") };
+  const mod = (await importDriver("postgres")) as { default: PostgresJsFactory };
   return mod.default(url.url, {
     max,
     connect_timeout: Math.max(1, Math.ceil(connectTimeoutMs / 1000)),

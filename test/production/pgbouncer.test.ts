@@ -5,6 +5,7 @@
  * it. Nothing is configured for the pooler: the drivers find it on their first connection.
  */
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 import pg from "pg";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -26,6 +27,13 @@ import { lifecycleContract } from "../http/contract-lifecycle.ts";
 import { startHono } from "../http/hono-app.ts";
 import { missing } from "../infra/common.ts";
 import { type PgBouncer, startPgBouncer } from "../infra/pgbouncer.ts";
+
+/** The installed postgres.js's major version (the repository tests with 3; its peer range admits 4). */
+const POSTGRES_JS_MAJOR = Number(
+  JSON.parse(
+    readFileSync(new URL("../../node_modules/postgres/package.json", import.meta.url), "utf8"),
+  ).version.split(".")[0],
+);
 
 const why = DATABASE_URL ? missing({ pgbouncer: ["pgbouncer"] }) : "no DATABASE_URL";
 
@@ -106,7 +114,10 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
       await pin(first);
       const second = await pidOf((insert) => sql.begin((tx) => tx.unsafe(insert)));
       expect(second).not.toBe(first);
-      expect(await count()).toBe(1); // postgres.js 3.4.9: the second COMMIT was a rollback
+      // postgres.js 3: the second COMMIT was a rollback. 4.1 no longer loses it (checked by hand with
+      // 4.1.0 in place of the repository's 3.4.9); either way the adapter's below must keep both.
+      const kept = await count();
+      expect(kept).toBe(POSTGRES_JS_MAJOR === 3 ? 1 : 2);
       await Promise.all(holders.splice(0).map((c) => c.end()));
 
       // The adapter's, the same way: both are written.
@@ -118,7 +129,7 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
         db.transaction(async (tx) => (await tx.query(insert)).rows),
       );
       expect(fourth).not.toBe(third);
-      expect(await count()).toBe(3);
+      expect(await count()).toBe(kept + 2);
     } finally {
       await Promise.all(holders.map((c) => c.end()));
       await sql.end({ timeout: 5 });

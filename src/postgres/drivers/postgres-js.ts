@@ -14,7 +14,7 @@ export interface PostgresJsReserved extends PostgresJsQueryable {
 }
 /** What `fromPostgresJs` needs of postgres.js's `sql` (typed structurally: not imported at run time). */
 export interface PostgresJsLike extends PostgresJsQueryable {
-  /** A connection of its own until `release()` (postgres.js 3.4+): idem's transactions run on one. */
+  /** A connection of its own until `release()` (postgres.js 3.4+ and 4): idem's transactions run on one. */
   reserve(): Promise<PostgresJsReserved>;
   /** Close the connections, waiting at most `timeout` seconds for running queries. */
   end(options?: { timeout?: number }): Promise<void>;
