@@ -64,11 +64,21 @@ describe.each(serverOrEmbedded)("stored input and short retention on $name", (ba
     expect((await runner.run(c, pay)).kind).toBe("executed");
     w.now.ms += 5_000;
     expect((await runner.run(c, pay)).kind).toBe("replayed");
+    const firstClaim = (await w.store.inspect("acct", "reused-done"))!.claimId!;
     w.now.ms += RETENTION_MS;
     const again = await runner.run(c, pay);
     expect(again.kind).toBe("executed");
     expect(again.response.status).toBe(201);
     expect(await w.counts("reused-done")).toMatchObject({ payments: 2 });
+    // Each claim is a new downstream operation: a new claim id, time-ordered (UUIDv7) so that the
+    // history's index on it is appended to, not written at random.
+    const secondClaim = (await w.store.inspect("acct", "reused-done"))!.claimId!;
+    for (const id of [firstClaim, secondClaim])
+      expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab]/);
+    expect(secondClaim > firstClaim).toBe(true);
+    const keys = w.provider.charges().map((charge) => charge.idempotency_key);
+    expect(keys).toContain(`acct:${firstClaim}`);
+    expect(keys).toContain(`acct:${secondClaim}`);
   });
 
   it("an abandoned key (lease held by a dead worker) reused after its expiry is new, not 409", async () => {

@@ -25,6 +25,7 @@ import { leaseTakenOver } from "../../observability/phases.ts";
 import { replayOf } from "../keys/row.ts";
 import { type KeyTable, withPartitions } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
+import { uuidv7 } from "../uuid7.ts";
 import { type Lease, retryAfter } from "./lease.ts";
 import { fencedSql, type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";
 
@@ -124,7 +125,14 @@ export async function acquire<I, D>(
   }
 }
 
-/** $1..$8 of the claim statements. */
+/**
+ * $1..$9 of the claim statements. The claim id ($9) is a UUIDv7 from this process, not the column's
+ * random default: every event of the key's history is indexed by it (`key_events (claim_id, at)`), and
+ * time-ordered ids append at the index's right edge, where random ones write all over a day's
+ * partition (its pages read back and logged whole after each checkpoint once it outgrows the cache).
+ * Only uniqueness matters to what the id does; a process whose clock is off only moves where its ids
+ * land in the index.
+ */
 function claimParams<I>(s: ClaimSettings, table: KeyTable, claim: Claim, token: string, input: I): unknown[] {
   return [
     claim.scope,
@@ -135,6 +143,7 @@ function claimParams<I>(s: ClaimSettings, table: KeyTable, claim: Claim, token: 
     s.leaseMs,
     s.name,
     JSON.stringify(sealJson(table.sealer, input, sealContext(claim.scope, claim.key, "request"))),
+    uuidv7(),
   ];
 }
 

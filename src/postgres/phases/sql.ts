@@ -8,7 +8,8 @@
  * what varies per call is a parameter.
  *
  * The claim statements take: $1 scope, $2 key, $3 fingerprint, $4 first recovery point, $5 lease token,
- * $6 lease length in ms, $7 runner name, $8 input (JSON text). The fenced statements take: $1 scope,
+ * $6 lease length in ms, $7 runner name, $8 input (JSON text), $9 the claim id (a UUIDv7 made by the
+ * process: see claim.ts). The fenced statements take: $1 scope,
  * $2 key, $3 bucket, $4 our lease token; every write they make ends in `AND lease_token = $4`, so a
  * worker whose lease was taken over changes nothing. They are built per bucket (`fencedSql`), which
  * they also name as a literal.
@@ -45,7 +46,7 @@ export interface PhaseSql {
   lookup: string;
   /**
    * Look up and, when there is no live row and no boundary marker is due, claim: one round trip
-   * ($1..$8). Returns the live row (`found`), or what was claimed (`claimed_*`), or `needs_marker`.
+   * ($1..$9). Returns the live row (`found`), or what was claimed (`claimed_*`), or `needs_marker`.
    */
   lookupOrClaim: string;
   /** The same, committed without waiting for the WAL flush. */
@@ -58,7 +59,7 @@ export interface PhaseSql {
    */
   lookupOrClaimAround(estimatedMs: number, asyncCommit: boolean): string;
   /**
-   * Insert the claim ($1..$8), with a boundary marker in the previous bucket when one is due and $9 is
+   * Insert the claim ($1..$9), with a boundary marker in the previous bucket when one is due and $10 is
    * true. Run in a transaction: `inserted` must be 2 with a marker, else 1.
    */
   claim: string;
@@ -81,7 +82,7 @@ export interface FencedSql {
 }
 
 const COLUMNS = `(bucket, scope, key, fingerprint, created_at, recovery_point, lease_token, lease_until, runner,
-                  request, updated_at, marker)`;
+                  request, updated_at, claim_id, marker)`;
 
 function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
   const NOW = t.now;
@@ -107,7 +108,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
   const place = `SELECT ${t.bucket} AS bucket,
          extract(epoch FROM ${NOW})::float8 * 1000 - ${t.bucket}::float8 * ${Math.trunc(t.widthMs)} < ${Math.trunc(overlapMs)}
            AS marker`;
-  const claimed = `$1, $2, $3, ${NOW}, $4, $5::uuid, ${leaseUntil("$6")}, $7, $8::text::jsonb, ${NOW}`;
+  const claimed = `$1, $2, $3, ${NOW}, $4, $5::uuid, ${leaseUntil("$6")}, $7, $8::text::jsonb, ${NOW}, $9::uuid`;
   /**
    * A row already under this (scope, key, bucket) blocks the claim, unless it has expired: with a
    * retention shorter than a partition, a key reused after its expiry lands on its old row's primary
@@ -168,7 +169,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
       const texts = around(estimatedMs);
       return asyncCommit ? texts.async : texts.sync;
     },
-    claim: `WITH place AS (SELECT bucket, marker AND $9::boolean AS marker FROM (${place}) p0),
+    claim: `WITH place AS (SELECT bucket, marker AND $10::boolean AS marker FROM (${place}) p0),
          ins AS (
            INSERT INTO ${s}.keys AS k ${COLUMNS}
            SELECT p.bucket - m.back, ${claimed}, m.back = 1
