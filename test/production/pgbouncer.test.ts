@@ -28,7 +28,7 @@ import { startHono } from "../http/hono-app.ts";
 import { missing } from "../infra/common.ts";
 import { type PgBouncer, startPgBouncer } from "../infra/pgbouncer.ts";
 
-/** The installed postgres.js's major version (the repository tests with 3; its peer range admits 4). */
+/** The installed postgres.js's major version (the repository tests with 4.1; its peer range admits 3.4). */
 const POSTGRES_JS_MAJOR = Number(
   JSON.parse(
     readFileSync(new URL("../../node_modules/postgres/package.json", import.meta.url), "utf8"),
@@ -114,8 +114,8 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
       await pin(first);
       const second = await pidOf((insert) => sql.begin((tx) => tx.unsafe(insert)));
       expect(second).not.toBe(first);
-      // postgres.js 3: the second COMMIT was a rollback. 4.1 no longer loses it (checked by hand with
-      // 4.1.0 in place of the repository's 3.4.9); either way the adapter's below must keep both.
+      // postgres.js 3: the second COMMIT was a rollback (3.4.9). 4.1 no longer loses it; either way
+      // the adapter's below must keep both.
       const kept = await count();
       expect(kept).toBe(POSTGRES_JS_MAJOR === 3 ? 1 : 2);
       await Promise.all(holders.splice(0).map((c) => c.end()));
