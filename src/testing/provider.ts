@@ -6,7 +6,8 @@
  *       with `Idempotency-Key`
  *       200 the charge; a repeat of the key returns the same charge (`Idempotent-Replayed: true`);
  *       402 card declined (also remembered under the key); 422 the key was used with other parameters;
- *       400 a malformed request. With `idempotency: false` the key is ignored: every request charges.
+ *       400 a malformed request; 413 a body over 64 KiB. With `idempotency: false` the key is ignored:
+ *       every request charges.
  *   GET  /v1/charges   every charge made, in order, with the idempotency key it received
  *                      (`?scope=acct_1`: only those whose key is `acct_1:...`)
  *   GET  /v1/charges?reference=acct:k1   the charges made with that reference (your own id for the
@@ -144,19 +145,23 @@ function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
 
+/** The largest request body the simulator reads; a larger one is answered 413. */
+const BODY_LIMIT = 64 * 1024;
+class BodyTooLargeError extends Error {}
+
 /**
  * The request's body as text, at most `limit` bytes. Read with the stream's events rather than
  * `for await`: the async iterator costs a promise and a callback per chunk and showed in the
  * simulator's profile under the phases bench.
  */
-function readBody(req: IncomingMessage, limit = 64 * 1024): Promise<string> {
+function readBody(req: IncomingMessage, limit = BODY_LIMIT): Promise<string> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
     req.on("data", (chunk: Buffer) => {
       size += chunk.length;
       if (size <= limit) chunks.push(chunk);
-      else reject(new Error("body too large")); // the rest is read and dropped: the answer can still go out
+      else reject(new BodyTooLargeError()); // the rest is read and dropped: the answer can still go out
     });
     req.on("end", () =>
       resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")),
@@ -248,8 +253,14 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     let input: { amount?: unknown; currency?: unknown; card?: unknown; reference?: unknown };
     try {
       input = JSON.parse(await readBody(req));
-    } catch {
-      return send(res, 400, errorBody("invalid_request_error", "invalid_json", "The body is not JSON."));
+    } catch (e) {
+      return e instanceof BodyTooLargeError
+        ? send(
+            res,
+            413,
+            errorBody("invalid_request_error", "body_too_large", `The body is over ${BODY_LIMIT} bytes.`),
+          )
+        : send(res, 400, errorBody("invalid_request_error", "invalid_json", "The body is not JSON."));
     }
     const { amount, currency } = input;
     const card = input.card === undefined || input.card === null ? null : String(input.card);

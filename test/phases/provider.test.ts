@@ -40,6 +40,19 @@ describe("provider simulator", () => {
     expect(mine.map((c) => c.status)).toEqual(["failed", "failed"]);
   });
 
+  it("answers a body over 64 KiB with 413 and charges nothing", async () => {
+    const before = p.charges().length;
+    const res = await fetch(`${p.url}/v1/charges`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "idempotency-key": "k-huge" },
+      body: JSON.stringify({ amount: 5000, currency: "eur", reference: "x".repeat(70_000) }),
+    });
+    expect(res.status).toBe(413);
+    expect(await res.json()).toMatchObject({ error: { code: "body_too_large" } });
+    expect(p.charges()).toHaveLength(before);
+    expect((await charge(p, "k-after-huge")).kind).toBe("charged"); // the server still answers
+  });
+
   it("refuses a key reused with other parameters (final, not retryable)", async () => {
     await charge(p, "k-reuse");
     expect(await charge(p, "k-reuse", { amount: 1 })).toMatchObject({ kind: "rejected", status: 422 });
