@@ -103,16 +103,22 @@ function shortVerdict(v: string | undefined): string {
   return v.replace(/^(yes|no):? ?/, "").replace(/^\((.*)\)$/, "$1");
 }
 
-/** Two bars per keyed variant (keyed first-time / bare, replay / bare), a line at 1 = bare, and the two checks. */
+/**
+ * Up to three bars per keyed variant (keyed first-time / bare; for idem, keyed / hand-tx on its framework;
+ * replay / bare), a line at 1 (= bare, or hand-tx), and the two checks.
+ */
 export function compareSvg(c: Comparison, footer: string): string {
   const rows = c.rows.filter((r) => r.kind !== "bare");
   const W = 1100;
   const LABEL_W = 230;
   const BAR_W = 380;
   const CHECK_X = LABEL_W + BAR_W + 60;
-  const ROW_H = 46;
+  const ROW_H = 62;
   const top = 86;
-  const max = Math.max(1.5, ...rows.flatMap((r) => [r.keyedRatio?.max ?? 0, r.replayRatio?.max ?? 0]));
+  const max = Math.max(
+    1.5,
+    ...rows.flatMap((r) => [r.keyedRatio?.max ?? 0, r.handRatio?.max ?? 0, r.replayRatio?.max ?? 0]),
+  );
   const x = (v: number) => LABEL_W + (v / max) * BAR_W;
   const parts: string[] = [];
   rows.forEach((r: CompareRow, i) => {
@@ -121,11 +127,12 @@ export function compareSvg(c: Comparison, footer: string): string {
       parts.push(`<line x1="16" x2="${W - 16}" y1="${y - 3}" y2="${y - 3}" stroke="#d0d7de"/>`);
     parts.push(
       `<text x="${LABEL_W - 10}" y="${y + 17}" class="label" text-anchor="end">${esc(r.short)}</text>`,
-      `<text x="${LABEL_W - 10}" y="${y + 32}" class="axis" text-anchor="end">${esc(r.kind === "idem" ? "atomic, pg pipeline" : r.kind === "hand" ? `by hand, ${r.framework === "node" ? "node:http" : r.framework}` : "Express, Redis")}</text>`,
+      `<text x="${LABEL_W - 10}" y="${y + 32}" class="axis" text-anchor="end">${esc(r.kind === "idem" ? (r.name === "idem-statement" ? "single statement, node:http" : "atomic, pg pipeline") : r.kind === "hand" ? `by hand, ${r.framework === "node" ? "node:http" : r.framework}` : "Express, Redis")}</text>`,
     );
     for (const [j, ratio, color] of [
-      [0, r.keyedRatio, "#3b6ea5"],
-      [1, r.replayRatio, "#d1793a"],
+      [0, r.keyedRatio, KEYED],
+      [1, r.kind === "hand" ? undefined : r.handRatio, HAND],
+      [2, r.replayRatio, REPLAY],
     ] as const) {
       if (!ratio) continue;
       const by = y + 4 + j * 18;
@@ -164,17 +171,23 @@ export function compareSvg(c: Comparison, footer: string): string {
 <rect width="100%" height="100%" fill="#ffffff"/>
 <text x="16" y="28" class="title">Throughput relative to a bare handler (same framework, same run), and two correctness checks</text>
 <text x="16" y="48" class="sub">${esc(footer)}</text>
-<rect x="${LABEL_W}" y="60" width="12" height="10" fill="#3b6ea5"/><text x="${LABEL_W + 16}" y="69" class="axis">keyed first-time / bare</text>
-<rect x="${LABEL_W + 150}" y="60" width="12" height="10" fill="#d1793a"/><text x="${LABEL_W + 166}" y="69" class="axis">replay / bare</text>
+<rect x="${LABEL_W}" y="60" width="12" height="10" fill="${KEYED}"/><text x="${LABEL_W + 16}" y="69" class="axis">keyed first-time / bare</text>
+<rect x="${LABEL_W + 150}" y="60" width="12" height="10" fill="${HAND}"/><text x="${LABEL_W + 166}" y="69" class="axis">keyed / hand-tx</text>
+<rect x="${LABEL_W + 265}" y="60" width="12" height="10" fill="${REPLAY}"/><text x="${LABEL_W + 281}" y="69" class="axis">replay / bare</text>
 <text x="${CHECK_X}" y="69" class="axis">runs each key once (50 at once)</text>
 <text x="${CHECK_X + 190}" y="69" class="axis">survives a crash (kill -9, retry)</text>
 <line x1="${one.toFixed(1)}" x2="${one.toFixed(1)}" y1="${top - 6}" y2="${top + rows.length * ROW_H}" stroke="#59636e" stroke-dasharray="4 3"/>
-<text x="${one.toFixed(1)}" y="${top + rows.length * ROW_H + 14}" class="axis" text-anchor="middle">1 = bare</text>
+<text x="${one.toFixed(1)}" y="${top + rows.length * ROW_H + 14}" class="axis" text-anchor="middle">1 = bare (hand-tx for the middle bar)</text>
 ${parts.join("\n")}
 <text x="16" y="${H - 12}" class="axis">${esc(`wrk, ${c.settings.connections} connections, pg pool of ${c.settings.poolSize}; ${c.settings.rounds} round(s) of ${c.settings.sliceSeconds} s slices, interleaved; bar = median ratio, line = lowest to highest round.`)}</text>
 </svg>
 `;
 }
+
+/** The bars' colours: keyed / bare, keyed / hand-tx, replay / bare. */
+const KEYED = "#3b6ea5";
+const HAND = "#4c9a5b";
+const REPLAY = "#d1793a";
 
 /** Words in lines of at most `width` characters, at most `lines` of them (the last one cut with …). */
 function wrap(text: string, width: number, lines: number): string[] {
