@@ -134,4 +134,42 @@ describe.skipIf(!DATABASE_URL)("node-postgres adapter: statement path (real serv
       expect((await q).rows).toEqual([{ v: "first" }]);
     });
   });
+
+  it("queues no statement behind another on a client without pipeline (deprecated since pg 8.19)", async () => {
+    // node-postgres warns ("Calling client.query() when the client is already executing a query is
+    // deprecated") when a query is added while another waits in its queue; it warns once per process,
+    // so the test reads the queue itself at every call.
+    const queued: number[] = [];
+    const original = pg.Client.prototype.query;
+    const spy = vi.spyOn(pg.Client.prototype, "query").mockImplementation(function (
+      this: pg.Client & { _queryQueue: unknown[] },
+      ...args: unknown[]
+    ) {
+      queued.push(this._queryQueue.length);
+      return original.apply(this, args as never);
+    } as never);
+    try {
+      const db = dbOf(poolOf(), true);
+      const out = await db.transaction(
+        async (tx) => {
+          // Statements sent together: the lock's, a handler's two at once, and the last before COMMIT.
+          const [a, b] = await Promise.all([
+            tx.query<{ v: number }>("SELECT $1::int AS v", [1]),
+            tx.query<{ v: number }>("SELECT $1::int AS v", [2]),
+          ]);
+          tx.final("SELECT $1::int AS v", [3]);
+          return [a.rows[0]!.v, b.rows[0]!.v];
+        },
+        {
+          before: { sql: "SELECT $1::int AS v", params: [0] },
+          begin: { sql: "SELECT pg_advisory_xact_lock($1)", params: [42] },
+        },
+      );
+      expect(out).toEqual([1, 2]);
+      expect(queued.length).toBeGreaterThanOrEqual(7); // before, BEGIN, lock, two, final, COMMIT
+      expect(Math.max(...queued)).toBe(0);
+    } finally {
+      spy.mockRestore();
+    }
+  });
 });

@@ -249,21 +249,42 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
       };
       client.on("error", onError);
       const wire = corkable(client);
-      // BEGIN is not awaited on its own: node-postgres queues (or, in pipeline mode, pipelines) the
-      // next statement behind it, and its failure surfaces at the first statement or at COMMIT. In
+      const pipelined = wire.pipelined;
+      // A client without `pipeline` sends a statement only once the previous one has answered, so
+      // sending them one after the other here costs no round trip. Queued on the client instead (a
+      // statement added while another waits in its queue), node-postgres 8.19 and later print a
+      // DeprecationWarning in the user's process ("Calling client.query() when the client is already
+      // executing a query is deprecated and will be removed in pg@9.0").
+      let tail: Promise<unknown> | undefined;
+      const serial = <R>(send: () => Promise<R>): Promise<R> => {
+        const p = tail === undefined ? send() : tail.then(send, send);
+        tail = p;
+        return p;
+      };
+      /** A statement of the transaction (prepared like any other), in order, with its parameters as now. */
+      const statement = <R>(sql: string, params: readonly unknown[] | undefined): Promise<QueryResult<R>> => {
+        if (pipelined) return run<R>(client, sql, params, asNamed);
+        const values = params?.slice(); // the caller may change its array before this is sent
+        return serial(() => run<R>(client, sql, values, asNamed));
+      };
+      /** A simple-protocol statement (BEGIN, COMMIT, a script), in order. */
+      const simple = (text: string): Promise<unknown> =>
+        pipelined ? client.query(text) : serial(() => client.query(text));
+      // BEGIN is not awaited on its own: the next statement follows it (sent once it answered, or, in
+      // pipeline mode, pipelined behind it), and its failure surfaces at the first statement or at COMMIT. In
       // pipeline mode the socket is corked meanwhile, so BEGIN and that statement leave in one write.
       wire.cork();
       // `before` commits on its own (autocommit) ahead of BEGIN on this connection; it fails the
       // transaction where BEGIN would, at the first statement or at COMMIT.
-      const before = opts?.before && run(client, opts.before.sql, opts.before.params, asNamed);
+      const before = opts?.before && statement(opts.before.sql, opts.before.params);
       const extra = opts?.begin;
-      let begun: Promise<unknown> | undefined = client.query(
+      let begun: Promise<unknown> | undefined = simple(
         typeof extra === "string" && extra ? `BEGIN; ${extra}` : "BEGIN",
       );
       // A parameterised `begin` follows BEGIN on the wire (prepared like any statement, so it is not
       // parsed and planned each time as a script would be).
       if (extra && typeof extra !== "string") {
-        const first = run(client, extra.sql, extra.params, asNamed);
+        const first = statement(extra.sql, extra.params);
         begun = Promise.all([begun, first]);
       }
       if (before) begun = Promise.all([before, begun]);
@@ -297,7 +318,7 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
         final(sql, params) {
           // Corked until COMMIT is queued behind it: the two leave in one write.
           wire.cork();
-          last = run(client, sql, params, asNamed);
+          last = statement(sql, params);
           last.catch(() => {});
         },
         // Not an async function: the statement's own promise is returned as it is (an async layer
@@ -307,7 +328,7 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
           if (last) wire.uncork(); // a statement after final() (against its contract) must not wait for COMMIT
           let q: Promise<QueryResult<R>>;
           try {
-            q = run<R>(client, sql, params, asNamed);
+            q = statement<R>(sql, params);
           } catch (err) {
             return Promise.reject(err);
           }
@@ -321,7 +342,7 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
         },
         async exec(sql: string) {
           if (last) wire.uncork();
-          const q = client.query(sql);
+          const q = simple(sql);
           if (held) release();
           if (begun) {
             q.catch(() => {});
@@ -341,17 +362,17 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
           if (readOnlyDone) {
             // What it read is the answer (a speculative work's statements are only being discarded):
             // pipelined, the ROLLBACK need not be waited for, as the read-only COMMIT below.
-            client.query("ROLLBACK").catch(() => {});
+            simple("ROLLBACK").catch(() => {});
             throw err;
           }
-          await client.query("ROLLBACK").catch(() => {
+          await simple("ROLLBACK").catch(() => {
             broken = true;
           });
           throw err;
         }
         // With `last` queued, COMMIT follows it on the wire; if `last` failed, PostgreSQL answers the
         // COMMIT of the aborted transaction with a rollback, and we report `last`'s error.
-        const commit = client.query("COMMIT");
+        const commit = simple("COMMIT");
         release();
         if (readOnlyDone && !last) {
           // Nothing written, everything read: the COMMIT only ends the transaction (and frees its
