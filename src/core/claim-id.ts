@@ -2,8 +2,9 @@
  * A claim's identity: which claim of a key a key row is. A key (scope, key) is claimed, kept for the
  * retention window, forgotten, and may then be claimed again: each claim is a new row identity
  * (`keys.claim_id`, a UUID given by the store: time-ordered in phases mode, whose history is indexed
- * by it), kept by every retry, takeover and completer run of that claim. Anything that must name "this operation" outside idem names the claim, never
- * `scope:key`, which outlives our retention and would make a reused key meet an old claim's effect.
+ * by it), kept by every retry, takeover and completer run of that claim. Anything that must name "this
+ * operation" outside idem names the claim, never `scope:key`, which outlives our retention and would
+ * make a reused key meet an old claim's effect.
  */
 
 /**

@@ -271,8 +271,9 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
       const simple = (text: string): Promise<unknown> =>
         pipelined ? client.query(text) : serial(() => client.query(text));
       // BEGIN is not awaited on its own: the next statement follows it (sent once it answered, or, in
-      // pipeline mode, pipelined behind it), and its failure surfaces at the first statement or at COMMIT. In
-      // pipeline mode the socket is corked meanwhile, so BEGIN and that statement leave in one write.
+      // pipeline mode, pipelined behind it), and its failure surfaces at the first statement or at
+      // COMMIT. In pipeline mode the socket is corked meanwhile, so BEGIN and that statement leave in one
+      // write.
       wire.cork();
       // `before` commits on its own (autocommit) ahead of BEGIN on this connection; it fails the
       // transaction where BEGIN would, at the first statement or at COMMIT.
