@@ -11,8 +11,7 @@
  * $6 lease length in ms, $7 runner name, $8 input (JSON text), $9 the claim id (a UUIDv7 made by the
  * process: see claim.ts). The fenced statements take: $1 scope, $2 key, $3 bucket, $4 our lease token;
  * every write they make ends in `AND lease_token = $4`, so a worker whose lease was taken over changes
- * nothing. They are built per bucket (`fencedSql`), which
- * they also name as a literal.
+ * nothing. They are built per bucket (`fencedSql`), which they also name as a literal.
  *
  * Each statement that changes a key also appends its event to the key's history (history.ts) with a
  * data-modifying CTE: a fenced write is then `WITH u AS (UPDATE ...) INSERT INTO key_events ...`, whose
