@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, keys, prepared, pg-driver, sealing, otel, retention, scale, citus (or names after `--`:
+ * http, compare, client, phases, messaging, outbox-notify, keys, prepared, pg-driver, sealing, otel, retention, scale, citus (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -261,6 +261,29 @@ if (wanted("messaging")) {
           ]
         : [],
     );
+  });
+}
+
+// What the outbox's NOTIFY trigger costs the transactions that write events (bench/outbox-notify.ts).
+if (wanted("outbox-notify")) {
+  const group = "Outbox writers: a payment and an event per transaction";
+  await optionalBench("outbox-notify", group, (value) => {
+    const r = value as { withTriggerTps?: number; withoutTriggerTps?: number } | undefined;
+    if (typeof r?.withTriggerTps !== "number" || typeof r.withoutTriggerTps !== "number") return [];
+    return [
+      {
+        group,
+        scenario: "with the NOTIFY trigger",
+        throughput: r.withTriggerTps,
+        unit: "tx/s",
+      },
+      {
+        group,
+        scenario: "without it (relays poll)",
+        throughput: r.withoutTriggerTps,
+        unit: "tx/s",
+      },
+    ];
   });
 }
 
