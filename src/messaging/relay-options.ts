@@ -51,7 +51,8 @@ export interface RelayOptions {
   listen?: Listen;
   /**
    * How often an idle relay looks for work anyway. Default 5,000 ms with `listen`, 500 ms without (and
-   * when `listen` fails at `start()`, e.g. through a pooler: `ListenUnavailableError`).
+   * when `listen` fails at `start()`, e.g. through a pooler: `ListenUnavailableError`, or when the
+   * outbox has no NOTIFY trigger: `MigrateOptions.outboxNotify`).
    */
   pollMs?: number;
   /** Published rows older than this are deleted. 0 keeps them. Default 86,400,000 (24 h). */

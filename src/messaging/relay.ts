@@ -159,6 +159,15 @@ export class Relay {
         const e = errorOf(err);
         this.#onError(new Error(`${e.message}; polling every ${this.#pollMs} ms instead`, { cause: e }));
       }
+      if (this.#subscription && (await this.#notifyDropped())) {
+        if (!this.#pollMsGiven) this.#pollMs = POLL_WITHOUT_LISTEN_MS;
+        this.#onError(
+          new Error(
+            `${this.#schema}.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus), ` +
+              `so nothing wakes this relay: polling every ${this.#pollMs} ms`,
+          ),
+        );
+      }
     }
     for (let i = 0; i < this.#concurrency; i++) this.#loops.push(this.#loop());
     if (this.#retentionMs > 0) {
@@ -167,6 +176,21 @@ export class Relay {
       };
       this.#cleanupTimer = setInterval(tick, this.#cleanupEveryMs);
       this.#cleanupTimer.unref();
+    }
+  }
+
+  /** Whether the outbox's wake-up trigger is gone (`MigrateOptions.outboxNotify`). False when unsure. */
+  async #notifyDropped(): Promise<boolean> {
+    try {
+      const { rows } = await this.#db.query<{ dropped: boolean }>(
+        `SELECT to_regclass($1) IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = 'outbox_notify' AND tgenabled <> 'D'
+         ) AS dropped`,
+        [`${this.#schema}.outbox`],
+      );
+      return rows[0]?.dropped === true;
+    } catch {
+      return false; // the database is away: the loops will say so
     }
   }
 

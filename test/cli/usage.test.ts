@@ -2,9 +2,10 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import pg from "pg";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { main } from "../../src/cli/main.ts";
-import { DATABASE_URL } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
 
 afterEach(() => vi.restoreAllMocks());
 
@@ -28,6 +29,7 @@ describe("idem's exit codes", () => {
     [["sweep", "--retention-hours=-3"], /--retention-hours takes a positive number/],
     [["provider", "--port", "70000"], /--port takes a port number/],
     [["migrate", "--bogus"], /Unknown option '--bogus' \(idem migrate --help shows every option\)/],
+    [["migrate", "--outbox-notify", "maybe"], /--outbox-notify takes on or off/],
     [["serve"], /unknown command "serve"/],
   ])("%j is bad usage: exit 2 and one line", async (argv, message) => {
     const { code, err } = await runCli(argv);
@@ -87,4 +89,35 @@ describe.skipIf(!DATABASE_URL)("a database that does not exist", () => {
     expect(err).toContain("createdb -h 127.0.0.1");
     expect(err).not.toContain("cannot reach");
   });
+});
+
+describe.skipIf(!DATABASE_URL)("idem migrate --outbox-notify", () => {
+  it("drops the outbox's NOTIFY trigger with off and puts it back with on", async () => {
+    const fresh = await freshDatabase();
+    const count = async () => {
+      const c = new pg.Client({ connectionString: fresh.url });
+      await c.connect();
+      try {
+        const { rows } = await c.query(
+          "SELECT count(*)::int AS n FROM pg_trigger WHERE tgrelid = 'idem.outbox'::regclass AND tgname = 'outbox_notify'",
+        );
+        return rows[0].n as number;
+      } finally {
+        await c.end();
+      }
+    };
+    try {
+      const off = await runCli(["migrate", "--outbox-notify", "off", "--database-url", fresh.url]);
+      expect(off.code).toBe(0);
+      expect(off.out).toContain("outbox NOTIFY trigger dropped");
+      expect(await count()).toBe(0);
+      expect((await runCli(["migrate", "--database-url", fresh.url])).code).toBe(0);
+      expect(await count()).toBe(0); // a plain migrate leaves it off
+      const on = await runCli(["migrate", "--outbox-notify=on", "--database-url", fresh.url]);
+      expect(on.code).toBe(0);
+      expect(await count()).toBe(1);
+    } finally {
+      await fresh.drop();
+    }
+  }, 60_000);
 });
