@@ -144,9 +144,16 @@ export async function migrate(db: Db, options: MigrateOptions = {}): Promise<Mig
 
 /**
  * Drop or put back the outbox's NOTIFY trigger (`MigrateOptions.outboxNotify`), as sql/0003 made it.
- * Both are no-ops when there is nothing to do, so instances that start at once may all run it.
+ * DDL only when the trigger is not already as asked: both take a lock on the outbox that waits for its
+ * writers, and a service whose role may not change tables can then pass the option at every start.
+ * Instances that change it at the same moment tolerate each other.
  */
 async function setOutboxNotify(db: Db, schema: string, on: boolean): Promise<void> {
+  const { rows } = await db.query<{ n: number }>(
+    "SELECT count(*)::int AS n FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = 'outbox_notify'",
+    [`${schema}.outbox`],
+  );
+  if (Number(rows[0]?.n) > 0 === on) return;
   if (!on) {
     await db.exec(`DROP TRIGGER IF EXISTS outbox_notify ON ${schema}.outbox`);
     return;
@@ -157,11 +164,10 @@ async function setOutboxNotify(db: Db, schema: string, on: boolean): Promise<voi
         "on more than one node fails its two-phase commit; relays there find events by polling",
     );
   }
-  // duplicate_object: another instance created it meanwhile.
   await db.exec(`DO $$ BEGIN
       CREATE TRIGGER outbox_notify AFTER INSERT ON ${schema}.outbox
         FOR EACH STATEMENT EXECUTE FUNCTION ${schema}.outbox_notify();
-    EXCEPTION WHEN duplicate_object THEN NULL;
+    EXCEPTION WHEN duplicate_object THEN NULL; -- another instance created it meanwhile
     END $$`);
 }
 

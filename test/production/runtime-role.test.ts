@@ -17,7 +17,7 @@ import { fingerprint } from "../../src/core/index.ts";
 import { listActions, recordAction } from "../../src/postgres/admin-actions.ts";
 import { openDatabaseUrl } from "../../src/postgres/connect.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { SchemaBehindError } from "../../src/postgres/migrate.ts";
+import { migrate, SchemaBehindError } from "../../src/postgres/migrate.ts";
 import { PartitionMissingError } from "../../src/postgres/partitions.ts";
 import { definePhases, jsonResponse } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -80,6 +80,15 @@ describe.skipIf(!DATABASE_URL)("the service as a role without CREATE", () => {
     await expect(runtime.exec("CREATE TABLE idem.x (a int)")).rejects.toMatchObject({ code: "42501" });
     await expect(runtime.exec("CREATE TABLE public.x (a int)")).rejects.toMatchObject({ code: "42501" });
     await expect(runtime.exec("CREATE SCHEMA x")).rejects.toMatchObject({ code: "42501" });
+  });
+
+  it("may pass outboxNotify at every start: no DDL once the trigger is as asked", async () => {
+    await expect(migrate(runtime, { outboxNotify: true })).resolves.toEqual({ applied: [] });
+    // A change is the owner's: the service's role may not drop the trigger.
+    await expect(migrate(runtime, { outboxNotify: false })).rejects.toMatchObject({ code: "42501" });
+    await migrate(owner, { outboxNotify: false });
+    await expect(migrate(runtime, { outboxNotify: false })).resolves.toEqual({ applied: [] });
+    await migrate(owner, { outboxNotify: true });
   });
 
   it("records people's actions but may not rewrite or delete them (admin_actions is append-only)", async () => {
