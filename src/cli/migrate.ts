@@ -11,9 +11,9 @@ partitions ahead. Run it as the role that owns idem's tables (a migration job), 
   --partition-seconds N   width of a key partition, fixed at creation (default: 86400)
   --runtime-role ROLE     grant ROLE (the running service's) what idem needs at run time: DML on its
                           tables, now and for partitions made later; nothing that allows DDL
-  --outbox-notify on|off  keep or drop the trigger that NOTIFYs relays from every transaction that
-                          writes an outbox event; off lets those transactions commit side by side,
-                          and relays poll instead (default: leave it as it is)
+  --outbox-notify on|off  keep or drop the trigger that NOTIFYs relays from inside the transactions
+                          that write events without idem's drivers; off lets those commit side by
+                          side, and relays poll for their events (default: leave it as it is)
   --check                 apply nothing; exit 1 when migrations are pending
   --json                  print {"applied": [...]} (or {"pending": [...]} with --check) as JSON
 Exit codes: 0 done (or up to date), 1 failure or pending with --check, 2 bad usage.`;

@@ -43,6 +43,14 @@ export interface Tx extends Queryable {
    * that several leave in one write. Drivers that cannot say leave it undefined.
    */
   readonly pipelined?: boolean;
+  /**
+   * Optional: send `NOTIFY channel` once this transaction has committed, from outside it (nothing if it
+   * rolls back). `fromPg` and `fromPostgresJs` have it, and coalesce the NOTIFYs of many transactions.
+   * `writeOutbox` uses it to wake relays without a NOTIFY inside the transaction, which would make its
+   * commit wait for every other notifying transaction's. Returns true the first time it is called in
+   * this transaction.
+   */
+  notifyAfterCommit?(channel: string): boolean;
 }
 
 /**

@@ -114,6 +114,11 @@ export class GuardedTx implements Tx {
     this.check();
     this.tx.final(sql, params);
   }
+
+  notifyAfterCommit(channel: string): boolean {
+    this.check();
+    return this.tx.notifyAfterCommit?.(channel) ?? false; // false: the outbox's trigger notifies instead
+  }
 }
 
 /**

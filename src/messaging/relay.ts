@@ -163,8 +163,9 @@ export class Relay {
         if (!this.#pollMsGiven) this.#pollMs = POLL_WITHOUT_LISTEN_MS;
         this.#onError(
           new Error(
-            `${this.#schema}.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus), ` +
-              `so nothing wakes this relay: polling every ${this.#pollMs} ms`,
+            `${this.#schema}.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus): ` +
+              "only events written through fromPg or fromPostgresJs wake this relay; polling every " +
+              `${this.#pollMs} ms for the others`,
           ),
         );
       }

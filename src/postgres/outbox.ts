@@ -10,7 +10,7 @@
  */
 
 import { outboxHeaders } from "../observability/messaging.ts";
-import type { Queryable } from "./db.ts";
+import type { Queryable, Tx } from "./db.ts";
 import { checkSchemaName } from "./migrate.ts";
 import { uuidv7 } from "./uuid7.ts";
 
@@ -32,14 +32,25 @@ export interface OutboxEvent {
   id?: string;
 }
 
-const statements = new Map<string, string>();
+const statements = new Map<string, { plain: string; wakeAfterCommit: string }>();
 
-function insertSql(schema: string): string {
+/**
+ * The INSERT of one event, per schema. `wakeAfterCommit` also says, in the same statement, that the
+ * transaction's driver wakes the relays after it commits (`Tx.notifyAfterCommit`), so the outbox's
+ * trigger sends no NOTIFY from inside it (sql/0015_outbox_wake.sql); the WHERE runs before the
+ * statement's trigger fires.
+ */
+function insertSql(schema: string): { plain: string; wakeAfterCommit: string } {
   let sql = statements.get(schema);
   if (!sql) {
-    sql = `INSERT INTO ${checkSchemaName(schema)}.outbox
-             (id, topic, type, payload, aggregate_type, aggregate_id, headers)
-           VALUES ($1::uuid, $2, $3, $4::text::jsonb, $5, $6, $7::text::jsonb)`;
+    const into = `INSERT INTO ${checkSchemaName(schema)}.outbox
+             (id, topic, type, payload, aggregate_type, aggregate_id, headers)`;
+    const values = "$1::uuid, $2, $3, $4::text::jsonb, $5, $6, $7::text::jsonb";
+    sql = {
+      plain: `${into} VALUES (${values})`,
+      wakeAfterCommit: `${into} SELECT ${values}
+           WHERE set_config('idem.outbox_wake', 'after-commit', true) IS NOT NULL`,
+    };
     statements.set(schema, sql);
   }
   return sql;
@@ -48,6 +59,10 @@ function insertSql(schema: string): string {
 /**
  * Write one event into the outbox, inside the caller's transaction. Returns the event id.
  * `schema` is where idem's tables live (default `"idem"`).
+ *
+ * Relays are woken once the transaction commits: by a NOTIFY sent after the commit, outside it, when
+ * `tx` is a transaction of `fromPg` or `fromPostgresJs` (coalesced with other transactions'), else by
+ * the outbox's trigger, inside it.
  */
 export async function writeOutbox(
   tx: Queryable,
@@ -55,7 +70,11 @@ export async function writeOutbox(
   options: { schema?: string } = {},
 ): Promise<string> {
   const id = event.id ?? uuidv7();
-  await tx.query(insertSql(options.schema ?? "idem"), [
+  const schema = options.schema ?? "idem";
+  const sql = insertSql(schema);
+  const afterCommit =
+    "notifyAfterCommit" in tx && (tx as Tx).notifyAfterCommit?.(`${checkSchemaName(schema)}_outbox`);
+  await tx.query(afterCommit ? sql.wakeAfterCommit : sql.plain, [
     id,
     event.topic,
     event.type,

@@ -1,7 +1,9 @@
 /**
- * The outbox's wake-up trigger can be dropped and put back (`migrate(db, { outboxNotify })`, `idem migrate
- * --outbox-notify off|on`): without it a write notifies nobody, and a listening relay says so and polls
- * at the fast interval instead of waiting 5 s between looks.
+ * How relays are woken. A transaction run by idem's drivers (fromPg, fromPostgresJs) notifies nobody
+ * from inside: its driver sends a NOTIFY after the commit, shared with other transactions'. Other
+ * writers are announced by the outbox's trigger, which can be dropped and put back
+ * (`migrate(db, { outboxNotify })`, `idem migrate --outbox-notify off|on`); without it a listening
+ * relay says so and polls at the fast interval instead of waiting 5 s between looks.
  */
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -10,6 +12,7 @@ import { Relay } from "../../src/messaging/relay.ts";
 import type { OutboxMessage, Publisher } from "../../src/messaging/types.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
+import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { prepare, unique, until, writeCredits } from "./helpers.ts";
 
@@ -58,16 +61,65 @@ describe.each(serverBackends)("relays without the NOTIFY trigger on $name", (bac
     await open?.close();
   });
 
-  it("a write wakes no listener without it, and one with it", async () => {
+  /** One event written in the caller's own transaction on a plain pg client: the trigger's path. */
+  async function writeOnOwnClient(topic: string): Promise<void> {
+    const c = new pg.Client({ connectionString: open.url });
+    await c.connect();
+    try {
+      await c.query("BEGIN");
+      await writeOutbox(c, { topic, type: "wallet.credited", payload: { cents: 1 } });
+      await c.query("COMMIT");
+    } finally {
+      await c.end();
+    }
+  }
+  const settle = () => new Promise((r) => setTimeout(r, 300));
+
+  it("without it, a write in your own transaction wakes no listener, one through idem's driver does", async () => {
     const { db } = open;
     await migrate(db, { outboxNotify: false });
-    await writeCredits(db, 3, unique("t"));
-    await new Promise((r) => setTimeout(r, 300));
+    try {
+      heard.length = 0;
+      await writeOnOwnClient(unique("t"));
+      await settle();
+      expect(heard).toEqual([]);
+      await writeCredits(db, 3, unique("t")); // the driver notifies after the commit
+      await until(() => heard.length > 0, 3_000, "a notification");
+      await migrate(db, { outboxNotify: true });
+      heard.length = 0;
+      await writeOnOwnClient(unique("t"));
+      await until(() => heard.length === 1, 3_000, "the trigger's notification");
+      expect(heard).toEqual(["idem_outbox"]);
+    } finally {
+      await migrate(db, { outboxNotify: true });
+    }
+  });
+
+  it("a transaction through idem's driver that rolls back wakes nobody", async () => {
+    const { db } = open;
+    await settle();
+    heard.length = 0;
+    await expect(
+      db.transaction(async (tx) => {
+        await writeOutbox(tx, { topic: unique("t"), type: "never", payload: {} });
+        throw new Error("rolled back");
+      }),
+    ).rejects.toThrow("rolled back");
+    await settle();
     expect(heard).toEqual([]);
-    await migrate(db, { outboxNotify: true });
-    await writeCredits(db, 1, unique("t"));
-    await until(() => heard.length === 1, 3_000, "a notification");
-    expect(heard).toEqual(["idem_outbox"]);
+  });
+
+  it("transactions through idem's driver share NOTIFYs sent after their commits", async () => {
+    const { db } = open;
+    await settle();
+    heard.length = 0;
+    const topic = unique("t");
+    // 40 at once: from inside each transaction (the trigger's way) they would be 40 NOTIFYs.
+    await Promise.all(Array.from({ length: 40 }, () => writeCredits(db, 1, topic)));
+    await settle();
+    expect(heard.length).toBeGreaterThanOrEqual(1);
+    expect(heard.length).toBeLessThan(40);
+    expect(new Set(heard)).toEqual(new Set(["idem_outbox"]));
   });
 
   it("a listening relay says nothing will wake it, and publishes within its fast poll", async () => {
@@ -95,11 +147,11 @@ describe.each(serverBackends)("relays without the NOTIFY trigger on $name", (bac
     await relay.start();
     try {
       expect(errors.map((e) => e.message)).toEqual([
-        "idem.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus), so nothing wakes this relay: polling every 500 ms",
+        "idem.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus): only events written through fromPg or fromPostgresJs wake this relay; polling every 500 ms for the others",
       ]);
       await new Promise((r) => setTimeout(r, 100)); // its first look found nothing: it sleeps
       const t0 = Date.now();
-      await writeCredits(db, 1, topic);
+      await writeOnOwnClient(topic); // no NOTIFY at all: the relay's poll finds it
       await until(() => published.length === 1, 3_000, "the event published");
       expect(Date.now() - t0).toBeLessThan(1_500); // not the 5 s a listening relay polls at
     } finally {

@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../after-commit-notify.ts";
 import type { Db, QueryResult, Tx } from "../db.ts";
 
 /**
@@ -222,6 +223,9 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
   };
   // Once decided, the pool's own promise: no async layer per transaction.
   const checkout = (): Promise<PgClientLike> => (named === undefined ? checkoutDeciding() : pool.connect());
+  const notifier = new AfterCommitNotifier((channel) =>
+    onOwnClient(checkout, (client) => run(client, NOTIFY_SQL, [channel], named === true)),
+  );
   return {
     driver: "pg",
     supportsBefore: true,
@@ -310,9 +314,11 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
       };
       let last: Promise<unknown> | undefined;
       let readOnlyDone = false;
+      const after = new CommitChannels();
       const tx: Tx = {
         raw: client,
         pipelined: wire.pipelined,
+        notifyAfterCommit: (channel) => after.add(channel),
         readOnlyDone() {
           readOnlyDone = wire.pipelined;
         },
@@ -392,6 +398,7 @@ export function fromPg(pool: PgPoolLike, options: FromPgOptions = {}): Db {
           }
         }
         await commit;
+        if (after.channels) notifier.notify(after.channels);
         return value;
       } catch (err) {
         if (isConnectionError(err, client)) broken = true;

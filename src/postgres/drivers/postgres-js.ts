@@ -1,3 +1,4 @@
+import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../after-commit-notify.ts";
 import type { Db, QueryResult, Tx } from "../db.ts";
 
 /**
@@ -111,6 +112,9 @@ export function fromPostgresJs(sql: PostgresJsLike, options: FromPostgresJsOptio
     named = await deciding;
     return named;
   };
+  const notifier = new AfterCommitNotifier(async (channel) =>
+    run(sql, NOTIFY_SQL, [channel], named ?? (await decided())),
+  );
   return {
     driver: "postgres",
     query: async (text, params) => run(sql, text, params, named ?? (await decided())),
@@ -132,6 +136,7 @@ export function fromPostgresJs(sql: PostgresJsLike, options: FromPostgresJsOptio
       // work was answered as done and was never written. Here BEGIN, COMMIT and ROLLBACK have no
       // parameters, so postgres.js sends them as simple queries: nothing prepared, on any connection.
       const tsql = await sql.reserve();
+      const after = new CommitChannels();
       // The session the transaction began on (postgres.js keeps its BackendKeyData as a query's
       // `state`): a connection that closed and was opened again under it is another session.
       let session: unknown;
@@ -155,6 +160,7 @@ export function fromPostgresJs(sql: PostgresJsLike, options: FromPostgresJsOptio
           } else if (begin) await run(tsql, begin.sql, begin.params, prepare);
           let last: Promise<unknown> | undefined;
           value = await fn({
+            notifyAfterCommit: (channel) => after.add(channel),
             final(text, params) {
               last = watch(run(tsql, text, params, prepare));
             },
@@ -187,6 +193,7 @@ export function fromPostgresJs(sql: PostgresJsLike, options: FromPostgresJsOptio
         if (done.command !== "COMMIT") {
           throw new CommitRolledBackError("a statement in it had failed", failed && { cause: failed.error });
         }
+        if (after.channels) notifier.notify(after.channels);
         return value;
       } catch (err) {
         if (isConnectionError(err)) broken = true;

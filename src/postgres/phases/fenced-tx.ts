@@ -55,4 +55,9 @@ export class FencedTx implements Tx {
   final(sql: string, params?: readonly unknown[]): void {
     this.tx.final(sql, params);
   }
+
+  /** Sent only if the transaction commits, which it does only once the fence held. */
+  notifyAfterCommit(channel: string): boolean {
+    return this.tx.notifyAfterCommit?.(channel) ?? false;
+  }
 }
