@@ -18,11 +18,11 @@
  *
  * BENCH_SECONDS (default 6) per way.
  */
-import { readdirSync, readFileSync } from "node:fs";
 import type { Db, Queryable } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { writeOutbox } from "../src/postgres/outbox.ts";
+import { processesCpuUs } from "./compare/cpu.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 6);
@@ -39,26 +39,6 @@ export interface OutboxNotifyResult {
   /** inside / none and after / none: 1.0 means waking the relays costs the writers nothing. */
   insideRatio: number;
   afterRatio: number;
-}
-
-/** CPU time (µs) used so far by every PostgreSQL process, from /proc (Linux; 0 elsewhere). */
-function postgresCpuUs(): number {
-  let ticks = 0;
-  try {
-    for (const pid of readdirSync("/proc")) {
-      if (!/^\d+$/.test(pid)) continue;
-      try {
-        if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() !== "postgres") continue;
-        const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-        ticks += Number(fields[11]) + Number(fields[12]); // utime + stime
-      } catch {
-        // the process ended meanwhile
-      }
-    }
-  } catch {
-    // no /proc
-  }
-  return ticks * 10_000; // USER_HZ is 100 on Linux
 }
 
 /**
@@ -129,10 +109,10 @@ export async function outboxNotifyBench(): Promise<OutboxNotifyResult> {
           await db.exec(wantTrigger ? create : drop);
           triggered = wantTrigger;
         }
-        const pg0 = postgresCpuUs();
+        const pg0 = processesCpuUs("postgres");
         const r = await writeFor(db, SLICE_S, offset, way !== "after");
         const side = sides[way];
-        side.pgUs += postgresCpuUs() - pg0;
+        side.pgUs += processesCpuUs("postgres") - pg0;
         side.n += r.n;
         side.ms += r.ms;
         offset += r.n + CONCURRENCY;

@@ -12,7 +12,6 @@
  */
 import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
 import { type Claim, fingerprint, RetryableError } from "../src/core/index.ts";
 import type { Db, Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
@@ -21,6 +20,7 @@ import { writeOutbox } from "../src/postgres/outbox.ts";
 import { definePhases, jsonResponse } from "../src/postgres/phases/index.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { chargeProvider, listCharges } from "../src/testing/provider-client.ts";
+import { processCpuUs, processesCpuUs } from "./compare/cpu.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 5);
@@ -74,29 +74,7 @@ async function spawnProvider(): Promise<{ url: string; pid: number; close(): voi
  * a machine where all three share the cores.
  */
 function otherCpuUs(simulatorPid: number): { postgres: number; simulator: number } {
-  const usPerTick = 1e6 / 100; // USER_HZ is 100 on Linux
-  const ticks = (pid: string): number => {
-    try {
-      const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-      return Number(fields[11]) + Number(fields[12]); // utime + stime
-    } catch {
-      return 0; // the process ended meanwhile, or no /proc
-    }
-  };
-  let postgres = 0;
-  try {
-    for (const pid of readdirSync("/proc")) {
-      if (!/^\d+$/.test(pid)) continue;
-      try {
-        if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "postgres") postgres += ticks(pid);
-      } catch {
-        // gone meanwhile
-      }
-    }
-  } catch {
-    // no /proc
-  }
-  return { postgres: postgres * usPerTick, simulator: ticks(String(simulatorPid)) * usPerTick };
+  return { postgres: processesCpuUs("postgres"), simulator: processCpuUs(simulatorPid) };
 }
 
 /** The local writes of one payment: the same in both modes. */

@@ -18,21 +18,37 @@ export function processCpuUs(pid: number): number {
   }
 }
 
+/** The pids of the processes named `comm` (e.g. redis-server, postgres). */
+function* processesNamed(comm: string): Generator<number> {
+  let pids: string[];
+  try {
+    pids = readdirSync("/proc").filter((pid) => /^\d+$/.test(pid));
+  } catch {
+    return; // no /proc
+  }
+  for (const pid of pids) {
+    try {
+      if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() === comm) yield Number(pid);
+    } catch {
+      // gone meanwhile
+    }
+  }
+}
+
 /** The pid of the first process named `comm` (e.g. redis-server), or undefined. */
 export function findProcess(comm: string): number | undefined {
-  try {
-    for (const pid of readdirSync("/proc")) {
-      if (!/^\d+$/.test(pid)) continue;
-      try {
-        if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() === comm) return Number(pid);
-      } catch {
-        // gone meanwhile
-      }
-    }
-  } catch {
-    // no /proc
-  }
+  for (const pid of processesNamed(comm)) return pid;
   return undefined;
+}
+
+/**
+ * utime + stime in µs of every process named `comm` now running: with "postgres", the server's
+ * backends of every database and its background processes (WAL writer, checkpointer, autovacuum).
+ */
+export function processesCpuUs(comm: string): number {
+  let us = 0;
+  for (const pid of processesNamed(comm)) us += processCpuUs(pid);
+  return us;
 }
 
 /**
