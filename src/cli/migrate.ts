@@ -78,7 +78,9 @@ export async function migrateCommand(argv: string[]): Promise<number> {
     }
     console.log(applied.length ? `applied ${applied.join(", ")} on ${where}` : `up to date on ${where}`);
     if (notify === "off")
-      console.log("outbox NOTIFY trigger dropped: relays find events by polling (pollMs)");
+      console.log(
+        "outbox NOTIFY trigger dropped: relays find events written without idem's drivers by polling (pollMs)",
+      );
     if (notify === "on") console.log("outbox NOTIFY trigger in place: listening relays wake on each commit");
     if (role !== undefined) {
       console.log(`granted ${role} what idem needs at run time (DML on schema ${values.schema ?? "idem"})`);

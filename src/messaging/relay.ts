@@ -29,7 +29,7 @@
 import type { Db } from "../core/db.ts";
 import { countParked } from "../observability/messaging.ts";
 import { placedOnCitus } from "../postgres/citus.ts";
-import { schemaOf } from "../postgres/migrate.ts";
+import { outboxNotifyTrigger, schemaOf } from "../postgres/migrate.ts";
 import type { Listen } from "./listen.ts";
 import { Alarms, marker, publishBatch } from "./relay-batch.ts";
 import {
@@ -183,13 +183,7 @@ export class Relay {
   /** Whether the outbox's wake-up trigger is gone (`MigrateOptions.outboxNotify`). False when unsure. */
   async #notifyDropped(): Promise<boolean> {
     try {
-      const { rows } = await this.#db.query<{ dropped: boolean }>(
-        `SELECT to_regclass($1) IS NOT NULL AND NOT EXISTS (
-           SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = 'outbox_notify' AND tgenabled <> 'D'
-         ) AS dropped`,
-        [`${this.#schema}.outbox`],
-      );
-      return rows[0]?.dropped === true;
+      return (await outboxNotifyTrigger(this.#db, this.#schema)) === false;
     } catch {
       return false; // the database is away: the loops will say so
     }

@@ -144,17 +144,30 @@ export async function migrate(db: Db, options: MigrateOptions = {}): Promise<Mig
 }
 
 /**
+ * Whether the outbox's NOTIFY trigger is in place and enabled (`MigrateOptions.outboxNotify`);
+ * undefined when there is no outbox yet.
+ */
+export async function outboxNotifyTrigger(
+  db: Pick<Db, "query">,
+  schema: string,
+): Promise<boolean | undefined> {
+  const { rows } = await db.query<{ outbox: boolean; on: boolean }>(
+    `SELECT to_regclass($1) IS NOT NULL AS outbox, EXISTS (
+       SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = 'outbox_notify' AND tgenabled <> 'D'
+     ) AS on`,
+    [`${schema}.outbox`],
+  );
+  return rows[0]?.outbox ? rows[0].on : undefined;
+}
+
+/**
  * Drop or put back the outbox's NOTIFY trigger (`MigrateOptions.outboxNotify`), as sql/0003 made it.
  * DDL only when the trigger is not already as asked: both take a lock on the outbox that waits for its
  * writers, and a service whose role may not change tables can then pass the option at every start.
  * Instances that change it at the same moment tolerate each other.
  */
 async function setOutboxNotify(db: Db, schema: string, on: boolean): Promise<void> {
-  const { rows } = await db.query<{ n: number }>(
-    "SELECT count(*)::int AS n FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = 'outbox_notify'",
-    [`${schema}.outbox`],
-  );
-  if (Number(rows[0]?.n) > 0 === on) return;
+  if ((await outboxNotifyTrigger(db, schema)) === on) return;
   if (!on) {
     await db.exec(`DROP TRIGGER IF EXISTS outbox_notify ON ${schema}.outbox`);
     return;

@@ -32,15 +32,21 @@ export interface OutboxEvent {
   id?: string;
 }
 
-const statements = new Map<string, { plain: string; wakeAfterCommit: string }>();
+/** Per schema: the INSERT of one event, in its two forms, and the relays' channel. */
+interface Statements {
+  plain: string;
+  /**
+   * Also says, in the same statement, that the transaction's driver wakes the relays after it commits
+   * (`Tx.notifyAfterCommit`), so the outbox's trigger sends no NOTIFY from inside it
+   * (sql/0015_outbox_wake.sql); the WHERE runs before the statement's trigger fires.
+   */
+  wakeAfterCommit: string;
+  channel: string;
+}
 
-/**
- * The INSERT of one event, per schema. `wakeAfterCommit` also says, in the same statement, that the
- * transaction's driver wakes the relays after it commits (`Tx.notifyAfterCommit`), so the outbox's
- * trigger sends no NOTIFY from inside it (sql/0015_outbox_wake.sql); the WHERE runs before the
- * statement's trigger fires.
- */
-function insertSql(schema: string): { plain: string; wakeAfterCommit: string } {
+const statements = new Map<string, Statements>();
+
+function statementsFor(schema: string): Statements {
   let sql = statements.get(schema);
   if (!sql) {
     const into = `INSERT INTO ${checkSchemaName(schema)}.outbox
@@ -50,6 +56,7 @@ function insertSql(schema: string): { plain: string; wakeAfterCommit: string } {
       plain: `${into} VALUES (${values})`,
       wakeAfterCommit: `${into} SELECT ${values}
            WHERE set_config('idem.outbox_wake', 'after-commit', true) IS NOT NULL`,
+      channel: `${schema}_outbox`,
     };
     statements.set(schema, sql);
   }
@@ -70,10 +77,8 @@ export async function writeOutbox(
   options: { schema?: string } = {},
 ): Promise<string> {
   const id = event.id ?? uuidv7();
-  const schema = options.schema ?? "idem";
-  const sql = insertSql(schema);
-  const afterCommit =
-    "notifyAfterCommit" in tx && (tx as Tx).notifyAfterCommit?.(`${checkSchemaName(schema)}_outbox`);
+  const sql = statementsFor(options.schema ?? "idem");
+  const afterCommit = (tx as Partial<Tx>).notifyAfterCommit?.(sql.channel);
   await tx.query(afterCommit ? sql.wakeAfterCommit : sql.plain, [
     id,
     event.topic,
