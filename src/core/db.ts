@@ -45,7 +45,8 @@ export interface Tx extends Queryable {
   readonly pipelined?: boolean;
   /**
    * Optional: send `NOTIFY channel` once this transaction has committed, from outside it (nothing if it
-   * rolls back). `fromPg` and `fromPostgresJs` have it, and coalesce the NOTIFYs of many transactions.
+   * rolls back). `fromPg`, `fromPostgresJs` and the ORM integrations have it, and coalesce the NOTIFYs
+   * of many transactions.
    * `writeOutbox` uses it to wake relays without a NOTIFY inside the transaction, which would make its
    * commit wait for every other notifying transaction's. Returns true the first time it is called in
    * this transaction.

@@ -10,6 +10,7 @@
  */
 import type { Db, QueryResult, Tx } from "../core/db.ts";
 import { unguarded } from "../core/guarded-tx.ts";
+import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../postgres/after-commit-notify.ts";
 
 /** How one ORM runs a statement with `$1..$n` parameters on a handle (its database or a transaction). */
 export interface OrmDriver<H, T extends H> {
@@ -57,14 +58,18 @@ export function ormDb<H, T extends H>(driver: OrmDriver<H, T>): OrmDb<T> {
       (r) => r as QueryResult<R>,
       (err: unknown) => Promise.reject((driver.driverError ?? driverError)(err)),
     );
+  // The outbox's wake-up, sent after the ORM's transaction commits rather than from inside it, as
+  // idem's own drivers do (after-commit-notify.ts): concurrent writers of events do not queue at commit.
+  const notifier = new AfterCommitNotifier((channel) => run(driver.root, NOTIFY_SQL, [channel]));
   return {
     driver: driver.name,
     query: (sql, params) => run(driver.root, sql, params),
     async exec(sql) {
       await run(driver.root, sql);
     },
-    transaction<R>(fn: (tx: Tx) => Promise<R>, options?: { begin?: string }): Promise<R> {
-      return driver.transaction(async (trx) => {
+    async transaction<R>(fn: (tx: Tx) => Promise<R>, options?: { begin?: string }): Promise<R> {
+      const after = new CommitChannels();
+      const value = await driver.transaction(async (trx) => {
         ours.add(trx as object);
         // Without parameters the drivers use the simple protocol, so `begin` may hold several statements.
         if (options?.begin) await run(trx, options.begin);
@@ -79,10 +84,14 @@ export function ormDb<H, T extends H>(driver: OrmDriver<H, T>): OrmDb<T> {
             last = run(trx, sql, params);
             last.catch(() => {}); // awaited below, before the ORM commits
           },
+          notifyAfterCommit: (channel) => after.add(channel),
         });
         await last;
         return value;
       });
+      // Committed: the ORM resolves its transaction only after COMMIT succeeded.
+      if (after.channels) notifier.notify(after.channels);
+      return value;
     },
     close: () => driver.close(),
     tx(tx: Tx): T {

@@ -68,8 +68,8 @@ function statementsFor(schema: string): Statements {
  * `schema` is where idem's tables live (default `"idem"`).
  *
  * Relays are woken once the transaction commits: by a NOTIFY sent after the commit, outside it, when
- * `tx` is a transaction of `fromPg` or `fromPostgresJs` (coalesced with other transactions'), else by
- * the outbox's trigger, inside it.
+ * `tx` is a transaction of `fromPg`, `fromPostgresJs` or an ORM integration's `Db` (coalesced with
+ * other transactions'), else by the outbox's trigger, inside it.
  */
 export async function writeOutbox(
   tx: Queryable,

@@ -9,10 +9,12 @@ import type { AddressInfo } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { serve } from "@hono/node-server";
 import { type Context, Hono } from "hono";
+import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import type { Db, Tx } from "../../src/core/index.ts";
 import { idempotency } from "../../src/http/hono.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
+import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
 
@@ -133,4 +135,51 @@ export function ormContract(open: (url: string) => Promise<OrmUnderTest>): void 
     expect((await dup.json()).type).toBe("urn:idem:problem:idempotency-key-in-flight");
     expect((await slow).status).toBe(201);
   });
+
+  it("wakes relays after the ORM's commit: shared NOTIFYs, none from a rollback, none from inside", async () => {
+    const listener = new pg.Client({ connectionString: fresh.url });
+    await listener.connect();
+    const heard: string[] = [];
+    listener.on("notification", (n) => heard.push(n.channel));
+    await listener.query("LISTEN idem_outbox");
+    const write = (topic: string, fail = false) =>
+      orm.db.transaction(async (tx) => {
+        await writeOutbox(tx, { topic, type: "payment.succeeded", payload: { cents: 1 } });
+        if (fail) throw new Error("rolled back");
+        // What the outbox's trigger reads to send nothing from inside this transaction (sql/0015).
+        return (await tx.query<{ wake: string }>("SELECT current_setting('idem.outbox_wake', true) AS wake"))
+          .rows[0]!.wake;
+      });
+    const settle = () => sleep(300);
+    try {
+      expect(await write("orm-notify")).toBe("after-commit");
+      await settle();
+      heard.length = 0;
+      // 40 at once: a NOTIFY from inside each transaction (the trigger's way) would be 40.
+      await Promise.all(Array.from({ length: 40 }, () => write("orm-notify")));
+      await settle();
+      expect(heard.length).toBeGreaterThanOrEqual(1);
+      expect(heard.length).toBeLessThan(40);
+      heard.length = 0;
+      await expect(write("orm-notify", true)).rejects.toThrow("rolled back");
+      await settle();
+      expect(heard).toEqual([]);
+      // Without the trigger, only the NOTIFY sent after the commit can wake anybody.
+      await migrate(orm.db, { outboxNotify: false });
+      await write("orm-notify");
+      await until(() => heard.length > 0);
+      expect(heard).toEqual(["idem_outbox"]);
+    } finally {
+      await migrate(orm.db, { outboxNotify: true });
+      await listener.end();
+    }
+  });
+}
+
+async function until(done: () => boolean, ms = 3_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!done()) {
+    if (Date.now() > end) throw new Error(`not within ${ms} ms`);
+    await sleep(20);
+  }
 }
