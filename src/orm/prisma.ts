@@ -44,8 +44,11 @@ export type PrismaTransaction<P extends PrismaClientLike> = 0 extends 1 & P
 
 /** Statements whose rows the store reads: queries, and writes with RETURNING. */
 const RETURNS_ROWS = /^\s*(select|with|values|table)\b|\breturning\b/i;
-/** A query of a function returning void (an advisory lock), whose column Prisma cannot deserialize. */
-const RETURNS_VOID = /^\s*select\s+pg_advisory_xact_lock\(/i;
+/**
+ * A query of a function returning void (an advisory lock, the outbox's NOTIFY sent after a commit),
+ * whose column Prisma cannot deserialize.
+ */
+const RETURNS_VOID = /^\s*select\s+(pg_advisory_xact_lock|pg_notify)\(/i;
 
 /**
  * Prisma reports a failed raw statement as its own error (P2010), with the driver adapter's error in

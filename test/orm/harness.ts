@@ -13,6 +13,7 @@ import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import type { Db, Tx } from "../../src/core/index.ts";
 import { idempotency } from "../../src/http/hono.ts";
+import { NOTIFY_SQL } from "../../src/postgres/after-commit-notify.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -152,6 +153,8 @@ export function ormContract(open: (url: string) => Promise<OrmUnderTest>): void 
       });
     const settle = () => sleep(300);
     try {
+      // The statement the Db sends after a commit (a failure there is dropped: relays also poll).
+      await expect(orm.db.query(NOTIFY_SQL, ["idem_outbox"])).resolves.toBeDefined();
       expect(await write("orm-notify")).toBe("after-commit");
       await settle();
       heard.length = 0;
