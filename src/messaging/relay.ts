@@ -164,7 +164,7 @@ export class Relay {
         this.#onError(
           new Error(
             `${this.#schema}.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus): ` +
-              "only events written through fromPg or fromPostgresJs wake this relay; polling every " +
+              "only events written through idem's drivers or ORM integrations wake this relay; polling every " +
               `${this.#pollMs} ms for the others`,
           ),
         );

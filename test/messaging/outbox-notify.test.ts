@@ -147,7 +147,7 @@ describe.each(serverBackends)("relays without the NOTIFY trigger on $name", (bac
     await relay.start();
     try {
       expect(errors.map((e) => e.message)).toEqual([
-        "idem.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus): only events written through fromPg or fromPostgresJs wake this relay; polling every 500 ms for the others",
+        "idem.outbox has no NOTIFY trigger (migrate with outboxNotify: false, or Citus): only events written through idem's drivers or ORM integrations wake this relay; polling every 500 ms for the others",
       ]);
       await new Promise((r) => setTimeout(r, 100)); // its first look found nothing: it sleeps
       const t0 = Date.now();
