@@ -310,6 +310,32 @@ export class Inbox {
     return InboxResult.parked;
   }
 
+  /**
+   * Inside `process`'s handler: record that this message was taken in but its effect deliberately not
+   * applied (an event older than the state the row holds), so the mark reads `"stale"`, not `"done"`.
+   * Its later copies are duplicates all the same.
+   */
+  async markStale(tx: Tx, messageId: string): Promise<void> {
+    await tx.query(
+      `UPDATE ${this.#schema}.inbox SET status = 'stale'
+        WHERE consumer = $1::text AND message_id = $2::text AND status = 'done'`,
+      [this.consumer, messageId],
+    );
+  }
+
+  /**
+   * What this consumer did with a message: `"done"` (applied), `"stale"` (taken in, not applied),
+   * `"parked"`, or null when it has no mark (never seen, or past retention).
+   */
+  async statusOf(messageId: string): Promise<"done" | "stale" | "parked" | null> {
+    const { rows } = await this.#db.query<{ status: string }>(
+      `SELECT status FROM ${this.#schema}.inbox
+        WHERE consumer = $1::text AND message_id = $2::text AND status <> 'marker' LIMIT 1`,
+      [this.consumer, messageId],
+    );
+    return (rows[0]?.status as "done" | "stale" | "parked" | undefined) ?? null;
+  }
+
   /** This consumer's parked messages, oldest first. */
   async parked(): Promise<ParkedMessage[]> {
     const { rows } = await this.#db.query<Record<string, unknown>>(

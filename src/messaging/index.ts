@@ -52,5 +52,6 @@ export {
   WEBHOOK_HEADERS,
   WebhookPublisher,
   type WebhookPublisherOptions,
+  type WebhookRejection,
   WebhookVerificationError,
 } from "./webhook.ts";

@@ -14,8 +14,11 @@ export interface VersionedUpsert {
   table: string;
   /** The row's identity: column -> value. Must match a unique index or primary key of the table. */
   key: Record<string, unknown>;
-  /** The event's version of the row (a number that grows with every change of it). */
-  version: number | bigint;
+  /**
+   * The event's version of the row: a number that grows with every change of it, or a time (the
+   * event's creation time, for a `timestamptz` version column) when the sender gives no version.
+   */
+  version: number | bigint | Date;
   /** The full new state: column -> value (key and version columns excluded). */
   values: Record<string, unknown>;
   /** The version column. Default `"version"`. */
@@ -58,5 +61,6 @@ export async function versionedUpsert(db: Queryable, u: VersionedUpsert): Promis
 }
 
 function toParam(v: unknown): unknown {
+  if (v instanceof Date) return v.toISOString();
   return typeof v === "bigint" ? v.toString() : v;
 }

@@ -28,13 +28,13 @@ export const WEBHOOK_HEADERS = {
 } as const;
 
 /** The secret's bytes: a `whsec_<base64>` secret (the Standard Webhooks format) is decoded, any other string is UTF-8. */
-function secretBytes(secret: string | Uint8Array): Buffer {
+export function secretBytes(secret: string | Uint8Array): Buffer {
   if (typeof secret !== "string") return Buffer.from(secret);
   return secret.startsWith("whsec_") ? Buffer.from(secret.slice(6), "base64") : Buffer.from(secret, "utf8");
 }
 
-function sign(key: Buffer, id: string, timestamp: number, body: string): string {
-  return createHmac("sha256", key).update(`${id}.${timestamp}.${body}`).digest("base64");
+function sign(key: Buffer, id: string, timestamp: number | string, body: string | Uint8Array): string {
+  return createHmac("sha256", key).update(`${id}.${timestamp}.`).update(body).digest("base64");
 }
 
 /** The three headers for one delivery of `body` under event id `id`. */
@@ -51,18 +51,78 @@ export function signWebhook(
   };
 }
 
-/** A delivery's signature or timestamp does not check out (`verifyWebhook`). */
+/** Why a delivery was refused: a header missing, one malformed, the signature, or the timestamp's age. */
+export type WebhookRejection = "missing-header" | "malformed" | "signature" | "timestamp";
+
+/** A delivery's signature or timestamp does not check out (`verifyWebhook`, and `idem/webhooks`). */
 export class WebhookVerificationError extends Error {
   /** Always `"WebhookVerificationError"`: the name logs and stack traces show. */
   override readonly name = "WebhookVerificationError";
   /** Always `"IDEM_WEBHOOK_INVALID"`: a code to check that does not depend on the class. */
   readonly code = "IDEM_WEBHOOK_INVALID";
+  /** Why it was refused (`"signature"` when not said). */
+  readonly reason: WebhookRejection;
+  constructor(message: string, reason: WebhookRejection = "signature", options?: { cause?: unknown }) {
+    super(message, options);
+    this.reason = reason;
+  }
+}
+
+/**
+ * A signed timestamp (Unix seconds, as sent) checked against `nowS`: within `toleranceS` either way,
+ * else {@link WebhookVerificationError}. Replays of an old delivery are refused by this, not by a
+ * signature (which a replay carries intact).
+ */
+export function checkTimestamp(value: string, toleranceS: number, nowS: number): number {
+  const timestamp = /^[0-9]{1,12}$/.test(value) ? Number(value) : Number.NaN;
+  if (!Number.isSafeInteger(timestamp)) {
+    throw new WebhookVerificationError(
+      `webhook timestamp ${JSON.stringify(value)} is not Unix seconds`,
+      "malformed",
+    );
+  }
+  if (Math.abs(nowS - timestamp) > toleranceS) {
+    throw new WebhookVerificationError(
+      `webhook timestamp ${timestamp} is ${nowS - timestamp} s from now: outside the tolerated window of ${toleranceS} s`,
+      "timestamp",
+    );
+  }
+  return timestamp;
+}
+
+/** Whether two byte strings are equal, in time that depends on their length only. */
+export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/**
+ * Whether one of the space-separated `v1,<base64>` signatures of a Standard Webhooks header is the
+ * HMAC of `<id>.<timestamp>.<body>` under one of `keys` (several during a rotation, on either side).
+ */
+export function matchesV1(
+  keys: readonly Buffer[],
+  id: string,
+  timestamp: string,
+  body: string | Uint8Array,
+  header: string,
+): boolean {
+  const given = header
+    .split(" ")
+    .map((s) => s.split(",", 2))
+    .filter(([version, value]) => version === "v1" && value)
+    .map(([, value]) => Buffer.from(value!, "base64"));
+  if (given.length === 0) return false;
+  return keys.some((key) => {
+    const expected = Buffer.from(sign(key, id, timestamp, body), "base64");
+    return given.some((g) => sameBytes(g, expected));
+  });
 }
 
 /**
  * For receivers: check a delivery's signature and age against the raw body (as received, before any
  * JSON parsing). Returns the event id and the parsed body; throws {@link WebhookVerificationError}.
  * `toleranceS` bounds how old (or how far in the future) the timestamp may be. Default 300 s.
+ * (`idem/webhooks` does this and more: several secrets, Ed25519, Stripe and GitHub, and the inbox.)
  */
 export function verifyWebhook(
   secret: string | Uint8Array,
@@ -79,21 +139,19 @@ export function verifyWebhook(
   const ts = get(WEBHOOK_HEADERS.timestamp);
   const sigs = get(WEBHOOK_HEADERS.signature);
   if (!id || !ts || !sigs)
-    throw new WebhookVerificationError("missing webhook-id, -timestamp or -signature header");
-  const timestamp = Number(ts);
-  const now = options.nowS ?? Math.floor(Date.now() / 1000);
-  if (!Number.isInteger(timestamp) || Math.abs(now - timestamp) > (options.toleranceS ?? 300)) {
-    throw new WebhookVerificationError("webhook timestamp outside the tolerated window");
-  }
-  const expected = Buffer.from(sign(secretBytes(secret), id, timestamp, rawBody), "base64");
+    throw new WebhookVerificationError(
+      "missing webhook-id, -timestamp or -signature header",
+      "missing-header",
+    );
+  const timestamp = checkTimestamp(
+    ts,
+    options.toleranceS ?? 300,
+    options.nowS ?? Math.floor(Date.now() / 1000),
+  );
   // Several space-separated signatures may be sent (e.g. during a secret rotation): one must match.
-  const ok = sigs.split(" ").some((s) => {
-    const [version, value] = s.split(",", 2);
-    if (version !== "v1" || !value) return false;
-    const given = Buffer.from(value, "base64");
-    return given.length === expected.length && timingSafeEqual(given, expected);
-  });
-  if (!ok) throw new WebhookVerificationError("webhook signature does not match");
+  if (!matchesV1([secretBytes(secret)], id, ts, rawBody, sigs)) {
+    throw new WebhookVerificationError("webhook signature does not match");
+  }
   return { id, timestamp, body: JSON.parse(rawBody) };
 }
 
