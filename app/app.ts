@@ -14,6 +14,7 @@ import { paymentRoutes } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
 import { playgroundRoutes } from "./playground.ts";
 import { problem, unavailableProblem } from "./problems.ts";
+import { providerWebhookRoutes } from "./provider-webhooks.ts";
 import { type Regions, regionRouting } from "./regions.ts";
 
 export interface AppDeps {
@@ -56,6 +57,8 @@ export interface AppDeps {
   emailWorker?: boolean;
   /** IDEM_ADMIN_TOKEN: the operations console at /admin and its API (app/admin.ts). Unset: off. */
   adminTokens?: string;
+  /** The provider's webhook secret: POST /v1/webhooks/provider takes its charge events. Unset: off. */
+  providerWebhookSecret?: string;
 }
 
 /** The reference payments service as a Hono app (served by app/main.ts; tests drive it over HTTP). */
@@ -85,6 +88,9 @@ export function createApp(deps: AppDeps): Hono {
   const metricsEndpoint = deps.metricsEndpoint ?? {};
   if (metricsEndpoint) app.route("/", metricsRoutes(metrics, metricsEndpoint.token));
 
+  // Before region routing: a provider's webhook names no account, and any region may take it.
+  if (deps.providerWebhookSecret)
+    providerWebhookRoutes(app, { db: deps.db, secret: deps.providerWebhookSecret, logger });
   if (deps.regions) app.use("/v1/*", regionRouting(deps.regions, deps.apiKeys));
   if ((deps.paymentsMode ?? "phases") === "phases") {
     if (!deps.providerUrl) throw new Error("phases mode needs providerUrl (PROVIDER_URL)");

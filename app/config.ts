@@ -18,6 +18,8 @@
  *   PROVIDER_IDEMPOTENCY  false: the provider does not dedup by Idempotency-Key (lookup mode: charges carry
  *                         our reference and an unknown outcome is searched for before charging again);
  *                         the in-process simulator then runs without idempotency too (default true)
+ *   PROVIDER_WEBHOOK_SECRET  the provider's webhook signing secret (whsec_...): POST /v1/webhooks/provider
+ *                         takes its charge events; unset: a random secret shared with the in-process simulator
  *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
  *   IDEM_CARD_TOKEN_KEY   the HMAC key card numbers are tokenized under (at least 32 characters, e.g.
  *                         `openssl rand -hex 32`; one value for every instance); unset: a random key per process
@@ -77,6 +79,8 @@ export interface ServiceConfig {
     retentionMs: number | undefined;
     /** Whether the provider dedups by Idempotency-Key (PROVIDER_IDEMPOTENCY). */
     idempotency: boolean;
+    /** PROVIDER_WEBHOOK_SECRET; undefined: a random one, given to the in-process simulator. */
+    webhookSecret: string | undefined;
   };
   /** IDEM_CARD_TOKEN_KEY: the key card numbers are tokenized under; undefined: a random key per process. */
   cardTokenKey: string | undefined;
@@ -126,6 +130,7 @@ export function loadConfig(env: Env = process.env): ServiceConfig {
       port: portFrom(env, "PROVIDER_PORT", 4100),
       retentionMs: wholeFrom(env, "PROVIDER_RETENTION_MS"),
       idempotency: providerIdempotencyFrom(env),
+      webhookSecret: env.PROVIDER_WEBHOOK_SECRET || undefined,
     },
     cardTokenKey: cardTokenKeyFrom(env),
     sealer: sealerFromEnv(env),

@@ -15,6 +15,7 @@ import {
 } from "idem/postgres";
 import { placeAppOnCitus } from "./citus.ts";
 import { PATTERN_TABLES } from "./patterns.ts";
+import { PROVIDER_WEBHOOK_TABLES } from "./provider-webhooks.ts";
 import { RECEIPT_TABLES } from "./receipts.ts";
 
 export interface OpenedDatabase {
@@ -77,7 +78,7 @@ export async function openDatabase(options: {
  * The version of the service's own tables (below and app/receipts.ts, app/patterns.ts): bump it with
  * every change to their DDL, so that a service whose role may not run DDL sees it is behind.
  */
-const APP_SCHEMA_VERSION = 1;
+const APP_SCHEMA_VERSION = 2;
 
 /** The service's tables are older than this code (or missing), and this role may not bring them up. */
 export class AppSchemaBehindError extends Error {
@@ -168,6 +169,7 @@ const APP_TABLES = `
   CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account_id, created_at DESC);
   ${PATTERN_TABLES}
   ${RECEIPT_TABLES}
+  ${PROVIDER_WEBHOOK_TABLES}
 `;
 
 /** The service's tables, read off their DDL (so that a new one is granted too). */

@@ -3,6 +3,7 @@
  * come from app/config.ts (every environment variable, checked there), the process signals are
  * handled by app/signals.ts. `start(env)` builds the service and returns how to stop it.
  */
+import { randomBytes } from "node:crypto";
 import { Hono } from "hono";
 import { IdemGauges } from "idem/messaging";
 import { PostgresStore, reviewGauge } from "idem/postgres";
@@ -45,6 +46,10 @@ export async function start(env: Env = process.env) {
   });
 
   let providerUrl = config.provider.url;
+  // The provider's charge webhooks (POST /v1/webhooks/provider): the in-process simulator sends them
+  // once this service listens, signed with this secret.
+  const webhookSecret = config.provider.webhookSecret ?? `whsec_${randomBytes(24).toString("base64")}`;
+  let webhookUrl: string | undefined;
   let provider: Awaited<ReturnType<typeof startProvider>> | undefined;
   if (mode === "phases" && !providerUrl) {
     provider = await startProvider({
@@ -53,6 +58,7 @@ export async function start(env: Env = process.env) {
       declineCards: [DECLINED_TEST_CARD],
       retentionMs: config.provider.retentionMs,
       idempotency: providerIdempotency,
+      webhooks: { url: () => webhookUrl, secret: webhookSecret },
     }).catch((err: unknown) => {
       throw portInUse(err, config.provider.port, "PROVIDER_PORT");
     });
@@ -78,6 +84,7 @@ export async function start(env: Env = process.env) {
     metricsEndpoint: metricsPort === undefined ? { token: config.metricsToken } : false,
     regions: config.regions,
     adminTokens: config.adminTokens, // the operations console at /admin (app/admin.ts); unset: off
+    providerWebhookSecret: webhookSecret,
   });
   const server = await listenHttp(app.fetch, { port, host, limits, setting: "PORT" });
   let metricsServer: Awaited<ReturnType<typeof listenHttp>> | undefined;
@@ -94,6 +101,8 @@ export async function start(env: Env = process.env) {
   }
   const address = server.address();
   const actualPort = typeof address === "object" && address ? address.port : port;
+  const local = host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host;
+  webhookUrl = `http://${local.includes(":") ? `[${local}]` : local}:${actualPort}/v1/webhooks/provider`;
   console.log(`idem payments service on http://${host}:${actualPort} (database: ${where})`);
   if (mode === "phases")
     console.log(`  payment provider: ${providerUrl}${provider ? " (simulator, in process)" : ""}`);

@@ -34,6 +34,11 @@ import { randomInt } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createRng, type Rng } from "./prng.ts";
+import {
+  type ProviderWebhookOptions,
+  type ProviderWebhooks,
+  startWebhookSender,
+} from "./provider-webhooks.ts";
 
 /** A fault the simulator can apply to one charge request (`failNext`, or the `X-Fault` header). */
 export type ProviderFault = "timeout" | "500" | "503" | "drop" | "late" | "decline";
@@ -85,6 +90,8 @@ export interface ProviderOptions {
   retentionMs?: number;
   /** The clock that ages keys and charges (for tests). Default: `Date.now`. */
   clock?: () => number;
+  /** Send charge webhooks (at least once, reordered, duplicated) to a receiver. Default: none. */
+  webhooks?: ProviderWebhookOptions;
 }
 
 /** A charge as the simulator stores and returns it (Stripe-like fields). */
@@ -131,6 +138,8 @@ export interface Provider {
   reset(): void;
   /** Stop listening. */
   close(): Promise<void>;
+  /** The charge webhooks' sender, when `webhooks` was given. */
+  webhooks?: ProviderWebhooks;
 }
 
 interface Saved {
@@ -210,6 +219,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
   let received = 0;
   let searchAvailable = true;
   const dedup = options.idempotency ?? true;
+  const webhooks = options.webhooks ? startWebhookSender(options.webhooks) : undefined;
 
   const latency = (req: IncomingMessage): number => {
     const header = Number(req.headers["x-latency-ms"]);
@@ -329,6 +339,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     };
     charges.push(charge);
     madeAt.push(clock());
+    webhooks?.chargeMade(charge);
     const status = declined ? 402 : 200;
     const body = JSON.stringify(
       declined
@@ -444,7 +455,9 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       scripted.push(...faults);
     },
     reset,
+    webhooks,
     close() {
+      webhooks?.close();
       return new Promise<void>((resolve) => {
         server.close(() => resolve());
         server.closeAllConnections();
