@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, outbox-notify, keys, prepared, pg-driver, sealing, otel, retention, scale, citus (or names after `--`:
+ * http, compare, client, phases, messaging, outbox-notify, webhooks, keys, prepared, pg-driver, sealing, otel, retention, scale, citus (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -276,6 +276,23 @@ if (wanted("outbox-notify")) {
       ...row("NOTIFY inside each transaction", tps.inside),
       ...row("NOTIFY after commit, shared", tps.after),
       ...row("no NOTIFY (relays only poll)", tps.none),
+    ];
+  });
+}
+
+// Inbound webhooks: verified and deduplicated deliveries against a bare verifying handler (bench/webhooks.ts).
+if (wanted("webhooks")) {
+  const group = "Inbound webhooks: verified and deduplicated deliveries";
+  await optionalBench("webhooks", group, (value) => {
+    const rate = (value as { rate?: Record<string, number> } | undefined)?.rate;
+    if (!rate) return [];
+    const row = (scenario: string, throughput: number | undefined): BenchResult[] =>
+      typeof throughput === "number" ? [{ group, scenario, throughput, unit: "deliveries/s" }] : [];
+    return [
+      ...row("verify only (bare handler)", rate.verify),
+      ...row("verify + INSERT, no dedup", rate.effect),
+      ...row("idem: verify + inbox + INSERT", rate["idem-new"]),
+      ...row("idem: redeliveries", rate["idem-redelivered"]),
     ];
   });
 }

@@ -213,7 +213,8 @@ export class Inbox {
           }
           await handler(tx, message);
           // Only a redelivered message can have failed attempts on record (a failure is never acked).
-          if (message.redelivered) await tx.query(this.#sql.clearAttempts, [this.consumer, message.id]);
+          // The last statement: a pipelining driver sends it with the COMMIT.
+          if (message.redelivered) tx.final(this.#sql.clearAttempts, [this.consumer, message.id]);
         });
       });
       return duplicate ? InboxResult.duplicate : InboxResult.applied;

@@ -72,12 +72,13 @@ export async function receiveFetch(
 
 /** The members of Hono's `Context` used here. */
 export interface HonoLikeContext {
-  req: { raw: Request; bodyCache?: Partial<Record<string, Promise<unknown>>> };
+  /** `bodyCache`: what Hono's `c.req.json()`/`text()`/`arrayBuffer()` read (promises at run time). */
+  req: { raw: Request; bodyCache?: object };
 }
 
 /** Hono: the raw request, or the bytes Hono cached when something read them with `arrayBuffer()`/`text()`. */
 export async function receiveHono(r: Receives, c: HonoLikeContext): Promise<Response> {
-  const cache = c.req.bodyCache ?? {};
+  const cache = (c.req.bodyCache ?? {}) as Partial<Record<string, Promise<unknown>>>;
   const cached = cache.arrayBuffer ?? cache.text;
   if (cached) {
     const value = await cached;

@@ -27,6 +27,7 @@ import type { Db, Tx } from "../core/db.ts";
 import { isDatabaseUnavailable } from "../core/index.ts";
 import { problemResponse } from "../core/problem.ts";
 import type { StoredResponse } from "../core/response.ts";
+import { newStats, Settler } from "../messaging/consumer.ts";
 import { Inbox, InboxResult } from "../messaging/inbox.ts";
 import { Relay } from "../messaging/relay.ts";
 import type { RelayOptions } from "../messaging/relay-options.ts";
@@ -117,6 +118,14 @@ export interface WebhookReceiverOptions<P = unknown> {
   acknowledge?: "after-effect" | "on-receipt";
   /** The largest body read, in bytes (413 beyond). Default 1 MiB. */
   limit?: number;
+  /**
+   * Most deliveries applied in one transaction: deliveries that arrive while a transaction is busy
+   * share the next commit (a quiet endpoint still commits each at once). 1: a transaction each.
+   * Default 64. A handler that throws rolls its batch back; the others are then applied one by one.
+   */
+  batchSize?: number;
+  /** Transactions in flight at once. Default 4. */
+  concurrency?: number;
   /** The clock signed timestamps are checked against, in ms (for tests). Default `Date.now`. */
   now?: () => number;
   /** Failures: handler errors (with the event), refused deliveries, an unreachable database. Default `console.error` for server-side faults. */
@@ -125,6 +134,15 @@ export interface WebhookReceiverOptions<P = unknown> {
 
 /** What became of one event. */
 export type WebhookOutcome = "applied" | "stale" | "duplicate" | "parked" | "retry";
+
+/** A delivery on its way through the inbox, and what became of it. */
+interface Pending<P> extends Delivery {
+  event: WebhookEvent<P>;
+  /** Set by the handler's transaction: applied, or taken in as stale. */
+  outcome?: "applied" | "stale";
+  /** The handler threw (rather than the database failing). */
+  failed?: boolean;
+}
 
 /** The outbox row of an event acknowledged on receipt (`acknowledge: "on-receipt"`). */
 interface StoredEvent {
@@ -159,6 +177,7 @@ export class WebhookReceiver<P = unknown> {
   readonly #onReceipt: boolean;
   readonly #now: () => number;
   readonly #onError: (err: Error, event?: WebhookEvent) => void;
+  readonly #settler: Settler;
 
   constructor(options: WebhookReceiverOptions<P>) {
     if (!options.db || !options.scheme || typeof options.handler !== "function") {
@@ -179,6 +198,16 @@ export class WebhookReceiver<P = unknown> {
     this.#onReceipt = options.acknowledge === "on-receipt";
     this.#now = options.now ?? Date.now;
     this.#onError = options.onError ?? ((err) => console.error(err));
+    this.#settler = new Settler(
+      {
+        inbox: this.inbox,
+        handler: (tx, m) => this.#apply(tx, m as Pending<P>),
+        batchSize: options.batchSize,
+        concurrency: options.concurrency,
+        onError: (err) => this.#onError(err),
+      },
+      newStats(),
+    );
   }
 
   /**
@@ -210,7 +239,17 @@ export class WebhookReceiver<P = unknown> {
     };
     try {
       if (this.#onReceipt) return await this.#store(event);
-      const outcome = await this.process(event);
+      const outcome = await this.#settle(event);
+      if (outcome === "unavailable") {
+        return problemResponse(
+          503,
+          "database-unavailable",
+          "The event could not be recorded; deliver it again.",
+          {
+            headers: [["retry-after", "1"]],
+          },
+        );
+      }
       if (outcome === "retry") {
         return problemResponse(
           500,
@@ -273,12 +312,34 @@ export class WebhookReceiver<P = unknown> {
   readonly nest = (req: unknown, res: unknown): Promise<unknown> => receiveNest(this, req, res);
 
   /**
-   * Run an event through the inbox and the handler (what `receive` does after verifying, and the
-   * relay's publisher for events acknowledged on receipt). Throws only when the database is unreachable.
+   * Run an event through the inbox and the handler in a transaction of its own (the relay's path for
+   * events acknowledged on receipt). Throws only when the database is unreachable.
    */
   async process(event: WebhookEvent<P>): Promise<WebhookOutcome> {
-    let stale = false;
-    const delivery: Delivery = {
+    const d = this.#delivery(event);
+    const result = await this.inbox.process(d, (tx, m) => this.#apply(tx, m as Pending<P>));
+    return result === InboxResult.applied ? (d.outcome ?? "applied") : result;
+  }
+
+  /**
+   * The synchronous path: the delivery joins the deliveries waiting for a transaction (the consumers'
+   * `Settler`), so that many concurrent deliveries share one commit; each is answered with its own
+   * outcome. "unavailable": the database failed, not the handler.
+   */
+  async #settle(event: WebhookEvent<P>): Promise<WebhookOutcome | "unavailable"> {
+    const d = this.#delivery(event);
+    switch (await this.#settler.settle(d)) {
+      case "ack":
+        return d.outcome ?? "duplicate";
+      case "done-failed":
+        return "parked";
+      default:
+        return d.failed ? "retry" : "unavailable";
+    }
+  }
+
+  #delivery(event: WebhookEvent<P>): Pending<P> {
+    return {
       id: event.id,
       topic: event.scheme,
       type: event.type,
@@ -286,40 +347,44 @@ export class WebhookReceiver<P = unknown> {
       headers: event.headers,
       // Senders do not say whether a delivery is a retry: clear failed attempts on every success.
       redelivered: true,
+      event,
     };
-    const result = await this.inbox.process(delivery, async (tx) => {
-      let applied = 0;
-      let skipped = 0;
-      stale = false;
-      const ctx: WebhookContext = {
-        tx,
-        applyIfNewer: async (upsert) => {
-          const version = upsert.version ?? event.createdAt;
-          if (version === null) {
-            throw new TypeError(
-              `applyIfNewer: event ${event.id} has no creation time; give the object's version`,
-            );
-          }
-          const wrote = await versionedUpsert(tx, { ...upsert, version });
-          if (wrote) applied++;
-          else skipped++;
-          return wrote;
-        },
-        stale: () => {
-          skipped++;
-        },
-      };
-      try {
-        await this.#handler(event, ctx);
-      } catch (err) {
-        this.#onError(errorOf(err), event);
-        throw err;
-      }
-      stale = skipped > 0 && applied === 0;
-      if (stale) await this.inbox.markStale(tx, event.id);
-    });
-    if (result === InboxResult.applied) return stale ? "stale" : "applied";
-    return result;
+  }
+
+  /** The handler in the inbox's transaction, with `applyIfNewer` counting what it wrote. */
+  async #apply(tx: Tx, d: Pending<P>): Promise<void> {
+    const { event } = d;
+    let applied = 0;
+    let skipped = 0;
+    d.outcome = undefined;
+    const ctx: WebhookContext = {
+      tx,
+      applyIfNewer: async (upsert) => {
+        const version = upsert.version ?? event.createdAt;
+        if (version === null) {
+          throw new TypeError(
+            `applyIfNewer: event ${event.id} has no creation time; give the object's version`,
+          );
+        }
+        const wrote = await versionedUpsert(tx, { ...upsert, version });
+        if (wrote) applied++;
+        else skipped++;
+        return wrote;
+      },
+      stale: () => {
+        skipped++;
+      },
+    };
+    try {
+      await this.#handler(event, ctx);
+    } catch (err) {
+      d.failed = true;
+      this.#onError(errorOf(err), event);
+      throw err;
+    }
+    const stale = skipped > 0 && applied === 0;
+    if (stale) await this.inbox.markStale(tx, event.id);
+    d.outcome = stale ? "stale" : "applied";
   }
 
   /** Acknowledge on receipt: the event into the outbox (unless the inbox has it already), 202. */
