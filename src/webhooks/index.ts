@@ -5,6 +5,10 @@
  * `applyIfNewer` applies an event only if it is newer than the row. Adapters for Web (Next.js), Hono,
  * node:http, Express, Fastify and NestJS, none of which is imported here.
  */
+// Types the receiver's signatures name (the inbox, relay and publisher are idem/messaging's).
+export type { Db, Tx } from "../core/db.ts";
+export type { StoredResponse } from "../core/response.ts";
+export type { VersionedUpsert } from "../messaging/versioned-upsert.ts";
 export {
   WEBHOOK_HEADERS,
   type WebhookRejection,

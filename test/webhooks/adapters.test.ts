@@ -89,7 +89,11 @@ const frameworks: Record<string, (r: WebhookReceiver<unknown>, parsedFirst: bool
     ),
   web: async (r, parsedFirst) => {
     // A Next.js route handler's shape: `export const POST = receiver.fetch`, served by a Web server.
-    const POST = parsedFirst ? async (req: Request) => (await req.text(), r.fetch(req)) : r.fetch;
+    const readFirst = async (req: Request) => {
+      await req.text(); // something read the body before the receiver
+      return r.fetch(req);
+    };
+    const POST = parsedFirst ? readFirst : r.fetch;
     const server = serve({ fetch: (req) => POST(req), port: 0, hostname: "127.0.0.1" }) as Server;
     await new Promise((ok) => server.once("listening", ok));
     const { port } = server.address() as AddressInfo;
