@@ -16,17 +16,18 @@ import { FastifyAdapter } from "@nestjs/platform-fastify";
 import express from "express";
 import Fastify from "fastify";
 import { Hono } from "hono";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeEach, describe, expect, it } from "vitest";
 import type { Db } from "../../src/postgres/db.ts";
 import { type WebhookReceiver, webhookReceiver } from "../../src/webhooks/receiver.ts";
 import { stripeScheme } from "../../src/webhooks/stripe.ts";
-import { backends, type OpenDb } from "../helpers/db.ts";
+import { backends } from "../helpers/db.ts";
 import {
   effectCount,
+  logEffect,
   paymentIntentEvent,
-  prepareWebhookDb,
   STRIPE_SECRET,
   stripeDelivery,
+  useWebhookDb,
 } from "./senders.ts";
 
 type Started = { url: string; close(): Promise<void> };
@@ -131,14 +132,11 @@ async function nestApp(
 }
 
 describe.each(backends.slice(0, 1).concat(backends.slice(1, 2)))("webhook adapters on $name", (backend) => {
-  let open: OpenDb;
+  const database = useWebhookDb(backend);
   let db: Db;
-  beforeAll(async () => {
-    open = await backend.open();
-    db = open.db;
-    await prepareWebhookDb(db);
+  beforeEach(() => {
+    db = database();
   });
-  afterAll(() => open?.close());
 
   const receiverFor = (consumer: string, errors: Error[] = []) =>
     webhookReceiver({
@@ -147,7 +145,7 @@ describe.each(backends.slice(0, 1).concat(backends.slice(1, 2)))("webhook adapte
       scheme: stripeScheme({ secret: STRIPE_SECRET }),
       onError: (err) => errors.push(err),
       handler: async (event, { tx }) => {
-        await tx.query("INSERT INTO effects (consumer, event_id) VALUES ($1, $2)", [consumer, event.id]);
+        await logEffect(tx, consumer, event.id);
       },
     });
 

@@ -3,26 +3,27 @@
  * each hostile delivery answers the right status and leaves exactly one effect (or none).
  */
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeEach, describe, expect, it } from "vitest";
 import { parkedMessages, unparkMessage } from "../../src/messaging/inbox-admin.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { githubScheme } from "../../src/webhooks/github.ts";
 import { type WebhookHandler, WebhookReceiver, webhookReceiver } from "../../src/webhooks/receiver.ts";
 import { standardWebhooksScheme } from "../../src/webhooks/standard.ts";
 import { stripeScheme } from "../../src/webhooks/stripe.ts";
-import { backends, type OpenDb } from "../helpers/db.ts";
+import { backends } from "../helpers/db.ts";
 import {
   type Delivery,
   effectCount,
   GITHUB_SECRET,
   githubDelivery,
+  logEffect,
   paymentIntentEvent,
-  prepareWebhookDb,
   request,
   STANDARD_SECRET,
   STRIPE_SECRET,
   standardDelivery,
   stripeDelivery,
+  useWebhookDb,
 } from "./senders.ts";
 
 const URL = "http://receiver.test/webhooks";
@@ -33,7 +34,7 @@ function intents(
   consumer: string,
 ): WebhookHandler<{ data: { object: { id: string; status: string; amount: number } } }> {
   return async (event, { tx, applyIfNewer }) => {
-    await tx.query("INSERT INTO effects (consumer, event_id) VALUES ($1, $2)", [consumer, event.id]);
+    await logEffect(tx, consumer, event.id);
     const pi = event.payload.data.object;
     await applyIfNewer({
       table: "intents",
@@ -57,14 +58,11 @@ async function send(
 }
 
 describe.each(backends)("webhook receiver on $name", (backend) => {
-  let open: OpenDb;
+  const database = useWebhookDb(backend);
   let db: Db;
-  beforeAll(async () => {
-    open = await backend.open();
-    db = open.db;
-    await prepareWebhookDb(db);
+  beforeEach(() => {
+    db = database();
   });
-  afterAll(() => open?.close());
 
   const stripeReceiver = (
     consumer: string,
@@ -153,7 +151,7 @@ describe.each(backends)("webhook receiver on $name", (backend) => {
       scheme: stripeScheme({ secret: STRIPE_SECRET }),
       onError: () => {},
       handler: async (event, { tx }) => {
-        await tx.query("INSERT INTO effects (consumer, event_id) VALUES ($1, $2)", [consumer, event.id]);
+        await logEffect(tx, consumer, event.id);
         if (fail) throw new Error("the ledger refused it");
       },
     });
@@ -201,7 +199,7 @@ describe.each(backends)("webhook receiver on $name", (backend) => {
     const seen: string[] = [];
     const log: WebhookHandler = async (event, { tx }) => {
       seen.push(event.type);
-      await tx.query("INSERT INTO effects (consumer, event_id) VALUES ($1, $2)", [consumer, event.id]);
+      await logEffect(tx, consumer, event.id);
     };
     const standard = webhookReceiver({
       db,

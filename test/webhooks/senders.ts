@@ -8,8 +8,10 @@ import { sign as edSign, generateKeyPairSync, randomBytes } from "node:crypto";
 import { sign as githubSign } from "@octokit/webhooks-methods";
 import { Webhook } from "standardwebhooks";
 import Stripe from "stripe";
-import type { Db } from "../../src/postgres/db.ts";
+import { afterAll, beforeAll } from "vitest";
+import type { Db, Tx } from "../../src/postgres/db.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
+import type { TestBackend } from "../helpers/db.ts";
 
 /** A delivery as a sender makes it: headers and the body's exact text. */
 export interface Delivery {
@@ -112,6 +114,22 @@ export async function prepareWebhookDb(db: Db): Promise<void> {
     CREATE TABLE IF NOT EXISTS effects (
       consumer text NOT NULL, event_id text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
   `);
+}
+
+/** A database of `backend` for the file's tests, prepared once: `db()` inside a test. */
+export function useWebhookDb(backend: TestBackend): () => Db {
+  let open: Awaited<ReturnType<TestBackend["open"]>> | undefined;
+  beforeAll(async () => {
+    open = await backend.open();
+    await prepareWebhookDb(open.db);
+  });
+  afterAll(() => open?.close());
+  return () => open!.db;
+}
+
+/** The effect the tests count: one row per application of an event for `consumer`. */
+export async function logEffect(tx: Tx, consumer: string, eventId: string): Promise<void> {
+  await tx.query("INSERT INTO effects (consumer, event_id) VALUES ($1, $2)", [consumer, eventId]);
 }
 
 /** How many times each event's effect was applied for `consumer` (the count users care about). */
