@@ -4,7 +4,7 @@ import { CliError, EXIT, parse } from "./shared.ts";
 const USAGE = `usage: idem provider [--port N] [--host ADDR] [--seed N] [--latency-ms N|MIN-MAX]
                      [--decline-amounts A,B] [--decline-cards C,D]
                      [--timeout-rate P] [--error-rate P] [--drop-rate P] [--decline-rate P]
-                     [--retention-ms N]
+                     [--retention-ms N] [--webhook-url URL --webhook-secret whsec_...]
 
 Runs the payment-provider simulator: POST /v1/charges with an Idempotency-Key (a repeat returns the
 existing charge), GET /v1/charges lists every charge with the key it received.
@@ -19,6 +19,9 @@ existing charge), GET /v1/charges lists every charge with the key it received.
   --drop-rate P         probability that the charge is made and the reply is lost
   --decline-rate P      probability of a decline
   --retention-ms N      how long a key and its charge are remembered (default: 86400000, 24 h)
+  --webhook-url URL     POST each charge's events there (charge.pending, then charge.succeeded or
+                        charge.failed), at least once, delayed, reordered, sometimes twice
+  --webhook-secret S    the endpoint's signing secret (Stripe's scheme; PROVIDER_WEBHOOK_SECRET)
 Per request, the header X-Fault: timeout|500|503|drop|decline forces a fault; POST /_sim/faults
 {"rates": {...}, "next": [...]} changes them at run time. Stops on SIGINT or SIGTERM.
 Exit codes: 0 stopped cleanly, 1 failure (e.g. the port is taken), 2 bad usage.`;
@@ -53,6 +56,8 @@ export async function providerCommand(argv: string[]): Promise<number> {
       "drop-rate": { type: "string" },
       "decline-rate": { type: "string" },
       "retention-ms": { type: "string" },
+      "webhook-url": { type: "string" },
+      "webhook-secret": { type: "string" },
     },
     USAGE,
   );
@@ -77,6 +82,10 @@ export async function providerCommand(argv: string[]): Promise<number> {
   const retentionMs = retention === undefined ? undefined : Number(retention);
   if (retentionMs !== undefined && !(Number.isInteger(retentionMs) && retentionMs > 0))
     throw new CliError("--retention-ms takes a positive whole number of milliseconds", EXIT.usage);
+  const webhookUrl = values["webhook-url"];
+  const webhookSecret = values["webhook-secret"] ?? process.env.PROVIDER_WEBHOOK_SECRET;
+  if (webhookUrl !== undefined && !webhookSecret)
+    throw new CliError("--webhook-url needs --webhook-secret (or PROVIDER_WEBHOOK_SECRET)", EXIT.usage);
   const options: ProviderOptions = {
     port,
     retentionMs,
@@ -92,6 +101,7 @@ export async function providerCommand(argv: string[]): Promise<number> {
       decline: rate("--decline-rate", values["decline-rate"]),
     },
     hangMs: 60_000,
+    webhooks: webhookUrl ? { url: webhookUrl, secret: webhookSecret!, seed } : undefined,
   };
   let provider: Awaited<ReturnType<typeof startProvider>>;
   try {

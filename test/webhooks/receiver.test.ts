@@ -4,7 +4,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { beforeEach, describe, expect, it } from "vitest";
-import { parkedMessages, unparkMessage } from "../../src/messaging/inbox-admin.ts";
+import { parkedMessages, unparkMessage } from "../../src/admin/index.ts"; // idem/admin: what the console lists
 import type { Db } from "../../src/postgres/db.ts";
 import { githubScheme } from "../../src/webhooks/github.ts";
 import { type WebhookHandler, WebhookReceiver, webhookReceiver } from "../../src/webhooks/receiver.ts";
