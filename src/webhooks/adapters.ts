@@ -121,7 +121,8 @@ export async function receiveNode(
       body = await readBody(req, r.limit);
     } catch (err) {
       if ((err as { status?: number }).status === 413) return writeNode(res, tooLarge(r.limit));
-      throw err;
+      res.destroy(); // the sender went away mid-body: nobody to answer, nothing done
+      return;
     }
   }
   if (body.length > r.limit) return writeNode(res, tooLarge(r.limit));

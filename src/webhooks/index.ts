@@ -24,16 +24,15 @@ export {
 } from "./adapters.ts";
 export { isWebhookBodyParsed, WebhookBodyParsedError, WebhookPayloadError } from "./errors.ts";
 export { type GithubSchemeOptions, githubScheme } from "./github.ts";
-export {
-  type EventUpsert,
-  type WebhookContext,
-  type WebhookEvent,
-  type WebhookHandler,
-  type WebhookOutcome,
-  WebhookReceiver,
-  type WebhookReceiverOptions,
-  webhookReceiver,
-} from "./receiver.ts";
+export { WebhookReceiver, webhookReceiver } from "./receiver.ts";
 export type { Secrets, VerifiedWebhook, WebhookInput, WebhookScheme } from "./scheme.ts";
 export { type StandardWebhooksOptions, standardWebhooksScheme } from "./standard.ts";
 export { type StripeSchemeOptions, stripeScheme } from "./stripe.ts";
+export type {
+  EventUpsert,
+  WebhookContext,
+  WebhookEvent,
+  WebhookHandler,
+  WebhookOutcome,
+  WebhookReceiverOptions,
+} from "./types.ts";

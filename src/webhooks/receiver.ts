@@ -38,7 +38,7 @@ import {
   type Publisher,
   type PublishOutcome,
 } from "../messaging/types.ts";
-import { type VersionedUpsert, versionedUpsert } from "../messaging/versioned-upsert.ts";
+import { versionedUpsert } from "../messaging/versioned-upsert.ts";
 import { WebhookVerificationError } from "../messaging/webhook.ts";
 import { schemaOf } from "../postgres/migrate.ts";
 import { writeOutbox } from "../postgres/outbox.ts";
@@ -57,83 +57,13 @@ import {
 } from "./adapters.ts";
 import { type WebhookBodyParsedError, WebhookPayloadError } from "./errors.ts";
 import { bodyText, type VerifiedWebhook, type WebhookInput, type WebhookScheme } from "./scheme.ts";
-
-/** An event that arrived verified, as the handler gets it. */
-export interface WebhookEvent<P = unknown> {
-  /** The event's id: the same in every delivery (what the inbox deduplicates on). */
-  id: string;
-  /** The event's type, e.g. `"payment_intent.succeeded"`. */
-  type: string;
-  /** The body, parsed. */
-  payload: P;
-  /** The body as received (UTF-8). */
-  rawBody: string;
-  /** When the sender created the event, when its scheme says (Stripe, Standard Webhooks); else null. */
-  createdAt: Date | null;
-  /** The scheme's name: `"stripe"`, `"github"`, `"standard"`. */
-  scheme: string;
-  /** The delivery's headers worth keeping (id, type, timestamp; never the signature). */
-  headers: Record<string, string>;
-}
-
-/** A versioned upsert whose version defaults to the event's creation time (see `applyIfNewer`). */
-export type EventUpsert = Omit<VersionedUpsert, "version"> & { version?: VersionedUpsert["version"] };
-
-/** What the handler gets besides the event. */
-export interface WebhookContext {
-  /** The inbox's transaction: the effect's writes go here, and commit with the event's mark. */
-  tx: Tx;
-  /**
-   * Write the row only if this event is newer than what it holds (`versionedUpsert` in `tx`): by
-   * `version` (the object's version), else by the event's creation time. Resolves whether it wrote.
-   * An event whose every upsert was older is recorded "stale": acknowledged, marked, not applied.
-   */
-  applyIfNewer(upsert: EventUpsert): Promise<boolean>;
-  /** Record this event as taken in but not applied (e.g. an older state found by your own check). */
-  stale(): void;
-}
-
-/** The effect of one event. Throw to roll it back: the sender is answered 500 and retries. */
-export type WebhookHandler<P = unknown> = (event: WebhookEvent<P>, ctx: WebhookContext) => Promise<void>;
-
-/** Options of {@link webhookReceiver}. `db`, `scheme` and `handler` are required. */
-export interface WebhookReceiverOptions<P = unknown> {
-  /** The database of idem's inbox (migrated) and of the handler's effects. */
-  db: Db;
-  /** How deliveries are signed: `stripeScheme`, `githubScheme`, `standardWebhooksScheme` or your own. */
-  scheme: WebhookScheme;
-  /** The effect of one event, in the inbox's transaction. */
-  handler: WebhookHandler<P>;
-  /** The inbox consumer's name: an event is applied once per consumer. Default `webhook:<scheme name>`. */
-  consumer?: string;
-  /** The schema idem's tables live in. Default `"idem"`. */
-  schema?: string;
-  /** Failed attempts after which an event is parked. Default 5. */
-  maxAttempts?: number;
-  /**
-   * `"after-effect"`: answer once the effect committed (a failure answers 500 and the sender retries).
-   * `"on-receipt"`: verify, store in the outbox, answer 202; a relay applies it later (`publisher()`).
-   * Default `"after-effect"`.
-   */
-  acknowledge?: "after-effect" | "on-receipt";
-  /** The largest body read, in bytes (413 beyond). Default 1 MiB. */
-  limit?: number;
-  /**
-   * Most deliveries applied in one transaction: deliveries that arrive while a transaction is busy
-   * share the next commit (a quiet endpoint still commits each at once). 1: a transaction each.
-   * Default 64. A handler that throws rolls its batch back; the others are then applied one by one.
-   */
-  batchSize?: number;
-  /** Transactions in flight at once. Default 4. */
-  concurrency?: number;
-  /** The clock signed timestamps are checked against, in ms (for tests). Default `Date.now`. */
-  now?: () => number;
-  /** Failures: handler errors (with the event), refused deliveries, an unreachable database. Default `console.error` for server-side faults. */
-  onError?: (err: Error, event?: WebhookEvent) => void;
-}
-
-/** What became of one event. */
-export type WebhookOutcome = "applied" | "stale" | "duplicate" | "parked" | "retry";
+import type {
+  WebhookContext,
+  WebhookEvent,
+  WebhookHandler,
+  WebhookOutcome,
+  WebhookReceiverOptions,
+} from "./types.ts";
 
 /** A delivery on its way through the inbox, and what became of it. */
 interface Pending<P> extends Delivery {
@@ -152,6 +82,12 @@ interface StoredEvent {
 }
 
 const encoder = new TextEncoder();
+const UNAVAILABLE = () =>
+  problemResponse(503, "database-unavailable", "The event could not be recorded; deliver it again.", {
+    headers: [["retry-after", "1"]],
+  });
+const FAILED = () =>
+  problemResponse(500, "webhook-failed", "The event could not be recorded; deliver it again.");
 
 function json(status: number, body: Record<string, unknown>): StoredResponse {
   return {
@@ -226,7 +162,8 @@ export class WebhookReceiver<P = unknown> {
         return problemResponse(status, `webhook-${err.reason}`, err.message);
       }
       if (err instanceof WebhookPayloadError) return problemResponse(400, "webhook-payload", err.message);
-      throw err;
+      this.#onError(errorOf(err)); // a scheme of your own that failed otherwise
+      return FAILED();
     }
     const event: WebhookEvent<P> = {
       id: verified.id,
@@ -240,16 +177,7 @@ export class WebhookReceiver<P = unknown> {
     try {
       if (this.#onReceipt) return await this.#store(event);
       const outcome = await this.#settle(event);
-      if (outcome === "unavailable") {
-        return problemResponse(
-          503,
-          "database-unavailable",
-          "The event could not be recorded; deliver it again.",
-          {
-            headers: [["retry-after", "1"]],
-          },
-        );
-      }
+      if (outcome === "unavailable") return UNAVAILABLE();
       if (outcome === "retry") {
         return problemResponse(
           500,
@@ -260,11 +188,7 @@ export class WebhookReceiver<P = unknown> {
       return json(200, { received: true, id: event.id, result: outcome });
     } catch (err) {
       this.#onError(errorOf(err), event);
-      return isDatabaseUnavailable(err)
-        ? problemResponse(503, "database-unavailable", "The database does not answer; deliver it again.", {
-            headers: [["retry-after", "1"]],
-          })
-        : problemResponse(500, "webhook-failed", "The event could not be recorded; deliver it again.");
+      return isDatabaseUnavailable(err) ? UNAVAILABLE() : FAILED();
     }
   }
 

@@ -4,7 +4,7 @@
  * one reply in five after the service answered) retried after they were applied. Once the simulator
  * is idle, the service's charges are the provider's, state for state.
  */
-import { randomBytes } from "node:crypto";
+import { createHmac, randomBytes } from "node:crypto";
 import { createServer, request as httpRequest, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
@@ -141,4 +141,56 @@ describe.each(backends)("provider webhooks into the reference service on $name",
       await open.close();
     }
   }, 60_000);
+
+  it("an event the service cannot apply answers 500, is parked after 5 tries, and the admin API lists it", async () => {
+    const open = await backend.open();
+    await prepareSchema(open.db);
+    const store = await PostgresStore.open(open.db);
+    const secret = `whsec_${randomBytes(16).toString("hex")}`;
+    const adminToken = randomBytes(16).toString("hex");
+    const app = createApp({
+      db: open.db,
+      store,
+      apiKeys: new ApiKeys(open.db),
+      paymentsMode: "atomic",
+      logger: createLogger({ level: "silent" }),
+      metricsEndpoint: false,
+      providerWebhookSecret: secret,
+      adminTokens: `ops:${adminToken}`,
+    });
+    try {
+      // Signed by the provider, but not a charge: the handler throws on it every time.
+      const body = JSON.stringify({
+        id: "evt_poison",
+        object: "event",
+        type: "charge.succeeded",
+        created: 1,
+        data: {},
+      });
+      const t = Math.floor(Date.now() / 1000);
+      const v1 = createHmac("sha256", secret).update(`${t}.${body}`).digest("hex");
+      const deliver = () =>
+        app.request("/v1/webhooks/provider", {
+          method: "POST",
+          headers: { "content-type": "application/json", "stripe-signature": `t=${t},v1=${v1}` },
+          body,
+        });
+      const statuses: number[] = [];
+      for (let i = 0; i < 6; i++) statuses.push((await deliver()).status);
+      expect(statuses).toEqual([500, 500, 500, 500, 200, 200]);
+      const res = await app.request("/admin/api/inbox", {
+        headers: { authorization: `Bearer ${adminToken}` },
+      });
+      expect(res.status).toBe(200);
+      const { parked } = (await res.json()) as {
+        parked: Array<{ consumer: string; messageId: string; attempts: number }>;
+      };
+      expect(parked).toEqual([
+        expect.objectContaining({ consumer: "provider-charges", messageId: "evt_poison", attempts: 5 }),
+      ]);
+      expect(await open.db.query("SELECT 1 FROM provider_charges")).toMatchObject({ rows: [] });
+    } finally {
+      await open.close();
+    }
+  });
 });

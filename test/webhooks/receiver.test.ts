@@ -7,9 +7,10 @@ import { beforeEach, describe, expect, it } from "vitest";
 import { parkedMessages, unparkMessage } from "../../src/admin/index.ts"; // idem/admin: what the console lists
 import type { Db } from "../../src/postgres/db.ts";
 import { githubScheme } from "../../src/webhooks/github.ts";
-import { type WebhookHandler, WebhookReceiver, webhookReceiver } from "../../src/webhooks/receiver.ts";
+import { WebhookReceiver, webhookReceiver } from "../../src/webhooks/receiver.ts";
 import { standardWebhooksScheme } from "../../src/webhooks/standard.ts";
 import { stripeScheme } from "../../src/webhooks/stripe.ts";
+import type { WebhookHandler } from "../../src/webhooks/types.ts";
 import { backends } from "../helpers/db.ts";
 import {
   type Delivery,
