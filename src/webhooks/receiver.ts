@@ -14,6 +14,10 @@
  *     handler(event, { tx })           -> the effect, in the same transaction
  *   COMMIT -> 200 "applied" (or "stale": taken in, an older state not applied; recorded in the mark)
  *
+ *   Deliveries that arrive while a transaction is busy wait for the next one and share it (the
+ *   consumers' `Settler`: up to `batchSize` marks and effects per commit); each still gets its own
+ *   answer. A handler that throws rolls its batch back, and the batch is applied one by one.
+ *
  *   the handler threw: ROLLBACK, the attempt is counted -> 500 (the sender retries); at `maxAttempts`
  *   the event is parked with its body (idem/admin, the console) -> 200 "parked", later copies 200
  *   "duplicate" until an operator unparks it. The database unreachable: 503, nothing marked.
@@ -74,6 +78,24 @@ interface Pending<P> extends Delivery {
   failed?: boolean;
 }
 
+/**
+ * The inbox, leaving on each delivery of a batch only an outcome that committed: a batch rolled back
+ * (another delivery's handler threw) is applied again one by one, and by then a copy of an event may
+ * have been applied elsewhere, which makes this delivery a duplicate after all.
+ */
+class OutcomeInbox extends Inbox {
+  override async processBatch<M extends Delivery>(
+    messages: readonly M[],
+    handler: Parameters<Inbox["processBatch"]>[1],
+  ): Promise<InboxResult[]> {
+    const results = await super.processBatch(messages, handler as never);
+    results.forEach((r, i) => {
+      if (r !== InboxResult.applied) (messages[i] as Partial<Pending<unknown>>).outcome = undefined;
+    });
+    return results;
+  }
+}
+
 /** The outbox row of an event acknowledged on receipt (`acknowledge: "on-receipt"`). */
 interface StoredEvent {
   event: Omit<WebhookEvent, "payload" | "createdAt"> & { createdAt: string | null };
@@ -124,7 +146,7 @@ export class WebhookReceiver<P = unknown> {
     this.scheme = options.scheme;
     this.#handler = options.handler;
     const consumer = options.consumer ?? `webhook:${options.scheme.name}`;
-    this.inbox = new Inbox(options.db, {
+    this.inbox = new OutcomeInbox(options.db, {
       consumer,
       schema: options.schema,
       maxAttempts: options.maxAttempts,

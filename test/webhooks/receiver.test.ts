@@ -122,6 +122,37 @@ describe.each(backends)("webhook receiver on $name", (backend) => {
     expect(await effectCount(db, consumer)).toBe(1);
   });
 
+  it("concurrent deliveries share transactions; one failing handler among them fails only its own delivery", async () => {
+    const consumer = `c-${randomUUID()}`;
+    const receiver = webhookReceiver({
+      db,
+      consumer,
+      maxAttempts: 10,
+      scheme: stripeScheme({ secret: STRIPE_SECRET }),
+      onError: () => {},
+      handler: async (event, { tx }) => {
+        await logEffect(tx, consumer, event.id);
+        if (event.id === "evt_bad_7") throw new Error("cannot apply event 7");
+      },
+    });
+    const ids = Array.from({ length: 24 }, (_, i) => (i === 7 ? "evt_bad_7" : `evt_ok_${i}`));
+    // Each event twice, all at once: the copies meet within a batch or across batches.
+    const deliveries = [...ids, ...ids].map((id) =>
+      stripeDelivery(paymentIntentEvent(id, `pi_${id}`, "succeeded", now())),
+    );
+    const answers = await Promise.all(deliveries.map((d) => send(receiver, d)));
+    const byId = new Map<string, string[]>();
+    answers.forEach((a, i) => {
+      const id = ids[i % ids.length]!;
+      byId.set(id, [...(byId.get(id) ?? []), a.status === 200 ? a.body.result : String(a.status)]);
+    });
+    expect(byId.get("evt_bad_7")).toEqual(["500", "500"]);
+    for (const id of ids.filter((x) => x !== "evt_bad_7"))
+      expect(byId.get(id)!.sort()).toEqual(["applied", "duplicate"]);
+    expect(await effectCount(db, consumer)).toBe(23);
+    expect(await effectCount(db, consumer, "evt_bad_7")).toBe(0);
+  });
+
   it("out-of-order payment_intent events: the latest state wins, an older one is acknowledged and recorded stale", async () => {
     const consumer = `c-${randomUUID()}`;
     const receiver = stripeReceiver(consumer);
