@@ -76,6 +76,9 @@ const handlers: Record<string, (req: IncomingMessage, res: ServerResponse) => Pr
     db,
     scheme,
     consumer: "bench",
+    // BENCH_BATCH / BENCH_TX: the receiver's batchSize and concurrency (default: the receiver's own).
+    batchSize: process.env.BENCH_BATCH ? Number(process.env.BENCH_BATCH) : undefined,
+    concurrency: process.env.BENCH_TX ? Number(process.env.BENCH_TX) : undefined,
     handler: async (event, { tx }) => {
       await tx.query("INSERT INTO effects (event_id) VALUES ($1)", [event.id]);
     },

@@ -15,7 +15,7 @@
  *   COMMIT -> 200 "applied" (or "stale": taken in, an older state not applied; recorded in the mark)
  *
  *   Deliveries that arrive while a transaction is busy wait for the next one and share it (the
- *   consumers' `Settler`: up to `batchSize` marks and effects per commit); each still gets its own
+ *   consumers' `Settler`: up to `batchSize` marks and effects per commit, `concurrency` commits at once); each still gets its own
  *   answer. A handler that throws rolls its batch back, and the batch is applied one by one.
  *
  *   the handler threw: ROLLBACK, the attempt is counted -> 500 (the sender retries); at `maxAttempts`
@@ -160,8 +160,9 @@ export class WebhookReceiver<P = unknown> {
       {
         inbox: this.inbox,
         handler: (tx, m) => this.#apply(tx, m as Pending<P>),
-        batchSize: options.batchSize,
-        concurrency: options.concurrency,
+        // Small batches, several at once: see docs/decisions/webhook-deliveries-share-transactions.md.
+        batchSize: options.batchSize ?? 16,
+        concurrency: options.concurrency ?? 8,
         onError: (err) => this.#onError(err),
       },
       newStats(),

@@ -69,10 +69,10 @@ export interface WebhookReceiverOptions<P = unknown> {
   /**
    * Most deliveries applied in one transaction: deliveries that arrive while a transaction is busy
    * share the next commit (a quiet endpoint still commits each at once). 1: a transaction each.
-   * Default 64. A handler that throws rolls its batch back; the others are then applied one by one.
+   * Default 16. A handler that throws rolls its batch back; the others are then applied one by one.
    */
   batchSize?: number;
-  /** Transactions in flight at once. Default 4. */
+  /** Transactions in flight at once (each holds a connection of `db`'s pool). Default 8. */
   concurrency?: number;
   /** The clock signed timestamps are checked against, in ms (for tests). Default `Date.now`. */
   now?: () => number;
