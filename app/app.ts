@@ -113,6 +113,7 @@ export function createApp(deps: AppDeps): Hono {
     retentionMs: deps.store.retentionMs,
     lockTimeoutMs: deps.store.lockTimeoutMs,
     playground: deps.playground && phases,
+    providerWebhooks: Boolean(deps.providerWebhookSecret),
   });
   app.get("/openapi.json", (c) => c.json(openapi));
   if (deps.playground && phases && deps.providerUrl) {

@@ -18,6 +18,7 @@ import {
   replySchemas,
 } from "./openapi-parts.ts";
 import { playgroundPaths, servicePaths } from "./openapi-paths.ts";
+import { providerWebhookPaths } from "./provider-webhooks.ts";
 import {
   AmountRequest,
   CartItemRequest,
@@ -41,6 +42,8 @@ export interface OpenApiOptions {
   requireKey?: boolean;
   /** Document the playground's endpoints too (demo mode only). Default: false. */
   playground?: boolean;
+  /** Document `POST /v1/webhooks/provider` (served when the provider's webhook secret is set). Default: false. */
+  providerWebhooks?: boolean;
 }
 
 /** The OpenAPI 3.1 document of the reference payments service. */
@@ -58,6 +61,7 @@ export function openApiDocument(options: OpenApiOptions): Json {
   });
   Object.assign(paths, operationPaths());
   if (options.playground) Object.assign(paths, playgroundPaths());
+  if (options.providerWebhooks) Object.assign(paths, providerWebhookPaths());
 
   return {
     openapi: "3.1.0",

@@ -189,6 +189,10 @@ describe.each(backends)("provider webhooks into the reference service on $name",
         expect.objectContaining({ consumer: "provider-charges", messageId: "evt_poison", attempts: 5 }),
       ]);
       expect(await open.db.query("SELECT 1 FROM provider_charges")).toMatchObject({ rows: [] });
+      const doc = (await (await app.request("/openapi.json")).json()) as {
+        paths: Record<string, { post?: unknown }>;
+      };
+      expect(doc.paths["/v1/webhooks/provider"]?.post).toMatchObject({ operationId: "providerWebhook" });
     } finally {
       await open.close();
     }
