@@ -13,6 +13,7 @@ import { ApiKeys } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
+import type { Db } from "../../src/postgres/db.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { startProvider } from "../../src/testing/provider.ts";
 import { backends } from "../helpers/db.ts";
@@ -55,21 +56,26 @@ async function lossyProxy(
   };
 }
 
+/** The reference service (atomic payments) on `db`, taking the provider's webhooks signed with `secret`. */
+async function serviceApp(db: Db, secret: string, adminTokens?: string) {
+  await prepareSchema(db);
+  return createApp({
+    db,
+    store: await PostgresStore.open(db),
+    apiKeys: new ApiKeys(db),
+    paymentsMode: "atomic",
+    logger: createLogger({ level: "silent" }),
+    metricsEndpoint: false,
+    providerWebhookSecret: secret,
+    adminTokens,
+  });
+}
+
 describe.each(backends)("provider webhooks into the reference service on $name", (backend) => {
   it("charges sent at least once, reordered and duplicated: the service's state matches the provider's", async () => {
     const open = await backend.open();
-    await prepareSchema(open.db);
-    const store = await PostgresStore.open(open.db);
     const secret = `whsec_${randomBytes(16).toString("hex")}`;
-    const app = createApp({
-      db: open.db,
-      store,
-      apiKeys: new ApiKeys(open.db),
-      paymentsMode: "atomic",
-      logger: createLogger({ level: "silent" }),
-      metricsEndpoint: false,
-      providerWebhookSecret: secret,
-    });
+    const app = await serviceApp(open.db, secret);
     const service = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }) as Server;
     await new Promise((ok) => service.once("listening", ok));
     const proxy = await lossyProxy(address(service), 5);
@@ -144,20 +150,9 @@ describe.each(backends)("provider webhooks into the reference service on $name",
 
   it("an event the service cannot apply answers 500, is parked after 5 tries, and the admin API lists it", async () => {
     const open = await backend.open();
-    await prepareSchema(open.db);
-    const store = await PostgresStore.open(open.db);
     const secret = `whsec_${randomBytes(16).toString("hex")}`;
     const adminToken = randomBytes(16).toString("hex");
-    const app = createApp({
-      db: open.db,
-      store,
-      apiKeys: new ApiKeys(open.db),
-      paymentsMode: "atomic",
-      logger: createLogger({ level: "silent" }),
-      metricsEndpoint: false,
-      providerWebhookSecret: secret,
-      adminTokens: `ops:${adminToken}`,
-    });
+    const app = await serviceApp(open.db, secret, `ops:${adminToken}`);
     try {
       // Signed by the provider, but not a charge: the handler throws on it every time.
       const body = JSON.stringify({
