@@ -167,6 +167,11 @@ const APP_TABLES = `
     created_at   timestamptz NOT NULL DEFAULT clock_timestamp()
   );
   CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account_id, created_at DESC);
+  -- Phases mode: what the provider knows the payment by (the downstream reference, <account>:<claim
+  -- id>) and the client's key, for idem reconcile (app/reconcile.json). Version 2.
+  ALTER TABLE payments ADD COLUMN IF NOT EXISTS provider_ref text;
+  ALTER TABLE payments ADD COLUMN IF NOT EXISTS idempotency_key text;
+  CREATE INDEX IF NOT EXISTS payments_created ON payments (created_at);
   ${PATTERN_TABLES}
   ${RECEIPT_TABLES}
   ${PROVIDER_WEBHOOK_TABLES}

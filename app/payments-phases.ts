@@ -119,9 +119,11 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
             amount: ctx.input.amount_cents,
             currency: ctx.input.currency,
             card: ctx.input.card,
-            // OUR key, passed downstream: a repeat costs nothing. Without provider idempotency it is
-            // only our reference, which `lookup` searches by.
-            ...(dedup ? { idempotencyKey: ctx.idempotencyKey } : { reference: ctx.idempotencyKey }),
+            // OUR key, passed downstream: a repeat costs nothing. It is also the charge's reference,
+            // which `lookup` searches by (without provider idempotency) and the provider's report
+            // carries for `idem reconcile`.
+            ...(dedup ? { idempotencyKey: ctx.idempotencyKey } : {}),
+            reference: ctx.idempotencyKey,
             timeoutMs: o.providerTimeoutMs ?? 10_000,
             signal: ctx.signal,
           });
@@ -183,9 +185,9 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
           // The payment id is derived from the charge: one charge can never give two payment rows.
           const id = `pay_${chargeId.replace(/^ch_/, "")}`;
           const { rows } = await tx.query<Record<string, unknown>>(
-            `INSERT INTO payments (id, account_id, amount_cents, currency, status)
-             VALUES ($1, $2, $3, $4, 'succeeded') RETURNING id, amount_cents, currency, status, created_at`,
-            [id, ctx.scope, ctx.input.amount_cents, ctx.input.currency],
+            `INSERT INTO payments (id, account_id, amount_cents, currency, status, provider_ref, idempotency_key)
+             VALUES ($1, $2, $3, $4, 'succeeded', $5, $6) RETURNING id, amount_cents, currency, status, created_at`,
+            [id, ctx.scope, ctx.input.amount_cents, ctx.input.currency, ctx.idempotencyKey, ctx.key],
           );
           const payment = toPayment(rows[0]!);
           await writeOutbox(tx, {

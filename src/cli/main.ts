@@ -48,6 +48,10 @@ const COMMANDS: Record<string, { summary: string; run: () => Promise<(argv: stri
       summary: "check invariants on a database; exit 1 on violations",
       run: async () => (await import("./audit.ts")).auditCommand,
     },
+    reconcile: {
+      summary: "compare the provider's charges report with your records",
+      run: async () => (await import("./reconcile.ts")).reconcileCommand,
+    },
   };
 
 export const USAGE = `usage: idem <command> [options]   (idem <command> --help for its options)

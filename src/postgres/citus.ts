@@ -16,7 +16,8 @@ import type { Db } from "./db.ts";
  *   inbox, inbox_attempts, inbox_parked
  *                   distributed by `message_id` (one message's rows on one shard; inbox partitions
  *                   follow).
- *   settings, migrations, sealing_key, sealing_readers, reviews, outbox, admin_actions
+ *   settings, migrations, sealing_key, sealing_readers, reviews, outbox, admin_actions,
+ *   reconcile_findings
  *                   reference tables (a copy on every node): small or rarely written, read from any
  *                   node; the outbox because the relay claims across all events in id order
  *                   (`FOR UPDATE SKIP LOCKED`), which a reference table allows on any node (its
@@ -51,6 +52,7 @@ export const CITUS_PLACEMENT: Placement[] = [
   { table: "reviews", how: "reference" },
   { table: "outbox", how: "reference" },
   { table: "admin_actions", how: "reference" },
+  { table: "reconcile_findings", how: "reference" },
 ];
 
 /**

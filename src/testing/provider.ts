@@ -14,6 +14,7 @@
  *       payment): how a caller finds out, after a lost reply, whether a provider WITHOUT idempotency
  *       keys charged. `setSearch(false)` makes it answer 503 (the search is down).
  *   GET  /v1/charges/:id
+ *   /v1/refunds, /v1/reports/charges   refunds (keyed) and the charges report: provider-refunds.ts
  *   POST /_sim/faults  {"rates": {...}, "next": ["timeout", ...]}   change the faults at run time
  *   POST /_sim/reset   forget every charge and key
  *
@@ -34,6 +35,7 @@ import { randomInt } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createRng, type Rng } from "./prng.ts";
+import { type Refund, RefundDesk } from "./provider-refunds.ts";
 import {
   type ProviderWebhookOptions,
   type ProviderWebhooks,
@@ -134,7 +136,9 @@ export interface Provider {
   failNext(...faults: ProviderFault[]): void;
   /** Make the search by reference answer 503 (`false`), or work again (`true`). */
   setSearch(available: boolean): void;
-  /** Forget every charge, key and scripted fault (the generator keeps going). */
+  /** The refunds made (`POST /v1/refunds`), in order. */
+  refunds(): Refund[];
+  /** Forget every charge, refund, key and scripted fault (the generator keeps going). */
   reset(): void;
   /** Stop listening. */
   close(): Promise<void>;
@@ -244,6 +248,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     }
   };
   const live = (): Charge[] => (head === 0 ? charges : charges.slice(head));
+  const desk = new RefundDesk({ rng, clock, charges: live, readBody, send });
 
   const faultFor = (req: IncomingMessage): ProviderFault | undefined => {
     const h = String(req.headers["x-fault"] ?? "").trim();
@@ -410,10 +415,12 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       reset();
       return send(res, 200, { ok: true });
     }
+    if (await desk.handle(req, res, url)) return;
     send(res, 404, errorBody("invalid_request_error", "not_found", `No route for ${req.method} ${path}.`));
   }
 
   function reset(): void {
+    desk.reset();
     charges = [];
     madeAt = [];
     head = 0;
@@ -445,6 +452,7 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       return live().map((c) => ({ ...c }));
     },
     requests: () => received,
+    refunds: () => desk.refunds(),
     setSearch(available) {
       searchAvailable = available;
     },

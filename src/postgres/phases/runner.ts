@@ -326,6 +326,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     step: PhaseStep<D> | undefined,
   ): Promise<AtomicOutcome | undefined> {
     const db = lease.table.db;
+    if (step?.review) return this.toReview(lease, step.review);
     if (step?.response) {
       if (!isSaved(step.response.status, this.policy)) {
         await release(lease);
@@ -386,6 +387,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
           // Fenced: what the phase keeps past its return fails at once (guarded-tx.ts).
           step = await withGuardedTx(tx, (guarded) => phase.local(ctx, guarded));
         }
+        if (step?.review) throw new Error(`phases "${this.name}": only an external phase can ask for review`);
         // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
         // (one round trip on a pipelining driver), still fenced by the token.
         if (step?.response) {

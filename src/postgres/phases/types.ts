@@ -7,12 +7,17 @@ import type { PhaseFaults } from "./faults.ts";
 /** What a phase hands back. */
 export type PhaseStep<D> =
   /** Go on to the next phase (`next`, default: the phase's own `next`), merging `data` into the key's phase data. */
-  | { data?: Partial<D>; next?: string; response?: undefined }
+  | { data?: Partial<D>; next?: string; response?: undefined; review?: undefined }
   /**
    * The request's answer. A final one (2xx, or a status in `saveStatuses` such as 402 declined) is saved
    * as done and replayed from then on; any other is sent to this caller only, and the lease is freed.
    */
-  | { response: StoredResponse; data?: Partial<D>; next?: undefined };
+  | { response: StoredResponse; data?: Partial<D>; next?: undefined; review?: undefined }
+  /**
+   * Hand the key to a person, with this reason (external phases only): it waits in review (the
+   * console's queue, `idem keys settle`) at this phase, answered 409 operation-uncertain, until settled.
+   */
+  | { review: string; data?: undefined; next?: undefined; response?: undefined };
 
 /** What a phase sees. */
 export interface PhaseContext<I, D> {
