@@ -36,7 +36,11 @@ describe(`idem reconcile against the provider simulator (${backend.name})`, () =
   const pay = async (key: string, amount: number) => {
     const res = await fetch(`${svc.url}/v1/payments`, {
       method: "POST",
-      headers: { authorization: `Bearer ${KEY_1}`, "idempotency-key": key, "content-type": "application/json" },
+      headers: {
+        authorization: `Bearer ${KEY_1}`,
+        "idempotency-key": key,
+        "content-type": "application/json",
+      },
       body: JSON.stringify({ amount_cents: amount, currency: "eur", card: "4242424242424242" }),
     });
     expect(res.status).toBe(201);
@@ -117,7 +121,12 @@ describe(`idem reconcile against the provider simulator (${backend.name})`, () =
     expect(r.newFindings).toBe(4);
     // Refunded at the provider: the duplicate charge (not the one the payment holds) and the orphan.
     const refunds = (await svc.provider!.refunds()).map((x) => [x.charge, x.amount]);
-    expect(refunds.sort()).toEqual([[orphanId, 250], [secondId, 300]].sort());
+    expect(refunds.sort()).toEqual(
+      [
+        [orphanId, 250],
+        [secondId, 300],
+      ].sort(),
+    );
     expect(refunds.map(([c]) => c)).not.toContain(dup.charge);
     // The rest waits in the console's queue, with the finding as the reason.
     const reviews = (await openReviews(svc.store)).filter((v) => v.runner === "reconcile");
