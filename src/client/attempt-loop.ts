@@ -51,6 +51,7 @@ import {
   RetryBudgetExhaustedError,
 } from "./errors.ts";
 import { emit } from "./events.ts";
+import { FailedFastError } from "./fail-fast.ts";
 import { toHeaderMap } from "./headers.ts";
 import type { IntentLedger } from "./ledger.ts";
 import { lookupUrlOf } from "./operations.ts";
@@ -214,6 +215,10 @@ export class AttemptLoop {
       call.lastResponse = response;
       call.lastError = response ? undefined : error;
 
+      if (s.failFast) {
+        const waitMs = response ? retryAfterFrom(response) : undefined;
+        return this.#giveUp(call, new FailedFastError({ ...call.details(), retryAfterMs: waitMs }));
+      }
       if (attempt - inFlightAnswers - unreached >= maxAttempts) {
         return this.#giveUp(call, new AttemptsExhaustedError(call.details()));
       }

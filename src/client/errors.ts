@@ -23,6 +23,7 @@ export const ClientErrorCode = {
   operationUncertain: "IDEM_OPERATION_UNCERTAIN",
   intentExpired: "IDEM_INTENT_EXPIRED",
   newKeyNotSafe: "IDEM_NEW_KEY_NOT_SAFE",
+  failedFast: "IDEM_FAILED_FAST",
 } as const;
 /** One of the values of {@link ClientErrorCode}. */
 export type ClientErrorCode = (typeof ClientErrorCode)[keyof typeof ClientErrorCode];
@@ -330,7 +331,8 @@ export class UnreplayableBodyError extends IdemClientError {
   }
 }
 
-function describe(error: unknown): string {
+/** A network error in a few words (its name and system code), for messages. */
+export function describe(error: unknown): string {
   if (error instanceof Error) {
     const code = (error.cause as { code?: unknown } | undefined)?.code;
     return typeof code === "string" ? `${error.name} (${code})` : error.name;
@@ -338,7 +340,7 @@ function describe(error: unknown): string {
   return String(error);
 }
 
-function hasCode(error: unknown, codes: readonly string[]): boolean {
+export function hasCode(error: unknown, codes: readonly string[]): boolean {
   return (
     typeof error === "object" &&
     error !== null &&
@@ -354,6 +356,7 @@ const giveUpCodes: readonly string[] = [
   ClientErrorCode.circuitOpen,
   ClientErrorCode.attemptsExhausted,
   ClientErrorCode.aborted,
+  ClientErrorCode.failedFast,
 ];
 
 // The guards check the error's `code` (and that it is an Error), not its class, so they hold across

@@ -56,6 +56,13 @@ export {
   UnreplayableBodyError,
 } from "./errors.ts";
 export type { AttemptEvent, CallInfo, ClientHooks, DoneEvent, GiveUpEvent, WaitEvent } from "./events.ts";
+export {
+  FailedFastError,
+  isFailedFastError,
+  PASSED_UP_PROBLEM,
+  type PassUpOptions,
+  passUp,
+} from "./fail-fast.ts";
 export { type IdempotentFetch, type WithIdempotencyOptions, withIdempotency } from "./fetch-wrapper.ts";
 export {
   type IntentAnswer,

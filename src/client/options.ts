@@ -107,6 +107,14 @@ export interface ClientOptions {
    * half of the last 10 s of attempts failed, at least 10 of them; probes after 5 s.
    */
   breaker?: CircuitBreaker | CircuitBreakerOptions | false;
+  /**
+   * For a layer that is not the one that retries (a gateway, a service between the user's app and the
+   * dependency): each call makes ONE attempt, waits for nothing and spends no retry budget; a failure a
+   * retry could fix is thrown at once as `FailedFastError`, which `passUp(error)` turns into the answer
+   * the outer layer needs to retry well (`retry_same_key`, `Retry-After`, the operation's state). The
+   * breaker still applies. Default false.
+   */
+  failFast?: boolean;
   /** Hooks for logging and metrics. Default: none. */
   on?: ClientHooks;
   /**
@@ -157,6 +165,7 @@ export class Settings {
   readonly breaker: CircuitBreaker | undefined;
   readonly on: ClientHooks;
   readonly giveUpWithResponse: boolean;
+  readonly failFast: boolean;
   readonly random: () => number;
   /** The lookup's path (`ClientOptions.operationsPath`), or false; `operationsSet`: given explicitly. */
   readonly operationsPath: string | false;
@@ -176,7 +185,8 @@ export class Settings {
     this.perTryMs = options.perTryTimeoutMs ?? DEFAULT_PER_TRY_TIMEOUT_MS;
     this.keyRetentionMs = options.keyRetentionMs ?? DEFAULT_KEY_RETENTION_MS;
     this.random = this.retry.random ?? Math.random;
-    this.budget = own(options.budget, RetryBudget);
+    this.failFast = options.failFast === true;
+    this.budget = this.failFast ? undefined : own(options.budget, RetryBudget);
     this.breaker = own(options.breaker, CircuitBreaker);
     this.on = options.on ?? {};
     this.giveUpWithResponse = options.giveUpWith === "response";
