@@ -374,6 +374,20 @@ export function playgroundPaths(): Json {
         "x-idempotency": unkeyed,
       },
     },
+    "/playground/api/storm": {
+      post: {
+        operationId: "playgroundStorm",
+        summary: "Playground: taps through layers of idem clients over a failing bottom, measured",
+        tags: ["playground"],
+        security: [],
+        requestBody: jsonBody(ref("schemas", "StormRequest")),
+        responses: {
+          "200": jsonReply("What the bottom received per tap, with and without a retry budget.", anyObject),
+          "400": ref("responses", "BadRequest"),
+        },
+        "x-idempotency": unkeyed,
+      },
+    },
     "/playground/api/state": {
       get: {
         operationId: "playgroundState",

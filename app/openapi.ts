@@ -26,6 +26,7 @@ import {
   PhasesPaymentRequest,
   PlaygroundPayRequest,
   ProductRequest,
+  StormRequest,
   TopUpRequest,
 } from "./schemas.ts";
 
@@ -105,7 +106,7 @@ export function openApiDocument(options: OpenApiOptions): Json {
           TopUpRequest,
           ProductRequest,
           CartItemRequest,
-          ...(options.playground ? { PlaygroundPayRequest } : {}),
+          ...(options.playground ? { PlaygroundPayRequest, StormRequest } : {}),
         }),
       },
     },

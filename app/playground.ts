@@ -28,6 +28,7 @@ import type { ApiKeys } from "./accounts.ts";
 import { DEMO_ACCOUNTS } from "./accounts.ts";
 import { MAX_BODY_BYTES } from "./payments.ts";
 import { paymentPhasesRoutes } from "./payments-phases.ts";
+import { stormRoutes } from "./playground-storm.ts";
 import { problem, unavailableProblem } from "./problems.ts";
 import {
   PLAYGROUND_FAULTS,
@@ -64,6 +65,8 @@ const STATIC: Record<string, string> = {
   "index.html": "text/html; charset=utf-8",
   "playground.js": "text/javascript; charset=utf-8",
   "playground.css": "text/css; charset=utf-8",
+  "storm.js": "text/javascript; charset=utf-8",
+  "storm-formula.js": "text/javascript; charset=utf-8",
   "favicon.svg": "image/svg+xml",
 };
 
@@ -105,6 +108,9 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
   app.get("/playground/playground.js", file("playground.js"));
   app.get("/playground/playground.css", file("playground.css"));
   app.get("/playground/favicon.svg", file("favicon.svg"));
+  app.get("/playground/storm.js", file("storm.js"));
+  app.get("/playground/storm-formula.js", file("storm-formula.js"));
+  app.route("/", stormRoutes(o)); // the retry-storm calculator's live mode
   // Browsers ask for /favicon.ico on pages without an icon link (the JSON ones): the same icon.
   app.get("/favicon.ico", file("favicon.svg"));
 

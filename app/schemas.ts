@@ -104,3 +104,16 @@ export const PlaygroundPayRequest = Type.Object({
   ),
 });
 export type PlaygroundPayInput = Static<typeof PlaygroundPayRequest>;
+
+/** The playground's retry-storm live run (app/playground-storm.ts). */
+export const StormRequest = Type.Object({
+  attempts: Type.Array(Type.Integer({ minimum: 1, maximum: 5 }), {
+    minItems: 1,
+    maxItems: 5,
+    description: "1 to 5 layers, each 1 to 5 attempts, the top first",
+  }),
+  failure: Type.Number({ minimum: 0, maximum: 1, description: "a failure rate from 0 to 1" }),
+  budget: Type.Number({ minimum: 0, maximum: 1, description: "a retry budget ratio from 0 to 1" }),
+  taps: Type.Integer({ minimum: 1, maximum: 200, description: "a whole number of taps from 1 to 200" }),
+});
+export type StormInput = Static<typeof StormRequest>;
