@@ -10,6 +10,7 @@ import { PostgresStore, reviewGauge } from "idem/postgres";
 import { startProvider } from "idem/testing";
 import { ApiKeys, DEMO_ACCOUNTS, ensureDemoAccounts } from "./accounts.ts";
 import { createApp } from "./app.ts";
+import { startCheckoutSaga } from "./checkout/worker.ts";
 import { type Env, loadConfig } from "./config.ts";
 import { ensureSchema, openDatabase } from "./database.ts";
 import { metricsRoutes } from "./metrics-route.ts";
@@ -64,6 +65,18 @@ export async function start(env: Env = process.env) {
     });
     providerUrl = provider.url;
   }
+  // The checkout saga (app/checkout/): reserve -> charge -> ship, compensated, through outbox and inbox.
+  const saga = providerUrl
+    ? await startCheckoutSaga(
+        db,
+        { store, providerUrl },
+        {
+          ...config.receipts,
+          listen,
+          log: (line) => logger.info(line, "checkout saga"),
+        },
+      )
+    : undefined;
 
   const metrics = createMetrics(undefined, async () => (await reviewGauge(store)).open);
   registerIdemGauges(metrics.registry, new IdemGauges(db));
@@ -108,6 +121,7 @@ export async function start(env: Env = process.env) {
     console.log(`  payment provider: ${providerUrl}${provider ? " (simulator, in process)" : ""}`);
   else console.log("  payments in atomic mode (no provider)");
   console.log(`  receipt emails: outbox -> ${receipts.transport} -> inbox`);
+  if (saga) console.log(`  checkout saga: outbox -> ${saga.transport} -> inbox (POST /v1/checkouts)`);
   if (demo) {
     for (const a of DEMO_ACCOUNTS) console.log(`  demo account ${a.id}: Authorization: Bearer ${a.apiKey}`);
     if (mode === "phases") console.log(`  playground: http://${host}:${actualPort}/`);
@@ -139,6 +153,7 @@ export async function start(env: Env = process.env) {
         metricsServer ? drain(metricsServer, limits.drainMs) : Promise.resolve({ cut: 0 }),
       ]);
       await receipts.stop();
+      await saga?.stop();
       await provider?.close();
       await store.retire().catch(() => {}); // a key promotion no longer waits for this instance
       await db.close();

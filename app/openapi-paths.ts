@@ -123,6 +123,43 @@ export function servicePaths(c: PathsContext): Json {
         "x-idempotency": keyed(true, c.lockSeconds),
       },
     },
+    "/v1/checkouts": {
+      post: {
+        operationId: "createCheckout",
+        summary:
+          "Place a checkout: the saga then reserves stock, charges the card and ships (or compensates)",
+        security: auth,
+        parameters: [ref("parameters", "IdempotencyKey")],
+        requestBody: jsonBody(ref("schemas", "CheckoutRequest")),
+        responses: {
+          "202": successWithReplay(
+            "The checkout was placed; follow it at its Location.",
+            {
+              type: "object",
+              required: ["id", "status"],
+              properties: { id: { type: "string" }, status: { const: "placed" } },
+            },
+            true,
+          ),
+          ...keyedReplies(false),
+        },
+        "x-idempotency": keyed(true, c.lockSeconds),
+      },
+    },
+    "/v1/checkouts/{id}": {
+      get: {
+        operationId: "getCheckout",
+        summary: "One checkout, with every step its saga took",
+        security: auth,
+        parameters: [pathParam("id", "The checkout's id (`co_...`).")],
+        responses: {
+          "200": jsonReply("The checkout.", { type: "object" }),
+          "401": ref("responses", "Unauthorized"),
+          "404": ref("responses", "NotFound"),
+        },
+        "x-idempotency": unkeyed,
+      },
+    },
     "/v1/orders": {
       post: {
         operationId: "createOrder",

@@ -22,6 +22,7 @@ import { providerWebhookPaths } from "./provider-webhooks.ts";
 import {
   AmountRequest,
   CartItemRequest,
+  CheckoutRequest,
   PaymentRequest,
   PhasesPaymentRequest,
   PlaygroundPayRequest,
@@ -103,6 +104,7 @@ export function openApiDocument(options: OpenApiOptions): Json {
         ...plain({
           PaymentRequest: phases ? PhasesPaymentRequest : PaymentRequest,
           AmountRequest,
+          CheckoutRequest,
           TopUpRequest,
           ProductRequest,
           CartItemRequest,

@@ -6,7 +6,8 @@
  * - order shipping: a conditional write, `UPDATE ... WHERE status = 'paid'`, a one-way step;
  * - product prices: versions with `ETag` / `If-Match` (optimistic locking; 412 on a stale version);
  * - cart quantities: PUT the result ("quantity is 3"), not the change;
- * - orders and refunds: new things, so an `Idempotency-Key` is required (atomic mode).
+ * - orders and refunds: new things, so an `Idempotency-Key` is required (atomic mode);
+ * - checkouts: a new thing whose saga (app/checkout/) reserves, charges and ships through outbox and inbox.
  */
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
@@ -14,6 +15,8 @@ import type { AtomicStore } from "idem";
 import { idempotency } from "idem/hono";
 import type { Db, Tx } from "idem/postgres";
 import type { ApiKeys } from "./accounts.ts";
+import { checkoutRoutes } from "./checkout/routes.ts";
+import { CHECKOUT_TABLES } from "./checkout/tables.ts";
 import { CART_TABLES, cartRoutes } from "./patterns/carts.ts";
 import { ORDER_TABLES, orderRoutes } from "./patterns/orders.ts";
 import { PRODUCT_TABLES, productRoutes } from "./patterns/products.ts";
@@ -24,9 +27,14 @@ import { authenticate, MAX_BODY_BYTES, replayAuthorized } from "./payments.ts";
 import { problem } from "./problems.ts";
 
 /** The tables of every pattern (made by app/database.ts's `prepareSchema`). */
-export const PATTERN_TABLES = [WALLET_TABLES, ORDER_TABLES, PRODUCT_TABLES, CART_TABLES, REFUND_TABLES].join(
-  "",
-);
+export const PATTERN_TABLES = [
+  WALLET_TABLES,
+  ORDER_TABLES,
+  PRODUCT_TABLES,
+  CART_TABLES,
+  REFUND_TABLES,
+  CHECKOUT_TABLES,
+].join("");
 
 /** Every pattern's routes, one file each under app/patterns/, with the middlewares they share. */
 export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: ApiKeys }): Hono<PatternEnv> {
@@ -44,7 +52,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
     }),
   };
   const app = new Hono<PatternEnv>();
-  for (const routes of [walletRoutes, orderRoutes, productRoutes, cartRoutes, refundRoutes]) {
+  for (const routes of [walletRoutes, orderRoutes, productRoutes, cartRoutes, refundRoutes, checkoutRoutes]) {
     app.route("/", routes(shared));
   }
   return app;

@@ -6,54 +6,24 @@
  * `sent_emails`, standing in for the email provider) through the inbox, so a receipt is recorded once
  * however often its event is delivered.
  *
- * Transport: RabbitMQ when AMQP_URL is set, NATS JetStream when NATS_URL is set, otherwise an in-process
- * broker that confirms a publish only once the receipt is recorded (so a restart loses nothing: the
- * relay publishes again whatever was not confirmed, and the inbox drops what was already sent).
+ * Transport: see app/worker.ts (RabbitMQ, NATS JetStream, or an in-process broker).
  *
  *   const receipts = await startReceipts(db, loadConfig(process.env).receipts);
  *   ...
  *   await receipts.stop(); // before closing the database
  */
-import {
-  Inbox,
-  type Listen,
-  MemoryBroker,
-  type Publisher,
-  Relay,
-  type RunningConsumer,
-} from "idem/messaging";
 import type { Db, Tx } from "idem/postgres";
+import { startWorker, type TransportConfig, type Worker } from "./worker.ts";
 
 export const RECEIPT_TOPIC = "receipt-email";
 const CONSUMER = "receipt-email-worker";
 const NATS_STREAM = "IDEM_RECEIPTS";
 
-export interface ReceiptsConfig {
-  /** RabbitMQ URL (AMQP_URL). */
-  amqpUrl?: string;
-  /** NATS URL(s), comma-separated (NATS_URL). Used when `amqpUrl` is not set. */
-  natsUrl?: string;
-  /** Wake the relay on NOTIFY (e.g. `listenWithPg(...)`); without it the relay polls every `pollMs`. */
-  listen?: Listen;
-  /** How often the relay polls. Default 1,000 ms with `listen`, 200 ms without. */
-  pollMs?: number;
-  /**
-   * Prefix of the broker-side names (AMQP queue, NATS stream and subject), for running several
-   * instances (or tests) against one broker. Default: none (queue and subject `receipt-email`, stream
-   * `IDEM_RECEIPTS`).
-   */
-  namespace?: string;
-  /** Where log lines go. Default: stderr as JSON. */
-  log?: (line: Record<string, unknown>) => void;
-}
+/** Where the receipt worker's messages travel (app/worker.ts). */
+export type ReceiptsConfig = TransportConfig;
 
-export interface Receipts {
-  /** "rabbitmq", "nats" or "in-process". */
-  readonly transport: string;
-  readonly relay: Relay;
-  readonly consumer: RunningConsumer;
-  stop(): Promise<void>;
-}
+/** The receipt worker at work. */
+export type Receipts = Worker;
 
 /** The receipt worker's table (made by app/database.ts's `prepareSchema`, the owner's job). */
 export const RECEIPT_TABLES = `
@@ -84,81 +54,12 @@ async function sendReceipt(tx: Tx, message: { id: string; body: string }): Promi
 }
 
 /** Start the relay and the consumer. Resolves once both run. */
-export async function startReceipts(db: Db, config: ReceiptsConfig = {}): Promise<Receipts> {
-  const log = config.log ?? ((l) => console.error(JSON.stringify(l)));
-  const onError = (err: Error) => log({ worker: "receipts", error: err.message });
-  const inbox = new Inbox(db, { consumer: CONSUMER, maxAttempts: 5, onError: (e) => onError(e) });
-  let publisher: Publisher;
-  let consumer: RunningConsumer;
-  let transport: string;
-  const ns = config.namespace ?? "";
-  const brokerTopic = `${ns}${RECEIPT_TOPIC}`;
-  const stream = `${ns.toUpperCase().replace(/[^A-Z0-9_]/g, "_")}${NATS_STREAM}`;
-  if (config.amqpUrl) {
-    const { AmqpPublisher, consumeAmqp } = await import("idem/messaging/amqp");
-    const setup = async (ch: { assertQueue(q: string, o: { durable: boolean }): Promise<unknown> }) => {
-      await ch.assertQueue(brokerTopic, { durable: true });
-    };
-    publisher = new AmqpPublisher({ url: config.amqpUrl, setup, routingKey: () => brokerTopic });
-    consumer = await consumeAmqp({
-      url: config.amqpUrl,
-      queue: brokerTopic,
-      setup,
-      inbox,
-      handler: sendReceipt,
-      onError,
-    });
-    transport = "rabbitmq";
-  } else if (config.natsUrl) {
-    const { connectNats, consumeNats, NatsPublisher } = await import("idem/messaging/nats");
-    const { jetstreamManager } = await import("@nats-io/jetstream");
-    const nc = await connectNats(config.natsUrl.split(","));
-    const jsm = await jetstreamManager(nc);
-    await jsm.streams.info(stream).catch(() => jsm.streams.add({ name: stream, subjects: [brokerTopic] }));
-    publisher = new NatsPublisher({ connection: nc, subject: () => brokerTopic });
-    const inner = await consumeNats({
-      connection: nc,
-      stream,
-      durable: CONSUMER,
-      create: { filterSubject: brokerTopic },
-      inbox,
-      handler: sendReceipt,
-      onError,
-    });
-    consumer = {
-      stats: inner.stats,
-      closed: inner.closed,
-      async stop() {
-        await inner.stop();
-        await nc.drain().catch(() => {});
-      },
-    };
-    transport = "nats";
-  } else {
-    const broker = new MemoryBroker({ confirmOnConsume: true });
-    publisher = broker.publisher();
-    consumer = broker.consume(RECEIPT_TOPIC, { inbox, handler: sendReceipt, onError, concurrency: 1 });
-    transport = "in-process";
-  }
-  const relay = new Relay({
+export function startReceipts(db: Db, config: ReceiptsConfig = {}): Promise<Receipts> {
+  return startWorker(
     db,
-    publisher,
-    topics: [RECEIPT_TOPIC],
-    ...(config.listen ? { listen: config.listen } : {}),
-    pollMs: config.pollMs ?? (config.listen ? 1_000 : 200),
-    onError,
-  });
-  await relay.start();
-  return {
-    transport,
-    relay,
-    consumer,
-    async stop() {
-      await relay.stop();
-      await consumer.stop();
-      await publisher.close();
-    },
-  };
+    { topic: RECEIPT_TOPIC, consumer: CONSUMER, stream: NATS_STREAM, handler: sendReceipt },
+    config,
+  );
 }
 
 /** Receipts recorded for a payment (for the playground and tests). */

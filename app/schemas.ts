@@ -56,6 +56,25 @@ export type PhasesPaymentInput = Static<typeof PhasesPaymentRequest>;
 /** `POST /v1/orders` and `POST /v1/payments/{id}/refunds`. */
 export const AmountRequest = Type.Object({ amount_cents: AmountCents });
 
+/** `POST /v1/checkouts`: an order the checkout saga reserves, charges and ships (app/checkout/). */
+export const CheckoutRequest = Type.Object({
+  sku: Type.String({ pattern: ID_PATTERN, description: `${ID_RULE} (what to buy: mug, poster, lamp)` }),
+  quantity: Type.Integer({ minimum: 1, maximum: 100, description: "a whole number from 1 to 100" }),
+  amount_cents: AmountCents,
+  country: Type.String({
+    pattern: "^[a-z]{2}$",
+    description:
+      "a two-letter lower-case country code to ship to (the carrier ships to de, fr, nl, be, at, it, es)",
+  }),
+  card: Type.Optional(
+    Type.String({
+      pattern: CARD_PATTERN,
+      description: "1 to 64 letters, digits or _ (4000000000000002 is declined)",
+    }),
+  ),
+});
+export type CheckoutInput = Static<typeof CheckoutRequest>;
+
 /** `POST /v1/wallets/{wallet}/topups`. */
 export const TopUpRequest = Type.Object({
   id: Type.String({

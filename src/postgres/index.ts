@@ -22,6 +22,7 @@ export {
   type PostgresJsLike,
   type PostgresJsReserved,
 } from "./drivers/postgres-js.ts";
+export { type KeyNote, noteOnKey } from "./key-notes.ts";
 export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
 export {
   type MigrateOptions,

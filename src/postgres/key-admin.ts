@@ -70,6 +70,7 @@ export interface TimelineEvent {
     | "review-settled"
     | "answer-saved"
     | "action"
+    | "note"
     | "expires";
   /** One line for a person. */
   text: string;
@@ -169,6 +170,8 @@ function fromHistory(e: KeyEvent, k: KeyInspection): TimelineEvent | undefined {
         text: `answer saved: ${String(d.status)}${k.saved ? `, ${k.saved.bodyBytes} bytes` : ""} (${token})`,
         details: { ...k.saved, ...d },
       };
+    case "note":
+      return { at: e.at, kind: "note", text: `${String(d.step)}: ${String(d.text)}`, details: e.details };
     default:
       return { at: e.at, kind: "action", text: `${String(e.kind)} (${token})`, details: d };
   }
@@ -193,7 +196,8 @@ export async function keyStory(
   const actions = await listActions(table.db, { schema: table.schema, scope: k.scope, key: k.key });
   const since = (a: AdminAction) => a.at.getTime() >= k.createdAt.getTime() - 1;
   const history = k.claimId ? await keyEvents(table.db, table.schema, { ...k, claimId: k.claimId }) : [];
-  const recorded = history.length > 0;
+  // Notes (a flow's steps, key-notes.ts) are not the key's own history: an atomic key may have them.
+  const recorded = history.some((e) => e.kind !== "note");
   const first = history.find((e) => e.kind === "claimed");
   const timeline: TimelineEvent[] = [
     {

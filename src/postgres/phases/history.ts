@@ -43,7 +43,9 @@ export type KeyEventKind =
   /** A write by the worker holding `token` was refused by the fence: its lease had been taken over. */
   | "fencing-refused"
   /** The final answer was saved (`details.status`) by the worker holding `token`. */
-  | "saved";
+  | "saved"
+  /** A step of a flow the key started (`details.step`, `details.text`), noted from outside (key-notes.ts). */
+  | "note";
 
 /** One recorded event of a key. */
 export interface KeyEvent {
