@@ -65,7 +65,8 @@ export interface ActionInput {
   reason: string;
 }
 
-type ActionData = { refundId: string };
+/** What the runner records between its phases: the refund made. */
+export type ActionData = { refundId: string };
 
 /** Options of {@link reconcileRunner}. */
 export interface ReconcileRunnerOptions {

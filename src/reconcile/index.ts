@@ -11,6 +11,7 @@ export {
   scopeOfReference,
 } from "./compare.ts";
 export {
+  type ActionData,
   type ActionInput,
   RECONCILE_RUNNER,
   type ReconcileRunnerOptions,

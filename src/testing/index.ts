@@ -20,6 +20,7 @@ export {
   findCharges,
   listCharges,
 } from "./provider-client.ts";
+export type { Refund } from "./provider-refunds.ts";
 export type { ProviderWebhookOptions, ProviderWebhookStats, ProviderWebhooks } from "./provider-webhooks.ts";
 export {
   type StagingFaultOptions,
