@@ -25,6 +25,9 @@ const PLACEMENT: Placement[] = [
   { table: "products", by: "account_id", colocateWith: "idem.keys" },
   { table: "cart_items", by: "account_id", colocateWith: "idem.keys" },
   { table: "sent_emails", by: "message_id", colocateWith: "idem.inbox" },
+  { table: "stock", reference: true },
+  { table: "checkouts", by: "account_id", colocateWith: "idem.keys", primaryKey: "account_id, id" },
+  { table: "checkout_steps", by: "checkout_id", colocateWith: "none" },
 ];
 
 /** On Citus, distribute the service's tables (idempotent); returns those placed by this call. */

@@ -82,9 +82,10 @@ export function checkoutStep(deps: StepDeps): (tx: Tx, message: Delivery) => Pro
   const refund = httpRefunder(deps.providerUrl, { timeoutMs: deps.providerTimeoutMs ?? 10_000 });
   return async (tx, message) => {
     const event = JSON.parse(message.body) as CheckoutEvent;
-    const { rows } = await tx.query<Checkout>("SELECT * FROM checkouts WHERE id = $1 FOR UPDATE", [
-      event.checkout,
-    ]);
+    const { rows } = await tx.query<Checkout>(
+      "SELECT * FROM checkouts WHERE id = $1 AND account_id = $2 FOR UPDATE",
+      [event.checkout, event.account],
+    );
     const c = rows[0];
     if (!c) throw new Error(`checkout ${event.checkout} does not exist`);
     /** Record the step (once: the primary key), the checkout's state, the next event, the key's note. */
@@ -102,8 +103,8 @@ export function checkoutStep(deps: StepDeps): (tx: Tx, message: Delivery) => Pro
       const columns = Object.keys(set);
       await tx.query(
         `UPDATE checkouts SET status = $2, updated_at = clock_timestamp()${columns.map((k, i) => `, ${k} = $${i + 3}`).join("")}
-          WHERE id = $1`,
-        [c.id, status, ...columns.map((k) => set[k])],
+          WHERE id = $1 AND account_id = $${columns.length + 3}`,
+        [c.id, status, ...columns.map((k) => set[k]), c.account_id],
       );
       if (next) await emit(tx, next, event, message.headers);
       await noteOnKey(
