@@ -5,18 +5,13 @@
  * `idem/client` layers to the real service: measured 9 calls per tap at 2 x 3 attempts over a dead
  * bottom without a budget, far fewer with one, and exactly one payment per tap that succeeded.
  */
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { type BrowserContext, chromium, type Page } from "playwright-core";
+import type { Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { attemptsOf, storm } from "../../app/playground/storm-formula.js";
 import { type RunningService, startService } from "../app/service.ts";
+import { haveChromium, type OpenBrowser, openChromium } from "../helpers/chromium.ts";
 import { backends } from "../helpers/db.ts";
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
-const haveChromium = existsSync(CHROMIUM);
-if (!haveChromium && process.env.CI) throw new Error(`CI=true but there is no Chromium at ${CHROMIUM}`);
 const backend = backends.find((b) => b.name === "pg") ?? backends[0]!;
 
 describe("the retry-storm formula", () => {
@@ -32,34 +27,20 @@ describe("the retry-storm formula", () => {
 
 describe.skipIf(!haveChromium)("the retry-storm calculator in Chromium", () => {
   let svc: RunningService;
-  let context: BrowserContext;
+  let browser: OpenBrowser;
   let page: Page;
-  let profile: string;
   const text = async (id: string) => (await page.getByTestId(id).textContent()) ?? "";
   const set = async (id: string, value: string) => page.getByTestId(id).fill(value);
 
   beforeAll(async () => {
     svc = await startService(backend, { paymentsMode: "phases", playground: true });
-    profile = mkdtempSync(join(tmpdir(), "idem-chromium-"));
-    context = await chromium.launchPersistentContext(profile, {
-      executablePath: CHROMIUM,
-      headless: true,
-      args: [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-      ],
-      viewport: { width: 1400, height: 1000 },
-    });
-    page = context.pages()[0] ?? (await context.newPage());
+    browser = await openChromium();
+    page = browser.page;
     await page.goto(`${svc.url}/`);
   });
   afterAll(async () => {
-    await context?.close();
+    await browser?.close();
     await svc?.stop();
-    if (profile) rmSync(profile, { recursive: true, force: true });
   });
 
   it("computes the load and the failures users see as the numbers change", async () => {
