@@ -15,8 +15,7 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Rng } from "./prng.ts";
-import type { Charge } from "./provider.ts";
-import { handleReport } from "./provider-report.ts";
+import { type ChargeLike, handleReport } from "./provider-report.ts";
 
 /** A refund as the simulator stores and returns it. */
 export interface Refund {
@@ -49,7 +48,7 @@ export interface RefundContext {
   rng: Rng;
   clock: () => number;
   /** The live charges (within retention). */
-  charges: () => readonly Charge[];
+  charges: () => readonly ChargeLike[];
   readBody: (req: IncomingMessage) => Promise<string>;
   send: (res: ServerResponse, status: number, body: unknown, headers?: Record<string, string>) => void;
 }

@@ -12,7 +12,17 @@
 import type { ServerResponse } from "node:http";
 import { stringify } from "csv-stringify/sync";
 import { toMajor as major } from "../reconcile/currency.ts";
-import type { Charge } from "./provider.ts";
+
+/** What the report reads of a charge (provider.ts's `Charge`). */
+export interface ChargeLike {
+  id: string;
+  amount: number;
+  currency: string;
+  status: "succeeded" | "failed";
+  reference: string | null;
+  idempotency_key: string | null;
+  created: string;
+}
 
 /** One line of the report. */
 export interface ReportLine {
@@ -21,7 +31,7 @@ export interface ReportLine {
   /** Minor units. */
   amount: number;
   currency: string;
-  status: Charge["status"];
+  status: ChargeLike["status"];
   /** Minor units refunded so far. */
   amount_refunded: number;
   reference: string | null;
@@ -30,7 +40,7 @@ export interface ReportLine {
 
 /** What the report needs of the simulator around it. */
 export interface ReportContext {
-  charges: () => readonly Charge[];
+  charges: () => readonly ChargeLike[];
   refundedOf: (chargeId: string) => number;
   send: (res: ServerResponse, status: number, body: unknown, headers?: Record<string, string>) => void;
 }
