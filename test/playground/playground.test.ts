@@ -7,23 +7,15 @@
  * scroll sideways. Takes screenshots at both sizes into test-results/; with UPDATE_SCREENSHOTS=1 into
  * docs/images/ instead, the README's (a run of the suite leaves the tracked files alone).
  */
-import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { type BrowserContext, chromium, type Locator, type Page } from "playwright-core";
+import { mkdirSync, statSync } from "node:fs";
+import type { BrowserContext, Locator, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DEMO_ACCOUNTS } from "../../app/accounts.ts";
 import { downstreamKey } from "../../src/core/index.ts";
 import { type RunningService, startService } from "../app/service.ts";
+import { CHROMIUM, haveChromium, type OpenBrowser, openChromium } from "../helpers/chromium.ts";
 import { backends } from "../helpers/db.ts";
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
-const haveChromium = existsSync(CHROMIUM);
-if (!haveChromium && process.env.CI) {
-  throw new Error(
-    `CI=true but there is no Chromium at ${CHROMIUM}: install Debian's chromium (apt-get install chromium) for the playground's browser test`,
-  );
-}
 if (!haveChromium)
   console.warn(`playground browser test skipped: no Chromium at ${CHROMIUM} (apt-get install chromium)`);
 const backend = backends.find((b) => b.name === "pg") ?? backends[0]!;
@@ -42,40 +34,24 @@ interface Shown {
 
 describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
   let svc: RunningService;
+  let browser: OpenBrowser;
   let context: BrowserContext;
   let page: Page;
-  let profile: string;
   /** Every answer the page got from the service that was a 404 (its icon included). */
   const notFound: string[] = [];
 
   beforeAll(async () => {
     svc = await startService(backend, { paymentsMode: "phases", playground: true });
-    profile = mkdtempSync(join(tmpdir(), "idem-chromium-"));
-    context = await chromium.launchPersistentContext(profile, {
-      executablePath: CHROMIUM,
-      headless: true,
-      args: [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-      ],
-      viewport: { width: 1400, height: 1000 },
-    });
-    page = context.pages()[0] ?? (await context.newPage());
+    browser = await openChromium();
+    ({ context, page } = browser);
     page.on("response", (res) => {
       if (res.status() === 404) notFound.push(res.url());
     });
     await page.goto(`${svc.url}/`);
   });
   afterAll(async () => {
-    await context?.close();
+    await browser?.close();
     await svc?.stop();
-    if (profile) rmSync(profile, { recursive: true, force: true });
   });
 
   // ---- the page --------------------------------------------------------------------------------------
