@@ -9,6 +9,7 @@
 import { readFile } from "node:fs/promises";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { DEMO_ACCOUNTS } from "../../app/accounts.ts";
+import { paymentPhasesRunner } from "../../app/payments-phases.ts";
 import { main } from "../../src/cli/main.ts";
 import { openReviews, settleReview } from "../../src/postgres/phases/index.ts";
 import {
@@ -21,8 +22,10 @@ import {
   reconcile,
   recordsFromSql,
 } from "../../src/reconcile/index.ts";
+import { crashAt } from "../../src/testing/faults.ts";
 import { chargeProvider } from "../../src/testing/provider-client.ts";
 import { KEY_1, type RunningService, startService } from "../app/service.ts";
+import { paymentClaim } from "../helpers/claim.ts";
 import { backends } from "../helpers/db.ts";
 
 const backend = backends.find((b) => b.name === "pg") ?? backends[0]!;
@@ -189,6 +192,24 @@ describe(`idem reconcile against the provider simulator (${backend.name})`, () =
     expect(second.refunded.map((f) => f.chargeId)).toContain(extraId);
     expect(svc.provider!.refunds().filter((x) => x.charge === extraId)).toHaveLength(1);
     expect(new Set(keys).size).toBe(1); // the same idempotency key both times
+  });
+
+  it("a charge whose payment is still being worked on (its key unfinished) is not an orphan", async () => {
+    // The worker charged the provider, then died before recording it: the completer will finish it.
+    const runner = paymentPhasesRunner({
+      store: svc.store,
+      providerUrl: svc.providerUrl!,
+      faults: crashAt("after-external"),
+    });
+    const input = { amount_cents: 450, currency: "eur" };
+    await expect(
+      runner.run(paymentClaim(ACCOUNT, "rc-crashed", JSON.stringify(input)), input),
+    ).rejects.toMatchObject({ name: "SimulatedCrashError" });
+    const charge = svc.provider!.charges().at(-1)!;
+    expect(charge.amount).toBe(450);
+    const r = await run();
+    expect(r.findings.map((f) => f.chargeId)).not.toContain(charge.id);
+    expect(svc.provider!.refunds().map((x) => x.charge)).not.toContain(charge.id);
   });
 
   it.skipIf(backend.name !== "pg")(
