@@ -13,6 +13,7 @@ import { createApp } from "../../app/app.ts";
 import { prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
 import type { Db } from "../../src/postgres/db.ts";
+import { openReviews, settleReview } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import {
   FindingKind,
@@ -114,12 +115,27 @@ describe(`two regions without routing, reconciled (${backend.name})`, () => {
     expect(provider.refunds()).toHaveLength(1);
   });
 
-  it("a double above the limit is not refunded on its own: it waits for a person", async () => {
+  it("a double above the limit waits for a person; settled 'resume at refund', the next run refunds it once", async () => {
     await pay(a, "tap-2", 9_000);
     await pay(b, "tap-2", 9_000);
     const r = await run();
     const f = r.findings.find((x) => x.kind === FindingKind.duplicate)!;
     expect(f.state).toBe("review");
     expect(provider.refunds()).toHaveLength(1);
+    // In the console's queue, under the account, with the finding as the reason.
+    const [review] = (await openReviews(a.store)).filter((v) => v.runner === "reconcile");
+    expect(review).toMatchObject({ scope: "acct_demo_1", key: f.actionKey, recoveryPoint: "decide" });
+    await settleReview(
+      a.store,
+      review!.scope,
+      review!.key,
+      { resume: "refund", note: "checked: a double" },
+      "bo@ops",
+    );
+    const after = await run();
+    expect(after.refunded.map((x) => x.id)).toContain(f.id);
+    expect(provider.refunds().map((x) => [x.charge, x.amount])).toContainEqual([f.chargeId, 9_000]);
+    await run();
+    expect(provider.refunds()).toHaveLength(2);
   });
 });
