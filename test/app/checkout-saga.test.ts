@@ -14,7 +14,6 @@ import { DEMO_ACCOUNTS } from "../../app/accounts.ts";
 import { startCheckoutSaga } from "../../app/checkout/worker.ts";
 import { DECLINED_TEST_CARD } from "../../app/payments-phases.ts";
 import type { Worker } from "../../app/worker.ts";
-import { keyStory } from "../../src/postgres/key-admin.ts";
 import { createRng } from "../../src/testing/prng.ts";
 import { backends, serverBackends } from "../helpers/db.ts";
 import { until } from "../messaging/helpers.ts";
@@ -56,7 +55,7 @@ describe(`the checkout saga, in process (${backend.name})`, () => {
   let sdk: Sdk;
   beforeAll(async () => {
     sdk = installSdk();
-    svc = await startService(backend, { paymentsMode: "phases" });
+    svc = await startService(backend, { paymentsMode: "phases", adminTokens: "ops:token-of-ops-0123456789" });
     svc.provider!.reset();
     saga = await startCheckoutSaga(
       svc.open.db,
@@ -131,9 +130,13 @@ describe(`the checkout saga, in process (${backend.name})`, () => {
     );
   });
 
-  it("shows the flow on the placing key's timeline (the console's story)", async () => {
-    const story = await keyStory(svc.store, { scope: ACCOUNT, key: "co-fail" });
-    const notes = story!.timeline.filter((e) => e.kind === "note").map((e) => e.text);
+  it("shows the flow on the placing key's timeline in the console (its admin API)", async () => {
+    const res = await fetch(`${svc.url}/admin/api/keys/find?scope=${ACCOUNT}&key=co-fail`, {
+      headers: { authorization: "Bearer token-of-ops-0123456789" },
+    });
+    expect(res.status).toBe(200);
+    const story = (await res.json()) as { timeline: { kind: string; text: string }[] };
+    const notes = story.timeline.filter((e) => e.kind === "note").map((e) => e.text);
     expect(notes).toEqual([
       "stock-reserved: reserved 1 x mug",
       expect.stringMatching(/^charged: charged 900 eur \(ch_/),
