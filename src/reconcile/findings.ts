@@ -81,14 +81,17 @@ function toRecorded(r: Row): RecordedFinding {
   };
 }
 
-/** Record what a run found: new findings are inserted, known ones only seen again. Returns them all. */
+/**
+ * Record what a run found: new findings are inserted, known ones only seen again. Returns them all, with
+ * `isNew` for those no earlier run had found.
+ */
 export async function recordFindings(
   db: Db,
   schema: string,
   findings: readonly Finding[],
-): Promise<RecordedFinding[]> {
+): Promise<Array<RecordedFinding & { isNew: boolean }>> {
   if (findings.length === 0) return [];
-  const { rows } = await db.query<Row>(
+  const { rows } = await db.query<Row & { inserted: boolean }>(
     `INSERT INTO ${schema}.reconcile_findings
        (id, kind, scope, reference, charge_id, record_id, amount, currency, detail, happened_at, found_at,
         last_seen_at, state)
@@ -97,7 +100,7 @@ export async function recordFindings(
        FROM jsonb_to_recordset($1::text::jsonb) AS f(id text, kind text, scope text, reference text,
             charge_id text, record_id text, amount bigint, currency text, detail text, happened_at timestamptz)
      ON CONFLICT (id) DO UPDATE SET last_seen_at = now()
-     RETURNING *`,
+     RETURNING *, (xmax = 0) AS inserted`,
     [
       JSON.stringify(
         findings.map((f) => ({
@@ -115,21 +118,25 @@ export async function recordFindings(
       ),
     ],
   );
-  const byId = new Map(rows.map((r) => [r.id, toRecorded(r)]));
+  const byId = new Map(rows.map((r) => [r.id, { ...toRecorded(r), isNew: r.inserted === true }]));
   return findings.map((f) => byId.get(f.id)!);
 }
 
-/** Recorded findings, oldest first: all, or those in `states`. */
+/** Recorded findings, oldest first: all, or those in `states` (and, with `acted`, that have an action). */
 export async function listFindings(
   db: Db,
   schema: string,
-  options: { states?: readonly FindingState[]; limit?: number } = {},
+  options: { states?: readonly FindingState[]; acted?: boolean; limit?: number } = {},
 ): Promise<RecordedFinding[]> {
   const { rows } = await db.query<Row>(
     `SELECT * FROM ${schema}.reconcile_findings
-      WHERE ($1::text[] IS NULL OR state = ANY($1::text[]))
+      WHERE ($1::text[] IS NULL OR state = ANY($1::text[])) AND (NOT $3::boolean OR action IS NOT NULL)
       ORDER BY found_at, id LIMIT $2`,
-    [options.states ? [...options.states] : null, Math.max(1, Math.floor(options.limit ?? 10_000))],
+    [
+      options.states ? [...options.states] : null,
+      Math.max(1, Math.floor(options.limit ?? 10_000)),
+      options.acted === true,
+    ],
   );
   return rows.map(toRecorded);
 }

@@ -112,19 +112,20 @@ export async function reconcile(o: ReconcileOptions): Promise<ReconcileReport> {
     found.filter((f) => f.kind !== FindingKind.duplicate).map((f) => f.reference),
   );
   found = found.filter((f) => f.kind === FindingKind.duplicate || !f.reference || !pending.has(f.reference));
-  const before = new Set((await listFindings(db, schema)).map((f) => f.id));
   const recorded = await recordFindings(db, schema, found);
+  const newFindings = recorded.filter((f) => f.isNew).length;
 
   const runner = reconcileRunner({ store: o.store, refund: o.refund, afterRefund: o.afterRefund });
   const errors: ReconcileReport["errors"] = [];
   const autoKinds = o.autoRefund?.kinds ?? DEFAULT_AUTO_KINDS;
   const reviewed = (k: FindingKind) => (Array.isArray(o.review) ? o.review.includes(k) : o.review === true);
-  const byId = new Map(recorded.map((f) => [f.id, f]));
+  const byId = new Map<string, RecordedFinding>(recorded.map(({ isNew: _, ...f }) => [f.id, f]));
   // Earlier runs' actions not finished yet come along.
   for (const f of await listFindings(db, schema, {
     states: [FindingState.review, FindingState.refunding, FindingState.open],
+    acted: true,
   })) {
-    if (f.action && !byId.has(f.id)) byId.set(f.id, f);
+    if (!byId.has(f.id)) byId.set(f.id, f);
   }
   for (let f of byId.values()) {
     if (f.state === FindingState.refunded || f.state === FindingState.settled) continue;
@@ -174,7 +175,7 @@ export async function reconcile(o: ReconcileOptions): Promise<ReconcileReport> {
     charges: o.charges.length,
     records: records.length,
     findings: now,
-    newFindings: now.filter((f) => !before.has(f.id)).length,
+    newFindings,
     refunded: all.filter((f) => f.state === FindingState.refunded),
     inReview: all.filter((f) => f.state === FindingState.review),
     errors,
