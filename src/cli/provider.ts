@@ -7,7 +7,8 @@ const USAGE = `usage: idem provider [--port N] [--host ADDR] [--seed N] [--laten
                      [--retention-ms N] [--webhook-url URL --webhook-secret whsec_...]
 
 Runs the payment-provider simulator: POST /v1/charges with an Idempotency-Key (a repeat returns the
-existing charge), GET /v1/charges lists every charge with the key it received.
+existing charge), GET /v1/charges lists every charge with the key it received, POST /v1/refunds refunds
+one (keyed), and GET /v1/reports/charges?from=&to=&format=csv|json exports them for idem reconcile.
   --port N              default: 4100 (0: any free port)
   --host ADDR           default: 127.0.0.1
   --seed N              seed for random faults and charge ids (default: random; set it to repeat a run)
