@@ -19,10 +19,14 @@ import { Hono } from "hono";
 import { createClient, passUp, RetryBudget } from "idem/client";
 import type { Db } from "idem/postgres";
 import { DEMO_ACCOUNTS } from "./accounts.ts";
+import { problem } from "./problems.ts";
 import { type StormInput, StormRequest } from "./schemas.ts";
 import { validBody } from "./validate.ts";
 
 type Env = { Variables: { body: StormInput } };
+
+/** The most calls one live run may send to the bottom in its worst case. */
+const MAX_CALLS = 20_000;
 
 /** What one run (with or without the budget) measured. */
 export interface StormRun {
@@ -45,6 +49,16 @@ export function stormRoutes(o: {
   const account = DEMO_ACCOUNTS[0];
   app.post("/playground/api/storm", validBody(StormRequest, { what: "storm" }), async (c) => {
     const { attempts, failure, budget, taps } = c.var.body;
+    // The worst case (every call failing, no budget) is taps x the product of the attempts: keep a run
+    // something the demo service can take.
+    const worst = taps * attempts.reduce((a, b) => a * b, 1);
+    if (worst > MAX_CALLS) {
+      return problem(
+        400,
+        "storm-too-large",
+        `Up to ${worst} calls could reach the bottom (taps x attempts per layer); at most ${MAX_CALLS}: fewer taps or attempts.`,
+      );
+    }
     const run = async (withBudget: boolean): Promise<StormRun> => {
       const tag = `storm-${randomBytes(4).toString("hex")}`;
       let bottomCalls = 0;

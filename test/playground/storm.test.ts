@@ -76,6 +76,18 @@ describe.skipIf(!haveChromium)("the retry-storm calculator in Chromium", () => {
     expect(await page.getByTestId("storm-point").count()).toBe(1);
   });
 
+  it("refuses a live run that could flood the service", async () => {
+    const res = await fetch(`${svc.url}/playground/api/storm`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ attempts: [5, 5, 5, 5, 5], failure: 1, budget: 0, taps: 200 }),
+    });
+    expect(res.status).toBe(400);
+    expect(((await res.json()) as { detail: string }).detail).toMatch(
+      /^Up to 625000 calls could reach the bottom/,
+    );
+  });
+
   it("live: at 50% failures every tap that succeeds made exactly one payment", async () => {
     await set("storm-failure", "50");
     await set("storm-taps", "40");
