@@ -93,10 +93,13 @@ export const PHASED_ANSWER_WITHIN_MS = 2_000;
  * `/v1/phased`: an "external" phase (it records the call in `external_calls`, keyed by our key, as a
  * provider would) then a local one that inserts the payment.
  */
-export function phasesRunner(store: PostgresStore): PaymentsRunner {
+export function phasesRunner(
+  store: PostgresStore,
+  name = `contract-${randomBytes(4).toString("hex")}`,
+): PaymentsRunner {
   return definePhases<PaymentInput, { charge: string }>({
     store,
-    name: `contract-${randomBytes(4).toString("hex")}`,
+    name,
     phases: {
       started: {
         external: async (ctx) => {

@@ -5,21 +5,14 @@
  *   bun test/runtimes/serve.ts          IDEM_DB_URL=postgres://...  IDEM_DRIVER=postgres|pg
  *   deno run -A test/runtimes/serve.ts  (the same variables)
  *
- * It prints `listening <port>` once up. Besides the contract's routes it serves:
- *   GET|DELETE /_crashes   what `onError` received (the contract checks it)
- *   POST /v1/orders        a keyed route whose transaction writes an outbox event (`writeOutbox`)
- *   POST /_client          idem's client, run in this runtime: POSTs `{ url, body, intent }` with retries
+ * It prints `listening <port>` once up. The routes are app.ts's.
  */
 import pg from "pg";
 import postgres from "postgres";
-import { createClient } from "../../src/client/index.ts";
-import { idempotency } from "../../src/http/web.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { fromPostgresJs } from "../../src/postgres/drivers/postgres-js.ts";
-import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { phasesRunner } from "../http/contract-app.ts";
-import { dispatch, webRoutes } from "../http/web-app.ts";
+import { runtimeApp } from "./app.ts";
 
 declare const Bun: { serve(o: object): { port: number } } | undefined;
 declare const Deno:
@@ -46,42 +39,7 @@ const db =
     : fromPostgresJs(postgres(url, { max: 8, onnotice: () => {} }));
 const store = await PostgresStore.open(db, { lockTimeoutMs: 1_000 });
 
-const crashes: Array<{ message: string }> = [];
-const routes = webRoutes({ store, runner: phasesRunner(store) }, (err) =>
-  crashes.push({ message: (err as Error).message }),
-);
-routes["/v1/orders"] = idempotency(
-  async (_request, { tx, scope, body }) => {
-    const id = await writeOutbox(tx, { topic: "orders", type: "order.placed", payload: { scope, body } });
-    return Response.json({ event: id }, { status: 201 });
-  },
-  { store, scope: (request) => request.headers.get("x-account") ?? undefined },
-);
-const client = createClient();
-routes["/_client"] = async (request) => {
-  const {
-    url: target,
-    body,
-    intent,
-    headers,
-  } = (await request.json()) as {
-    url: string;
-    body: unknown;
-    intent: string;
-    headers: Record<string, string>;
-  };
-  const res = await client.post(target, body, { intent, headers });
-  return Response.json({
-    status: res.status,
-    replayed: res.headers.get("idempotent-replayed"),
-    body: await res.text(),
-  });
-};
-routes["/_crashes"] = async (request) => {
-  if (request.method === "DELETE") crashes.length = 0;
-  return Response.json(crashes);
-};
-const fetch = dispatch(routes);
+const fetch = runtimeApp(store);
 
 const announce = (port: number) => console.log(`listening ${port}`);
 if (typeof Bun !== "undefined") {
