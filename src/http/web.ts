@@ -135,10 +135,19 @@ async function readBody(request: Request, limit: number): Promise<Uint8Array> {
   return all;
 }
 
-/** The request again, with the body already read, so the handler may read it as usual. */
+/**
+ * The request again, with the body already read, so the handler may read it as usual. Built from its
+ * parts, not as `new Request(request)`: a request made by another copy of the Fetch API (Next.js route
+ * handlers get one) has internal state this runtime's `Request` cannot read.
+ */
 function replayable(request: Request, raw: Uint8Array): Request {
   if (request.method === "GET" || request.method === "HEAD") return request;
-  return new Request(request, { body: raw as Uint8Array<ArrayBuffer> });
+  return new Request(request.url, {
+    method: request.method,
+    headers: request.headers,
+    body: raw as Uint8Array<ArrayBuffer>,
+    signal: request.signal,
+  });
 }
 
 type Run<C> = (
