@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, outbox-notify, webhooks, keys, prepared, pg-driver, sealing, otel, retention, scale, citus (or names after `--`:
+ * http, compare, client, phases, messaging, outbox-notify, webhooks, keys, prepared, pg-driver, sealing, otel, retention, scale, citus, lambda (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -369,6 +369,22 @@ if (wanted("citus")) {
       p50Ms: v.latency![k]!.p50,
       p99Ms: v.latency![k]!.p99,
       note: `${note}; p50/p99 of one request alone`,
+    }));
+  });
+}
+
+// --- Issue 62: idem/lambda's cold start and per-invocation cost, beside Powertools (bench/lambda.ts) -----
+if (wanted("lambda")) {
+  const group = "Lambda: cold start and per invocation";
+  await optionalBench("lambda", group, (value) => {
+    const warm = (value as { warm?: Record<string, { us: number; cpuUs: number }> })?.warm;
+    if (!warm?.bare) return [];
+    return Object.entries(warm).map(([scenario, w]) => ({
+      group,
+      scenario,
+      throughput: 1e6 / w.us,
+      unit: "invocations/s",
+      note: `CPU ${w.cpuUs.toFixed(0)} us per invocation; throughput / bare ${(warm.bare!.us / w.us).toFixed(2)}, CPU / bare ${(w.cpuUs / warm.bare!.cpuUs).toFixed(2)}`,
     }));
   });
 }

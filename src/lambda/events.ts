@@ -114,11 +114,11 @@ export class EventRequest implements IdemRequest {
       const encode = this.format === "rest" ? encodeURIComponent : (s: string) => s;
       this.path = e.path + queryOf(e.multiValueQueryStringParameters, e.queryStringParameters, encode);
       this.multiValue = e.multiValueHeaders != null;
-      if (e.multiValueHeaders) {
-        for (const [name, values] of Object.entries(e.multiValueHeaders)) {
-          if (values?.length) this.headers.set(name.toLowerCase(), values.join(", "));
-        }
-      } else this.add(e.headers);
+      // Both maps when the source sends both (REST APIs); a repeated header is whole in the multi one.
+      this.add(e.headers);
+      for (const [name, values] of Object.entries(e.multiValueHeaders ?? {})) {
+        if (values?.length) this.headers.set(name.toLowerCase(), values.join(", "));
+      }
     }
   }
 
