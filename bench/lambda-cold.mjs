@@ -3,6 +3,8 @@
 // line: ms for the import and for the first invocation, the RSS they added (MB) and the CPU (ms).
 //   node bench/lambda-cold.mjs bare|idem|powertools <database url> [redis url]
 // idem is loaded from dist/ (the package as installed): `npm run build` first.
+import { restEvent } from "./lambda-event.mjs";
+
 const [mode, dbUrl, redisUrl] = process.argv.slice(2);
 const rss0 = process.memoryUsage().rss;
 const cpu0 = process.cpuUsage();
@@ -10,17 +12,6 @@ const t0 = performance.now();
 const { default: pg } = await import("pg");
 let handler;
 const pool = new pg.Pool({ connectionString: dbUrl, max: 1 });
-const event = (key) => ({
-  httpMethod: "POST",
-  path: "/v1/payments",
-  headers: { "idempotency-key": key, "x-account": "acct", "content-type": "application/json" },
-  multiValueHeaders: {},
-  queryStringParameters: null,
-  multiValueQueryStringParameters: null,
-  body: '{"amount_cents":5000,"currency":"eur"}',
-  isBase64Encoded: false,
-  requestContext: {},
-});
 const insert = "INSERT INTO payments (account, amount_cents) VALUES ($1, $2) RETURNING id";
 if (mode === "bare") {
   handler = async (e) => {
@@ -64,7 +55,7 @@ if (mode === "bare") {
 const t1 = performance.now();
 const rss1 = process.memoryUsage().rss;
 const context = { getRemainingTimeInMillis: () => 30_000, functionName: "bench", awsRequestId: "1" };
-const result = await handler(event(`k-${Math.random()}`), context);
+const result = await handler(restEvent(`k-${Math.random()}`), context);
 if (result.statusCode !== 201) throw new Error(`first invocation answered ${result.statusCode}`);
 const t2 = performance.now();
 const cpu = process.cpuUsage(cpu0);

@@ -15,7 +15,6 @@
 import { execFile, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { APIGatewayProxyEvent } from "aws-lambda";
@@ -23,7 +22,9 @@ import { idempotency } from "../src/lambda/index.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
+import { freeLoopbackPort } from "../test/helpers/ports.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
+import { restEvent } from "./lambda-event.mjs";
 
 const run = promisify(execFile);
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
@@ -43,27 +44,6 @@ interface Cold {
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const f1 = (n: number) => n.toFixed(1);
 
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
-
-function event(key: string): APIGatewayProxyEvent {
-  return {
-    httpMethod: "POST",
-    path: "/v1/payments",
-    headers: { "idempotency-key": key, "x-account": "acct", "content-type": "application/json" },
-    multiValueHeaders: {},
-    queryStringParameters: null,
-    multiValueQueryStringParameters: null,
-    body: '{"amount_cents":5000,"currency":"eur"}',
-    isBase64Encoded: false,
-    requestContext: {},
-  } as unknown as APIGatewayProxyEvent;
-}
 const context = { getRemainingTimeInMillis: () => 30_000 };
 
 export async function lambdaBench(): Promise<Record<string, unknown>> {
@@ -82,7 +62,7 @@ export async function lambdaBench(): Promise<Record<string, unknown>> {
     );
 
     // --- cold start ---
-    const redisPort = await freePort();
+    const redisPort = await freeLoopbackPort();
     const redisBin = process.env.REDIS_SERVER ?? "/usr/bin/redis-server";
     const modes = existsSync(redisBin)
       ? (["bare", "idem", "powertools"] as const)
@@ -142,11 +122,11 @@ export async function lambdaBench(): Promise<Record<string, unknown>> {
       { store, scope: () => "acct" },
     );
     const replayKey = randomUUID();
-    await keyed(event(replayKey), context);
+    await keyed(restEvent(replayKey), context);
     const kinds = {
-      bare: () => bare(event("none")),
-      "keyed, first time": () => keyed(event(randomUUID()), context),
-      "keyed, replay": () => keyed(event(replayKey), context),
+      bare: () => bare(restEvent("none")),
+      "keyed, first time": () => keyed(restEvent(randomUUID()), context),
+      "keyed, replay": () => keyed(restEvent(replayKey), context),
     };
     const totals: Record<string, { ms: number; cpuUs: number; n: number }> = {};
     for (const name of Object.keys(kinds)) totals[name] = { ms: 0, cpuUs: 0, n: 0 };

@@ -6,26 +6,18 @@
 import { execFile, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { afterAll, describe, expect, it } from "vitest";
 import { freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
+import { freeLoopbackPort } from "../helpers/ports.ts";
 
 const run = promisify(execFile);
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const EXAMPLE = join(ROOT, "examples", "nextjs");
 const npm = process.platform === "win32" ? "npm.cmd" : "npm";
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 sayWhySkippedWithoutServer();
 describe.skipIf(!process.env.DATABASE_URL)("Next.js App Router example", () => {
@@ -54,7 +46,7 @@ describe.skipIf(!process.env.DATABASE_URL)("Next.js App Router example", () => {
 
     const db = await freshDatabase();
     cleanup.push(() => db.drop());
-    const port = await freePort();
+    const port = await freeLoopbackPort();
     const server = spawn("npx", ["next", "start", "-H", "127.0.0.1", "-p", String(port)], {
       cwd: EXAMPLE,
       env: { ...process.env, DATABASE_URL: db.url, NEXT_TELEMETRY_DISABLED: "1" },

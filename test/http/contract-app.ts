@@ -5,7 +5,12 @@
  */
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import { encodeOperationRef, OperationUncertainError, type Tx } from "../../src/core/index.ts";
+import {
+  encodeOperationRef,
+  InvalidBodyError,
+  OperationUncertainError,
+  type Tx,
+} from "../../src/core/index.ts";
 import { definePhases, jsonResponse, type PhasesRunner } from "../../src/postgres/index.ts";
 import type { PostgresStore } from "../../src/postgres/store.ts";
 
@@ -30,6 +35,13 @@ export const INVALID_BODY = JSON.stringify({
   title: "Bad Request",
   status: 400,
 });
+
+/** The input of `/v1/phased` from the body, or 400 before anything is claimed (as validation would). */
+export function phasedInput(_request: unknown, body: unknown): PaymentInput {
+  const p = validatePayment(body);
+  if (typeof p === "string") throw new InvalidBodyError(p);
+  return p;
+}
 
 /** The validated payment of a body that validation already passed (the handler's own reading of it). */
 export function paymentOf(body: unknown): PaymentInput {

@@ -3,7 +3,6 @@
  * Built the same way by test/http/web.test.ts (on Node) and by the runtimes' servers (Bun, Deno,
  * workerd: test/runtimes/serve.ts), so each runtime runs the one app the contract suite expects.
  */
-import { InvalidBodyError } from "../../src/core/index.ts";
 import { idempotency, idempotentPhases, type WebIdempotentHandler } from "../../src/http/web.ts";
 import type { PostgresStore } from "../../src/postgres/store.ts";
 import {
@@ -12,6 +11,7 @@ import {
   mayReplay,
   type PaymentsRunner,
   PHASED_ANSWER_WITHIN_MS,
+  phasedInput,
   validatePayment,
 } from "./contract-app.ts";
 
@@ -48,11 +48,7 @@ export function webRoutes(
       scope,
       onError,
       authorizeReplay,
-      input: (_request, body) => {
-        const p = validatePayment(body);
-        if (typeof p === "string") throw new InvalidBodyError(p);
-        return p;
-      },
+      input: phasedInput,
       answerWithinMs: PHASED_ANSWER_WITHIN_MS,
     }),
     "/v1/tips": idempotency(pay, { store, scope, onError, required: false }),

@@ -11,7 +11,6 @@ import type {
   Context,
 } from "aws-lambda";
 import { describe, expect, it } from "vitest";
-import { InvalidBodyError } from "../../src/core/index.ts";
 import { EventRequest } from "../../src/lambda/events.ts";
 import {
   idempotency,
@@ -29,6 +28,7 @@ import {
   mayReplay,
   PHASED_ANSWER_WITHIN_MS,
   paymentsContract,
+  phasedInput,
   useApp,
   validatePayment,
 } from "../http/contract.ts";
@@ -69,6 +69,21 @@ const pay: LambdaIdempotentHandler<LambdaHttpEvent, Context, unknown, false> = a
 
 const crashes: unknown[] = [];
 
+/** A valid payment of `account` under `key`, as `source`'s event. */
+function paymentEvent(source: Source, account: string, key: string, more: Array<[string, string]> = []) {
+  return eventOf(source, {
+    method: "POST",
+    url: "/v1/payments",
+    headers: [
+      ["x-account", account],
+      ["idempotency-key", key],
+      ["content-type", "application/json"],
+      ...more,
+    ],
+    body: new TextEncoder().encode('{"amount_cents":5000,"currency":"eur"}'),
+  });
+}
+
 function functions({ store, runner }: AppParts): Record<string, LambdaFn> {
   const scope = (event: LambdaHttpEvent) => headerOf(event)("x-account");
   const onError = (err: unknown) => crashes.push(err);
@@ -80,11 +95,7 @@ function functions({ store, runner }: AppParts): Record<string, LambdaFn> {
       scope,
       onError,
       authorizeReplay,
-      input: (_event, body) => {
-        const p = validatePayment(body);
-        if (typeof p === "string") throw new InvalidBodyError(p);
-        return p;
-      },
+      input: phasedInput,
       answerWithinMs: PHASED_ANSWER_WITHIN_MS,
     }),
     "/v1/tips": idempotency(pay, { store, scope, onError, required: false }),
@@ -160,17 +171,7 @@ describe.each(backends)("Lambda results and remaining time on $name", (backend) 
       const key = randomUUID();
       const fn = idempotency(pay, { store: app.store, scope: (e) => headerOf(e)("x-account") });
       const event = (sleep?: string) =>
-        eventOf("http", {
-          method: "POST",
-          url: "/v1/payments",
-          headers: [
-            ["x-account", acct],
-            ["idempotency-key", key],
-            ["content-type", "application/json"],
-            ...(sleep ? ([["x-sleep-ms", sleep]] as Array<[string, string]>) : []),
-          ],
-          body: new TextEncoder().encode('{"amount_cents":5000,"currency":"eur"}'),
-        }) as APIGatewayProxyEventV2;
+        paymentEvent("http", acct, key, sleep ? [["x-sleep-ms", sleep]] : []) as APIGatewayProxyEventV2;
       const order: string[] = [];
       const first = fn(event("2500"), lambdaContext(30_000)).then((r) => {
         order.push("first");
@@ -217,16 +218,7 @@ describe.each(backends)("Lambda results and remaining time on $name", (backend) 
           { store, scope: (e) => headerOf(e)("x-account") },
         ),
       );
-      const event = eventOf("rest", {
-        method: "POST",
-        url: "/v1/payments",
-        headers: [
-          ["x-account", acct],
-          ["idempotency-key", key],
-          ["content-type", "application/json"],
-        ],
-        body: new TextEncoder().encode('{"amount_cents":5000,"currency":"eur"}'),
-      }) as APIGatewayProxyEvent;
+      const event = paymentEvent("rest", acct, key) as APIGatewayProxyEvent;
       // 1.5 s to live: answered 409 at 1 s, and the database ends its transaction at 1.5 s idle.
       try {
         const timedOut = await frozenFn!(event, lambdaContext(1_500));

@@ -9,13 +9,13 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { cpSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { builtinModules } from "node:module";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
 import { afterAll, beforeAll, describe, it } from "vitest";
 import { NO_SERVER, serverBackends } from "../helpers/db.ts";
+import { freeLoopbackPort } from "../helpers/ports.ts";
 import { type AppParts, paymentsContract, type RunningApp, useApp } from "../http/contract.ts";
 import { lifecycleContract, ownBodyContract } from "../http/contract-lifecycle.ts";
 import { appExtrasContract } from "./extras.ts";
@@ -24,14 +24,6 @@ const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const WORKERD = `${ROOT}node_modules/.bin/workerd`;
 const SQL = `${ROOT}sql`;
 const SKIP = NO_SERVER ?? (existsSync(WORKERD) ? undefined : "needs the workerd binary: npm ci installs it");
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 let dir: string;
 
@@ -88,13 +80,16 @@ const worker :Workerd.Worker = (
 
 function startWorkerd(driver: "postgres" | "pg"): (parts: AppParts) => Promise<RunningApp> {
   return async (parts) => {
-    const port = await freePort();
+    const port = await freeLoopbackPort();
     const file = join(dir, `config-${port}.capnp`);
     writeFileSync(file, config(parts.url!, driver, port));
     const child: ChildProcess = spawn(WORKERD, ["serve", file], { stdio: ["ignore", "pipe", "pipe"] });
     let output = "";
-    child.stdout!.on("data", (c: Buffer) => void (output += c.toString()));
-    child.stderr!.on("data", (c: Buffer) => void (output += c.toString()));
+    const keep = (c: Buffer) => {
+      output += c.toString();
+    };
+    child.stdout!.on("data", keep);
+    child.stderr!.on("data", keep);
     const url = `http://127.0.0.1:${port}`;
     for (let i = 0; ; i++) {
       if (child.exitCode !== null) throw new Error(`workerd exited ${child.exitCode}:\n${output}`);

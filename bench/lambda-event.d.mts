@@ -1,0 +1,2 @@
+import type { APIGatewayProxyEvent } from "aws-lambda";
+export declare function restEvent(key: string): APIGatewayProxyEvent;
