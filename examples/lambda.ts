@@ -6,6 +6,12 @@ import { fromPg, migrate, PostgresStore } from "idem/postgres";
 import pg from "pg";
 import { DATABASE_URL, PAYMENTS_TABLE } from "./try-twice.ts";
 
+// The schema, made once by its owner (`idem migrate`), never inside the function.
+const setup = fromPg(new pg.Pool({ connectionString: DATABASE_URL, max: 1 }));
+await migrate(setup);
+await setup.exec(PAYMENTS_TABLE);
+await setup.close();
+
 // #region snippet
 // Outside the handler: once per container. With RDS Proxy, point DATABASE_URL at the proxy (a
 // transaction pooler: idem keeps no session state outside a transaction).
@@ -40,8 +46,6 @@ export const credit = sqsBatch(
 // #endregion snippet
 
 // ----- what Lambda would do: invoke them, twice -------------------------------------------------------
-await migrate(db);
-await db.exec(PAYMENTS_TABLE);
 const context = { getRemainingTimeInMillis: () => 30_000 };
 const account = `acct_${Date.now()}`;
 const key = `order-${Math.random().toString(36).slice(2)}`;
