@@ -229,10 +229,15 @@ export class Inbox {
    * and each message is processed again on its own with {@link process}, so that only the failing one
    * is retried or parked. Copies of one id within the batch: the first is applied, the rest are
    * duplicates.
+   *
+   * `keyOf` names the messages whose order matters (a Kafka record key, an SQS message group): when
+   * one of a key's messages fails on its own, its later ones in the batch are not run (answered
+   * `"retry"`, no attempt counted), so that a key's effects never commit out of order.
    */
   async processBatch<M extends Delivery>(
     messages: readonly M[],
     handler: InboxHandler<M> | { batch: InboxBatchHandler<M> },
+    keyOf?: (m: M) => string | undefined,
   ): Promise<InboxResult[]> {
     const one: InboxHandler<M> = typeof handler === "function" ? handler : (tx, m) => handler.batch(tx, [m]);
     if (messages.length === 0) return [];
@@ -276,7 +281,17 @@ export class Inbox {
     } catch {
       // Somebody's effect failed (or the batch deadlocked with another): find out who, one by one.
       results = [];
-      for (const m of messages) results.push(await this.process(m, one));
+      const held = new Set<string>();
+      for (const m of messages) {
+        const key = keyOf?.(m);
+        if (key !== undefined && held.has(key)) {
+          results.push(InboxResult.retry);
+          continue;
+        }
+        const r = await this.process(m, one);
+        if (r === InboxResult.retry && key !== undefined) held.add(key);
+        results.push(r);
+      }
     }
     return results;
   }

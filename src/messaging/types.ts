@@ -2,16 +2,17 @@
  * What travels between the outbox, the brokers and the inbox.
  *
  * An event keeps one id from the moment it is written into the outbox: the relay publishes it as the
- * broker's message id (AMQP `messageId`, NATS `Nats-Msg-Id`, the webhook's `webhook-id` header), and a
- * consumer deduplicates on it. Broker-assigned numbers (delivery tags, stream sequences) differ between
- * two copies of one event and are never used for deduplication.
+ * broker's message id (AMQP `messageId`, NATS `Nats-Msg-Id`, the webhook's `webhook-id` header, the
+ * `idem-id` header on Kafka and attribute on SQS), and a consumer deduplicates on it. Broker-assigned
+ * numbers (delivery tags, stream sequences, offsets) differ between two copies of one event and are
+ * never used for deduplication.
  */
 
 /** An outbox row as the relay hands it to a publisher. */
 export interface OutboxMessage {
   /** The event id (a UUIDv7): the message id on every broker. */
   id: string;
-  /** A queue or routing key (AMQP), a subject (NATS), a webhook topic. */
+  /** A queue or routing key (AMQP), a subject (NATS), a Kafka topic, an SQS queue, a webhook topic. */
   topic: string;
   /** What happened, e.g. `"payment.succeeded"`. */
   type: string;
@@ -97,6 +98,12 @@ export class MissingMessageIdError extends Error {
 export function isBrokerUnavailable(err: unknown): err is BrokerUnavailableError {
   return err instanceof BrokerUnavailableError;
 }
+
+/**
+ * The header (Kafka) or message attribute (SQS) that carries the event id on brokers without a message
+ * id field of their own.
+ */
+export const MESSAGE_ID_HEADER = "idem-id";
 
 /** Header names idem adds to every published message (besides the broker's own message id field). */
 export const HEADERS = {
