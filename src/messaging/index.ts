@@ -1,7 +1,8 @@
 /**
  * `idem/messaging`: the outbox relay, the inbox, versioned upserts, webhooks and an in-process broker.
- * RabbitMQ and NATS JetStream live in `idem/messaging/amqp` and `idem/messaging/nats`, so that their
- * client libraries (optional peer dependencies) are only needed by those who use them.
+ * RabbitMQ, NATS JetStream, Kafka and SQS live in `idem/messaging/amqp`, `idem/messaging/nats`,
+ * `idem/messaging/kafka` and `idem/messaging/sqs`, so that their client libraries (optional peer
+ * dependencies) are only needed by those who use them.
  */
 export type {
   ConsumerCrashPoint,
@@ -40,6 +41,7 @@ export {
   type Delivery,
   HEADERS,
   isBrokerUnavailable,
+  MESSAGE_ID_HEADER,
   MissingMessageIdError,
   type OutboxMessage,
   type Publisher,
