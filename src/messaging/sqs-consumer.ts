@@ -19,7 +19,7 @@
  * deleted. On a FIFO queue the messages of one group are applied in order and a failing one is
  * retried in place while the group's later messages wait (other groups go on), then parked.
  */
-import type { Message, SQSClient } from "@aws-sdk/client-sqs";
+import type { Message } from "@aws-sdk/client-sqs";
 import {
   type ConsumerOptions,
   InFlight,

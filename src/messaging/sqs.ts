@@ -149,7 +149,10 @@ export class SqsPublisher implements Publisher {
       const failed = new Map((out.Failed ?? []).map((f) => [f.Id, f]));
       ws.forEach((w, i) => {
         const f = failed.get(String(i));
-        if (!f) return w.resolve({ ok: true });
+        if (!f) {
+          w.resolve({ ok: true });
+          return;
+        }
         const text = `SQS refused the message: ${f.Code}${f.Message ? ` (${f.Message})` : ""}`;
         w.resolve({ ok: false, error: f.SenderFault ? new Error(text) : new BrokerUnavailableError(text) });
       });

@@ -19,7 +19,7 @@ import { consumeSqs, SqsPublisher } from "../../src/messaging/sqs.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { type OpenDb, serverBackends } from "../helpers/db.ts";
-import { NO_SQS, SQS, sayWhySkipped, sqsClientConfig } from "./brokers.ts";
+import { NO_SQS, sayWhySkipped, sqsClientConfig } from "./brokers.ts";
 import { effectCounts, prepare, record, unique, until, writeCredits } from "./helpers.ts";
 import { orderedEffect, orderedResult, prepareOrdered, writeBacklog } from "./ordered.ts";
 
