@@ -23,7 +23,8 @@
  *   IDEM_PAYMENTS_MODE    phases (default) or atomic (local payments only, no provider)
  *   IDEM_CARD_TOKEN_KEY   the HMAC key card numbers are tokenized under (at least 32 characters, e.g.
  *                         `openssl rand -hex 32`; one value for every instance); unset: a random key per process
- *   AMQP_URL / NATS_URL   the broker for receipt emails (default: an in-process transport)
+ *   AMQP_URL / NATS_URL / KAFKA_URL / SQS_URL
+ *                         the broker for receipt emails (default: an in-process transport)
  *   IDEM_DEMO=1           create the demo accounts on a real server too
  *   IDEM_OPTIONAL_KEY=1   let POSTs without a key through (the benchmark's baseline); never in production
  *   IDEM_RETENTION_HOURS  how long idempotency keys are kept (default 24)
@@ -209,11 +210,13 @@ function cardTokenKeyFrom(env: Env): string | undefined {
   return key;
 }
 
-/** The receipt worker's broker: AMQP_URL, else NATS_URL, else in process. */
+/** The receipt worker's broker: AMQP_URL, else NATS_URL, else KAFKA_URL, else SQS_URL, else in process. */
 export function receiptsConfigFromEnv(env: Env): ReceiptsConfig {
   const config: ReceiptsConfig = {};
   if (env.AMQP_URL) config.amqpUrl = env.AMQP_URL;
   if (env.NATS_URL) config.natsUrl = env.NATS_URL;
+  if (env.KAFKA_URL) config.kafkaUrl = env.KAFKA_URL;
+  if (env.SQS_URL) config.sqsUrl = env.SQS_URL;
   return config;
 }
 

@@ -39,7 +39,8 @@ export async function start(env: Env = process.env) {
     sealer,
   });
 
-  // The receipt-email worker: outbox -> broker (AMQP_URL, NATS_URL, else in process) -> inbox -> email.
+  // The receipt-email worker: outbox -> broker (AMQP_URL, NATS_URL, KAFKA_URL, SQS_URL, else in process)
+  // -> inbox -> email.
   const receipts = await startReceipts(db, {
     ...config.receipts,
     listen,

@@ -3,9 +3,10 @@
  * consumer applying them through the inbox (the receipt emails, app/receipts.ts; the checkout saga,
  * app/checkout/worker.ts).
  *
- * Transport: RabbitMQ when AMQP_URL is set, NATS JetStream when NATS_URL is set, otherwise an in-process
- * broker that confirms a publish only once the message is applied (so a restart loses nothing: the relay
- * publishes again whatever was not confirmed, and the inbox drops what was already applied).
+ * Transport: RabbitMQ when AMQP_URL is set, NATS JetStream when NATS_URL is set, Kafka when KAFKA_URL is
+ * set, SQS when SQS_URL is set (in that order of preference), otherwise an in-process broker that
+ * confirms a publish only once the message is applied (so a restart loses nothing: the relay publishes
+ * again whatever was not confirmed, and the inbox drops what was already applied).
  */
 import {
   type ConsumerOptions,
@@ -20,19 +21,26 @@ import {
 } from "idem/messaging";
 import type { Db } from "idem/postgres";
 
-/** Where a worker's messages travel (AMQP_URL, NATS_URL), and how its relay wakes. */
+/** Where a worker's messages travel (AMQP_URL, NATS_URL, KAFKA_URL, SQS_URL), and how its relay wakes. */
 export interface TransportConfig {
   /** RabbitMQ URL (AMQP_URL). */
   amqpUrl?: string;
   /** NATS URL(s), comma-separated (NATS_URL). Used when `amqpUrl` is not set. */
   natsUrl?: string;
+  /** Kafka brokers, `kafka://host:port,...` (KAFKA_URL). Used when neither of the above is set. */
+  kafkaUrl?: string;
+  /**
+   * The SQS endpoint (SQS_URL), e.g. `https://sqs.eu-west-1.amazonaws.com`; region and credentials
+   * come from the AWS environment. Used when none of the above is set.
+   */
+  sqsUrl?: string;
   /** Wake the relay on NOTIFY (e.g. `listenWithPg(...)`); without it the relay polls every `pollMs`. */
   listen?: Listen;
   /** How often the relay polls. Default 1,000 ms with `listen`, 200 ms without. */
   pollMs?: number;
   /**
-   * Prefix of the broker-side names (AMQP queue, NATS stream and subject), for running several
-   * instances (or tests) against one broker. Default: none.
+   * Prefix of the broker-side names (AMQP queue, NATS stream and subject, Kafka topic and group, SQS
+   * queue), for running several instances (or tests) against one broker. Default: none.
    */
   namespace?: string;
   /** NATS: how long JetStream waits for an ack before it redelivers. Default: the consumer's (30 s). */
@@ -59,11 +67,23 @@ export interface WorkerSpec {
 
 /** A worker at work. */
 export interface Worker {
-  /** "rabbitmq", "nats" or "in-process". */
+  /** "rabbitmq", "nats", "kafka", "sqs" or "in-process". */
   readonly transport: string;
   readonly relay: Relay;
   readonly consumer: RunningConsumer;
   stop(): Promise<void>;
+}
+
+/** `consumer`, whose `stop()` then closes the connection it was given. */
+function closingAfter(consumer: RunningConsumer, close: () => Promise<void>): RunningConsumer {
+  return {
+    stats: consumer.stats,
+    closed: consumer.closed,
+    async stop() {
+      await consumer.stop();
+      await close();
+    },
+  };
 }
 
 /** Start a topic's relay and consumer. Resolves once both run. */
@@ -100,15 +120,38 @@ export async function startWorker(db: Db, spec: WorkerSpec, config: TransportCon
       create: { filterSubject: brokerTopic, ...(config.ackWaitMs ? { ackWaitMs: config.ackWaitMs } : {}) },
       ...consuming,
     });
-    consumer = {
-      stats: inner.stats,
-      closed: inner.closed,
-      async stop() {
-        await inner.stop();
-        await nc.drain().catch(() => {});
-      },
-    };
+    consumer = closingAfter(inner, () => nc.drain().catch(() => {}));
     transport = "nats";
+  } else if (config.kafkaUrl) {
+    const { consumeKafka, KafkaPublisher, kafkaBrokers } = await import("idem/messaging/kafka");
+    const { Admin } = await import("@platformatic/kafka");
+    const admin = new Admin({ clientId: spec.consumer, bootstrapBrokers: kafkaBrokers(config.kafkaUrl) });
+    try {
+      // Six partitions: messages of different aggregates go side by side, each aggregate's in order.
+      await admin.createTopics({ topics: [brokerTopic], partitions: 6, replicas: -1 }).catch((err: Error) => {
+        if (!/already exists/i.test(`${err.message} ${String((err as { errors?: unknown }).errors ?? "")}`))
+          throw err;
+      });
+    } finally {
+      await admin.close();
+    }
+    publisher = new KafkaPublisher({ brokers: config.kafkaUrl, topic: () => brokerTopic });
+    consumer = await consumeKafka({
+      brokers: config.kafkaUrl,
+      topics: brokerTopic,
+      groupId: `${ns}${spec.consumer}`,
+      ...consuming,
+    });
+    transport = "kafka";
+  } else if (config.sqsUrl) {
+    const { consumeSqs, SqsPublisher } = await import("idem/messaging/sqs");
+    const { CreateQueueCommand, SQSClient } = await import("@aws-sdk/client-sqs");
+    const client = new SQSClient({ endpoint: config.sqsUrl });
+    await client.send(new CreateQueueCommand({ QueueName: brokerTopic })); // returns the queue if it exists
+    publisher = new SqsPublisher({ client, queue: () => brokerTopic });
+    const inner = await consumeSqs({ client, queue: brokerTopic, waitTimeSec: 5, ...consuming });
+    consumer = closingAfter(inner, async () => client.destroy());
+    transport = "sqs";
   } else {
     const broker = new MemoryBroker({ confirmOnConsume: true });
     publisher = broker.publisher();

@@ -3,13 +3,17 @@ import type { Publisher } from "../messaging/types.ts";
 import { pendingMigrations } from "../postgres/migrate.ts";
 import { CliError, EXIT, openDb, parse } from "./shared.ts";
 
-const USAGE = `usage: idem relay [--amqp URL | --nats URL | --webhook URL] [options]
+const USAGE = `usage: idem relay [--amqp URL | --nats URL | --kafka URL | --sqs URL | --webhook URL] [options]
 
 Publishes the outbox's events, at least once, with the event id as the message id; runs until SIGINT
 or SIGTERM (or, with --once, until nothing is left to publish now). Several relays may run at once.
   --amqp URL           RabbitMQ (default: $AMQP_URL); the topic is the routing key
   --exchange NAME      the AMQP exchange (default: "", so the topic names the queue)
   --nats URL           NATS JetStream (default: $NATS_URL); the topic is the subject
+  --kafka URL          Kafka brokers, kafka://host:port[,host:port] (default: $KAFKA_URL); the topic
+                       is the Kafka topic, the aggregate id the record key
+  --sqs URL            the SQS endpoint, e.g. https://sqs.eu-west-1.amazonaws.com (default: $SQS_URL;
+                       region and credentials from the AWS environment); the topic names the queue
   --webhook URL        POST each event, signed with $WEBHOOK_SECRET (default: $WEBHOOK_URL)
   --database-url URL   default: $DATABASE_URL, else the embedded PGlite in .idem/pgdata
   --listen-database-url URL
@@ -20,12 +24,13 @@ or SIGTERM (or, with --once, until nothing is left to publish now). Several rela
   --batch-size N       rows claimed per batch (default 500)
   --concurrency N      batches in flight (default 1)
   --ordered            publish each aggregate's events in the order written
-  --pipeline           with --ordered: send a batch in one go, not one confirm per event (AMQP, NATS)
+  --pipeline           with --ordered: send a batch in one go, not one confirm per event (AMQP, NATS,
+                       Kafka)
   --max-attempts N     failures before a row is parked (default 10)
   --retention-hours H  delete published rows after H hours, 0 keeps them (default 24)
   --once               publish what is pending now, then exit
   --requeue-parked     put parked rows back in the queue (with --topic: only those), then exit
-When only one of AMQP_URL, NATS_URL and WEBHOOK_URL is set, that is the broker.
+When only one of AMQP_URL, NATS_URL, KAFKA_URL, SQS_URL and WEBHOOK_URL is set, that is the broker.
 Exit codes: 0 done or stopped cleanly, 1 failure (e.g. broker unreachable with --once), 2 bad usage.`;
 
 function int(value: string | undefined, name: string, fallback: number, min: number): number {
@@ -36,34 +41,35 @@ function int(value: string | undefined, name: string, fallback: number, min: num
   return n;
 }
 
-type Kind = "amqp" | "nats" | "webhook";
+const KINDS = ["amqp", "nats", "kafka", "sqs", "webhook"] as const;
+type Kind = (typeof KINDS)[number];
+type BrokerFlags = Partial<Record<Kind, string>>;
 
-/** Which broker: the flag given, else the only one of AMQP_URL, NATS_URL, WEBHOOK_URL that is set. */
-function brokerKind(values: { amqp?: string; nats?: string; webhook?: string }): Kind {
-  const flags = [values.amqp && "amqp", values.nats && "nats", values.webhook && "webhook"].filter(Boolean);
-  if (flags.length > 1) throw new CliError("give one of --amqp, --nats and --webhook", EXIT.usage);
-  let kind = flags[0] as "amqp" | "nats" | "webhook" | undefined;
+/** Which broker: the flag given, else the only one of AMQP_URL, NATS_URL, ... WEBHOOK_URL that is set. */
+function brokerKind(values: BrokerFlags): Kind {
+  const flags = KINDS.filter((k) => values[k]);
+  const list = (names: string[], glue: string) => names.join(", ").replace(/, ([^,]*)$/, ` ${glue} $1`);
+  const flagNames = KINDS.map((k) => `--${k}`);
+  if (flags.length > 1) throw new CliError(`give one of ${list(flagNames, "and")}`, EXIT.usage);
+  let kind = flags[0];
   if (!kind) {
-    const set = (
-      [
-        ["amqp", process.env.AMQP_URL],
-        ["nats", process.env.NATS_URL],
-        ["webhook", process.env.WEBHOOK_URL],
-      ] as const
-    ).filter(([, v]) => v);
+    const set = KINDS.filter((k) => process.env[`${k.toUpperCase()}_URL`]);
     if (set.length === 0) {
       throw new CliError(
-        "no broker: set AMQP_URL, NATS_URL or WEBHOOK_URL, or pass --amqp, --nats or --webhook",
+        `no broker: set ${list(
+          KINDS.map((k) => `${k.toUpperCase()}_URL`),
+          "or",
+        )}, or pass ${list(flagNames, "or")}`,
         EXIT.usage,
       );
     }
     if (set.length > 1) {
       throw new CliError(
-        `${set.map(([k]) => `${k.toUpperCase()}_URL`).join(" and ")} are all set: choose with --${set[0]![0]} (or another)`,
+        `${set.map((k) => `${k.toUpperCase()}_URL`).join(" and ")} are all set: choose with --${set[0]} (or another)`,
         EXIT.usage,
       );
     }
-    kind = set[0]![0];
+    kind = set[0]!;
   }
   if (kind === "webhook" && !process.env.WEBHOOK_SECRET) {
     throw new CliError(
@@ -76,10 +82,10 @@ function brokerKind(values: { amqp?: string; nats?: string; webhook?: string }):
 
 async function makePublisher(
   kind: Kind,
-  values: { amqp?: string; nats?: string; webhook?: string; exchange?: string },
+  values: BrokerFlags & { exchange?: string },
 ): Promise<{ publisher: Publisher; where: string }> {
+  const url = values[kind] ?? process.env[`${kind.toUpperCase()}_URL`]!;
   if (kind === "amqp") {
-    const url = values.amqp ?? process.env.AMQP_URL!;
     const { AmqpPublisher } = await import("../messaging/amqp.ts");
     return {
       publisher: new AmqpPublisher({ url, exchange: values.exchange ?? "" }),
@@ -87,11 +93,17 @@ async function makePublisher(
     };
   }
   if (kind === "nats") {
-    const url = values.nats ?? process.env.NATS_URL!;
     const { NatsPublisher } = await import("../messaging/nats.ts");
     return { publisher: new NatsPublisher({ servers: url.split(",") }), where: `NATS ${url}` };
   }
-  const url = values.webhook ?? process.env.WEBHOOK_URL!;
+  if (kind === "kafka") {
+    const { KafkaPublisher, kafkaBrokers } = await import("../messaging/kafka.ts");
+    return { publisher: new KafkaPublisher({ brokers: url }), where: `Kafka ${kafkaBrokers(url).join(",")}` };
+  }
+  if (kind === "sqs") {
+    const { SqsPublisher } = await import("../messaging/sqs.ts");
+    return { publisher: new SqsPublisher({ endpoint: url }), where: `SQS ${redactUrl(url)}` };
+  }
   const secret = process.env.WEBHOOK_SECRET;
   if (!secret)
     throw new CliError(
@@ -109,6 +121,8 @@ export async function relayCommand(argv: string[]): Promise<number> {
       amqp: { type: "string" },
       exchange: { type: "string" },
       nats: { type: "string" },
+      kafka: { type: "string" },
+      sqs: { type: "string" },
       webhook: { type: "string" },
       "database-url": { type: "string" },
       "listen-database-url": { type: "string" },
@@ -137,8 +151,8 @@ export async function relayCommand(argv: string[]): Promise<number> {
   const schema = values.schema ?? "idem";
   const dbUrl = values["database-url"] ?? process.env.DATABASE_URL;
   const kind = values["requeue-parked"] ? undefined : brokerKind(values);
-  if (values.pipeline && (!values.ordered || kind === "webhook")) {
-    throw new CliError("--pipeline goes with --ordered, to RabbitMQ or NATS", EXIT.usage);
+  if (values.pipeline && (!values.ordered || kind === "webhook" || kind === "sqs")) {
+    throw new CliError("--pipeline goes with --ordered, to RabbitMQ, NATS or Kafka", EXIT.usage);
   }
   const { Relay, requeueParked, outboxCounts } = await import("../messaging/relay.ts");
 

@@ -49,7 +49,7 @@ describe("idem relay", () => {
         const noBroker = await relayCommand(["--database-url", url!]).catch((e) => e);
         expect(noBroker).toBeInstanceOf(CliError);
         expect(noBroker.exitCode).toBe(2);
-        expect(noBroker.message).toMatch(/set AMQP_URL, NATS_URL or WEBHOOK_URL/);
+        expect(noBroker.message).toMatch(/set AMQP_URL, NATS_URL, KAFKA_URL, SQS_URL or WEBHOOK_URL/);
         process.env.AMQP_URL = AMQP_URL;
         const notMigrated = await relayCommand(["--database-url", url!]).catch((e) => e);
         expect(notMigrated.exitCode).toBe(1);

@@ -1,12 +1,16 @@
 /** The reference service's receipt-email worker: payment -> outbox -> broker -> inbox -> one email. */
+
+import { DeleteQueueCommand, GetQueueUrlCommand, SQSClient } from "@aws-sdk/client-sqs";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect as natsConnect } from "@nats-io/transport-node";
+import { Admin } from "@platformatic/kafka";
 import amqp from "amqplib";
 import { describe, expect, it } from "vitest";
 import { prepareSchema } from "../../app/database.ts";
 import { RECEIPT_TOPIC, type ReceiptsConfig, receiptsOf, startReceipts } from "../../app/receipts.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { backends, serverBackends } from "../helpers/db.ts";
+import { KAFKA, NO_KAFKA, NO_SQS, SQS, sqsClientConfig } from "./brokers.ts";
 import { AMQP_URL, NATS_URL, unique, until } from "./helpers.ts";
 
 const pglite = backends.find((b) => b.name === "pglite")!;
@@ -38,6 +42,35 @@ const transports: {
       const nc = await natsConnect({ servers: NATS_URL });
       await (await jetstreamManager(nc)).streams.delete(`${ns.toUpperCase()}IDEM_RECEIPTS`).catch(() => {});
       await nc.close();
+    },
+  },
+  {
+    name: "kafka",
+    backend: NO_KAFKA ? undefined : pgBackend,
+    config: (ns) => ({ kafkaUrl: KAFKA, namespace: ns }),
+    async cleanup(ns) {
+      const admin = new Admin({ clientId: "idem-test", bootstrapBrokers: KAFKA!.split(",") });
+      await admin.deleteTopics({ topics: [`${ns}${RECEIPT_TOPIC}`] }).catch(() => {});
+      await admin.close();
+    },
+  },
+  {
+    name: "sqs",
+    backend: NO_SQS ? undefined : pgBackend,
+    config: (ns) => {
+      // The service takes region and credentials from the AWS environment, as on AWS.
+      Object.assign(process.env, {
+        AWS_REGION: "us-east-1",
+        AWS_ACCESS_KEY_ID: "idem",
+        AWS_SECRET_ACCESS_KEY: "idem",
+      });
+      return { sqsUrl: SQS, namespace: ns };
+    },
+    async cleanup(ns) {
+      const sqs = new SQSClient(sqsClientConfig());
+      const { QueueUrl } = await sqs.send(new GetQueueUrlCommand({ QueueName: `${ns}${RECEIPT_TOPIC}` }));
+      await sqs.send(new DeleteQueueCommand({ QueueUrl })).catch(() => {});
+      sqs.destroy();
     },
   },
 ];
