@@ -1,5 +1,6 @@
 /**
- * Issue 5's benchmark, for RabbitMQ and NATS JetStream on the real PostgreSQL, in one run:
+ * Issue 5's benchmark, for RabbitMQ, NATS JetStream, Kafka and SQS (issue 60) on the real PostgreSQL, in
+ * one run:
  *
  *   outbox -> broker     a backlog of events published by one relay (2 loops), with broker confirms
  *   broker -> inbox      the queued events consumed and applied through the inbox (effect committed)
@@ -11,6 +12,9 @@
  *                        `orderByAggregate` and a consumer applying one transaction at a time (which
  *                        keeps the order); each applied once and in order, checked (issue 16)
  *
+ * CPU per event (the bench database's PostgreSQL backends, this process, the broker's process) is
+ * printed beside every end to end figure.
+ *
  * Each broker runs twice, with the two ways to write a consumer's effect: a handler that runs one
  * statement per message (simplest; each message costs a round trip inside the batch's transaction),
  * and a batch handler that writes a whole batch's effects in one statement (the way to throughput).
@@ -18,7 +22,9 @@
  * the relay's publishing stalls the per-message consumer's round trips; the set-based one barely notices.
  *
  * Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; a database of its own is
- * created and dropped), AMQP_URL, NATS_URL (loopback defaults), BENCH_EVENTS (default 20,000),
+ * created and dropped), AMQP_URL, NATS_URL (loopback defaults), KAFKA_URL, SQS_URL (without them Kafka
+ * and ElasticMQ are started here: bench/messaging-kafka-sqs.ts), BENCH_BROKERS (default
+ * rabbitmq,nats,kafka,sqs), BENCH_EVENTS (default 20,000),
  * BENCH_RATE (events/s for the latency run, default 1,000), BENCH_HANDLER (message, batch, both
  * (the default) or none), BENCH_DRAIN=0 skips the ordered backlog. Run: `npx tsx --conditions=source bench/messaging.ts`.
  */
@@ -27,25 +33,25 @@ import { readdirSync, readFileSync } from "node:fs";
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
-import type { ConsumerOptions, RunningConsumer } from "../src/messaging/consumer.ts";
 import { Inbox } from "../src/messaging/inbox.ts";
 import { listenWithPg } from "../src/messaging/listen.ts";
 import { connectNats, consumeNats, NatsPublisher } from "../src/messaging/nats.ts";
 import { Relay } from "../src/messaging/relay.ts";
-import type { Publisher } from "../src/messaging/types.ts";
-import type { Db, Tx } from "../src/postgres/db.ts";
+import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { writeOutbox } from "../src/postgres/outbox.ts";
 import { orderedEffect, orderedResult, prepareOrdered, writeBacklog } from "../test/messaging/ordered.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
+import { kafka, sqs, startBenchBrokers, stopBenchBrokers } from "./messaging-kafka-sqs.ts";
+import { type Broker, type EffectStyle, handlers } from "./messaging-shared.ts";
+
+export type { EffectStyle } from "./messaging-shared.ts";
 
 const AMQP_URL = process.env.AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672";
 const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 20_000);
 const RATE = Number(process.env.BENCH_RATE ?? 1_000);
-
-export type EffectStyle = "message" | "batch";
 
 export interface MessagingRow {
   broker: string;
@@ -58,7 +64,7 @@ export interface MessagingRow {
   endToEndRate: number;
   p50Ms?: number;
   p99Ms?: number;
-  /** Ordered drain, end to end: CPU per event (µs) of the bench database's backends, this process, the broker. */
+  /** End to end: CPU per event (µs) of the bench database's backends, this process, the broker. */
   cpu?: { postgres: number; process: number; broker: number };
 }
 
@@ -99,22 +105,6 @@ function cpuMeter(database: string, broker: string) {
       broker: ((cpuOf(broker) - br0) * 1000) / n,
     };
   };
-}
-
-interface Broker {
-  name: string;
-  /** The broker's process, as named in its command line (for CPU accounting). */
-  process: string;
-  topic: string;
-  publisher(): Publisher;
-  consume(
-    db: Db,
-    consumer: string,
-    effect: EffectStyle | Pick<ConsumerOptions, "batchHandler" | "batchSize" | "concurrency">,
-  ): Promise<RunningConsumer>;
-  /** Drop whatever is left on the broker (between runs). */
-  reset(): Promise<void>;
-  cleanup(): Promise<void>;
 }
 
 async function rabbit(): Promise<Broker> {
@@ -177,20 +167,6 @@ async function nats(): Promise<Broker> {
   };
 }
 
-/** The effect: one row per message, stamped with the commit-side clock. */
-async function effect(tx: Tx, m: { id: string }): Promise<void> {
-  await tx.query("INSERT INTO bench_effects (message_id) VALUES ($1)", [m.id]);
-}
-
-/** The same effect, set-based: one statement for a whole batch. */
-async function effects(tx: Tx, ms: { id: string }[]): Promise<void> {
-  await tx.query("INSERT INTO bench_effects (message_id) SELECT jsonb_array_elements_text($1::text::jsonb)", [
-    JSON.stringify(ms.map((m) => m.id)),
-  ]);
-}
-
-const handlers = (style: Parameters<Broker["consume"]>[2]) =>
-  typeof style === "object" ? style : style === "batch" ? { batchHandler: effects } : { handler: effect };
 const STYLES: EffectStyle[] =
   process.env.BENCH_HANDLER === "message" || process.env.BENCH_HANDLER === "batch"
     ? [process.env.BENCH_HANDLER]
@@ -266,10 +242,12 @@ async function runBroker(make: () => Promise<Broker>, style: EffectStyle): Promi
     await writeEvents(db, broker.topic, EVENTS);
     consumer = await broker.consume(db, "bench-2", style);
     relay = new Relay({ ...relayOptions, pollMs: 5 });
+    const cpu = cpuMeter(new URL(fresh.url).pathname.slice(1), broker.process);
     t0 = performance.now();
     await relay.start();
     await waitFor(async () => consumer.stats.applied >= EVENTS, "end to end");
     const endToEndRate = EVENTS / ((performance.now() - t0) / 1000);
+    const cpuUs = cpu(EVENTS);
     await relay.stop();
 
     // 4. latency at a steady rate, the relay woken by NOTIFY
@@ -308,6 +286,7 @@ async function runBroker(make: () => Promise<Broker>, style: EffectStyle): Promi
       endToEndRate,
       p50Ms: Number(rows[0]!.p50),
       p99Ms: Number(rows[0]!.p99),
+      cpu: cpuUs,
     };
   } finally {
     await broker.cleanup();
@@ -399,6 +378,7 @@ export function printMessagingRows(all: MessagingRow[]): void {
     "end-to-end/s".padStart(14),
     "p50 ms".padStart(9),
     "p99 ms".padStart(9),
+    "  CPU us/event e2e: PG+process+broker",
   ];
   console.log(head.join(""));
   for (const r of rows) {
@@ -410,6 +390,7 @@ export function printMessagingRows(all: MessagingRow[]): void {
       Math.round(r.endToEndRate).toString().padStart(14),
       (r.p50Ms?.toFixed(1) ?? "").padStart(9),
       (r.p99Ms?.toFixed(1) ?? "").padStart(9),
+      r.cpu ? `  ${cpuText(r.cpu)}` : "",
     ];
     console.log(cells.join(""));
   }
@@ -432,20 +413,57 @@ export function printMessagingRows(all: MessagingRow[]): void {
     }
   }
   console.log("goal: end-to-end >= 5,000 events/s on this machine");
+  // Issue 60's goal: Kafka ordered end to end at least RabbitMQ's, the same way, in this run.
+  for (const way of ["", ", pipelined"]) {
+    const of = (broker: string) =>
+      drains.filter((d) => d.broker === broker && d.scenario!.endsWith(`aggregates${way}`));
+    const k = of("Kafka");
+    const r = of("RabbitMQ");
+    if (k.length === 0 || r.length === 0) continue;
+    const mean = (xs: MessagingRow[]) => xs.reduce((a, x) => a + x.endToEndRate, 0) / xs.length;
+    console.log(
+      `goal: Kafka ordered end to end${way || ", chains"} >= RabbitMQ's: ${Math.round(mean(k))} against ${Math.round(mean(r))} events/s, x${(mean(k) / mean(r)).toFixed(2)}`,
+    );
+  }
 }
 
-/** Both brokers, each with both effect styles (BENCH_HANDLER picks one). Returns the rows it printed. */
+/** `total (PostgreSQL + process + broker)` in µs per event. */
+function cpuText(c: { postgres: number; process: number; broker: number }): string {
+  const t = Math.round(c.postgres + c.process + c.broker);
+  return `${t} (${Math.round(c.postgres)} + ${Math.round(c.process)} + ${Math.round(c.broker)})`;
+}
+
+/**
+ * Every broker (BENCH_BROKERS, default rabbitmq,nats,kafka,sqs), each with both effect styles
+ * (BENCH_HANDLER picks one), then the ordered drains. Returns the rows it printed.
+ */
 export async function messagingBench(): Promise<MessagingRow[]> {
+  const wanted = (process.env.BENCH_BROKERS ?? "rabbitmq,nats,kafka,sqs").split(",");
+  const all: [string, () => Promise<Broker>, boolean[]][] = [
+    ["rabbitmq", rabbit, [false, true]],
+    ["nats", nats, [false, true]],
+    ["kafka", kafka, [false, true]],
+    // SQS keeps no order across a call's batches (no `pipeline`); the drain needs a FIFO queue.
+    ["sqs", () => sqs(), []],
+    ["sqs", () => sqs(true), [false]],
+  ];
+  const brokers = all.filter(([name]) => wanted.includes(name));
+  if (wanted.includes("kafka") || wanted.includes("sqs")) startBenchBrokers();
   const rows: MessagingRow[] = [];
-  for (const make of [rabbit, nats]) {
-    for (const style of STYLES) rows.push(await runBroker(make, style));
-  }
-  // Chains and pipelined, interleaved (BENCH_DRAIN_ROUNDS rounds, default 1), so ratios compare like with like.
-  const rounds = process.env.BENCH_DRAIN === "0" ? 0 : Number(process.env.BENCH_DRAIN_ROUNDS ?? 1);
-  for (let i = 0; i < rounds; i++) {
-    for (const make of [rabbit, nats]) {
-      for (const pipeline of [false, true]) rows.push(await orderedDrain(make, pipeline));
+  try {
+    for (const [, make, ways] of brokers) {
+      if (ways.length === 1) continue; // the FIFO queue is for the drains only
+      for (const style of STYLES) rows.push(await runBroker(make, style));
     }
+    // Chains and pipelined, interleaved (BENCH_DRAIN_ROUNDS rounds, default 1), so ratios compare like with like.
+    const rounds = process.env.BENCH_DRAIN === "0" ? 0 : Number(process.env.BENCH_DRAIN_ROUNDS ?? 1);
+    for (let i = 0; i < rounds; i++) {
+      for (const [, make, ways] of brokers) {
+        for (const pipeline of ways) rows.push(await orderedDrain(make, pipeline));
+      }
+    }
+  } finally {
+    stopBenchBrokers();
   }
   printMessagingRows(rows);
   return rows;

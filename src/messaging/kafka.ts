@@ -126,29 +126,63 @@ export class KafkaPublisher implements Publisher {
   }
 
   /**
-   * Publish a batch; one outcome per message. A batch the cluster refused for another reason than
-   * being away (a record too large, a topic that does not exist) is sent again one message at a time,
-   * in order, so that only the messages at fault fail.
+   * Publish a batch; one outcome per message. Calls made while a send is on its way go out together in
+   * the next one (an ordered relay's chains make one call per aggregate, each of one event): the
+   * producer has one request in flight at a time, so this is what keeps it busy. A send the cluster
+   * refused for another reason than being away (a record too large, a topic that does not exist) is
+   * made again one message at a time, in order, so that only the messages at fault fail.
    */
-  async publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
-    if (messages.length === 0) return [];
-    try {
-      await this.#send(messages);
-      return messages.map(() => ({ ok: true }));
-    } catch (err) {
-      if (err instanceof BrokerUnavailableError) throw err;
-      if (messages.length === 1) return [{ ok: false, error: errorOf(err) }];
-    }
-    const outcomes: PublishOutcome[] = [];
-    for (const m of messages) {
+  publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]> {
+    if (messages.length === 0) return Promise.resolve([]);
+    return new Promise((resolve, reject) => {
+      this.#calls.push({ messages, resolve, reject });
+      if (!this.#sending) {
+        this.#sending = true;
+        setImmediate(() => void this.#flush());
+      }
+    });
+  }
+
+  readonly #calls: {
+    messages: readonly OutboxMessage[];
+    resolve: (o: PublishOutcome[]) => void;
+    reject: (e: Error) => void;
+  }[] = [];
+  #sending = false;
+
+  async #flush(): Promise<void> {
+    while (this.#calls.length > 0) {
+      const calls = this.#calls.splice(0);
+      const all = calls.flatMap((c) => c.messages);
+      let outcomes: PublishOutcome[] | undefined;
       try {
-        await this.#send([m]);
-        outcomes.push({ ok: true });
+        await this.#send(all);
+        outcomes = all.map(() => ({ ok: true }));
       } catch (err) {
-        outcomes.push({ ok: false, error: errorOf(err) });
+        if (err instanceof BrokerUnavailableError) {
+          for (const c of calls) c.reject(err);
+          continue;
+        }
+        if (all.length === 1) outcomes = [{ ok: false, error: errorOf(err) }];
+      }
+      if (!outcomes) {
+        outcomes = [];
+        for (const m of all) {
+          try {
+            await this.#send([m]);
+            outcomes.push({ ok: true });
+          } catch (err) {
+            outcomes.push({ ok: false, error: errorOf(err) });
+          }
+        }
+      }
+      let at = 0;
+      for (const c of calls) {
+        c.resolve(outcomes.slice(at, at + c.messages.length));
+        at += c.messages.length;
       }
     }
-    return outcomes;
+    this.#sending = false;
   }
 
   /** Close the producer. */
