@@ -28,19 +28,24 @@ let started: { stop(): void }[] = [];
 let kafkaUrl = process.env.KAFKA_URL;
 let sqsUrl = process.env.SQS_URL;
 
-/** Start what is not configured (see the module's notes). */
-export function startBenchBrokers(): void {
+/** Where Kafka and SQS are (after `startBenchBrokers`, or from KAFKA_URL and SQS_URL). */
+export function benchBrokerUrls(): { kafka?: string; sqs?: string } {
+  return { kafka: kafkaUrl, sqs: sqsUrl };
+}
+
+/** Start what is not configured (see the module's notes), of `which` (default both). */
+export function startBenchBrokers(which: ("kafka" | "sqs")[] = ["kafka", "sqs"]): void {
   const dir = mkdtempSync(join(tmpdir(), "idem-bench-brokers-"));
   const sh = (script: string, ...args: string[]) =>
     execFileSync("bash", [join(scripts, script), ...args], { encoding: "utf8" })
       .trim()
       .split("\n")
       .at(-1)!;
-  if (!kafkaUrl) {
+  if (!kafkaUrl && which.includes("kafka")) {
     kafkaUrl = sh("kafka.sh", "start", join(dir, "kafka"), process.env.BENCH_KAFKA_PORT ?? "25100");
     started.push({ stop: () => sh("kafka.sh", "stop", join(dir, "kafka")) });
   }
-  if (!sqsUrl) {
+  if (!sqsUrl && which.includes("sqs")) {
     sqsUrl = sh("elasticmq.sh", "start", join(dir, "sqs"), process.env.BENCH_SQS_PORT ?? "25120");
     started.push({ stop: () => sh("elasticmq.sh", "stop", join(dir, "sqs")) });
   }
@@ -50,6 +55,8 @@ export function startBenchBrokers(): void {
 export function stopBenchBrokers(): void {
   for (const s of started) s.stop();
   started = [];
+  kafkaUrl = process.env.KAFKA_URL;
+  sqsUrl = process.env.SQS_URL;
 }
 
 export async function kafka(): Promise<Broker> {

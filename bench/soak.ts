@@ -19,7 +19,8 @@
  *              not wait for the disk's fsync, which bounded the rate at low concurrency here, and
  *              nothing the service does or holds changes.
  *
- * SOAK_PART=messaging|service (default both), SOAK_BROKERS=rabbitmq,nats, SOAK_SERVICE_SECONDS (stop the
+ * SOAK_PART=messaging|service (default both), SOAK_BROKERS=rabbitmq,nats,kafka (Kafka at KAFKA_URL, else
+ * one started for the run: bench/messaging-kafka-sqs.ts), SOAK_SERVICE_SECONDS (stop the
  * service part after this long and report what was done), SOAK_SAMPLE_EVERY (payments between two
  * service samples, default a twentieth), SOAK_SERVICE_CONCURRENCY (payments at a time, default 32). Needs PostgreSQL
  * (DATABASE_URL, a database of its own is created and dropped), RabbitMQ (AMQP_URL) and NATS (NATS_URL).
@@ -32,11 +33,13 @@ import http from "node:http";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
+import { Admin } from "@platformatic/kafka";
 import amqp from "amqplib";
 import pg from "pg";
 import { AmqpPublisher, consumeAmqp } from "../src/messaging/amqp.ts";
 import type { RunningConsumer } from "../src/messaging/consumer.ts";
 import { Inbox } from "../src/messaging/inbox.ts";
+import { consumeKafka, KafkaPublisher, kafkaBrokers } from "../src/messaging/kafka.ts";
 import { connectNats, consumeNats, NatsPublisher } from "../src/messaging/nats.ts";
 import { Relay } from "../src/messaging/relay.ts";
 import type { Publisher } from "../src/messaging/types.ts";
@@ -47,6 +50,7 @@ import { uuidv7 } from "../src/postgres/uuid7.ts";
 import { listCharges } from "../src/testing/provider-client.ts";
 import { orderedEffect, orderedResult, prepareOrdered } from "../test/messaging/ordered.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
+import { benchBrokerUrls, startBenchBrokers, stopBenchBrokers } from "./messaging-kafka-sqs.ts";
 
 const AMQP_URL = process.env.AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672";
 const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
@@ -226,6 +230,26 @@ async function nats(): Promise<SoakBroker> {
 }
 
 export const SOAK_BROKERS = { rabbitmq, nats } as const;
+
+/** Kafka (issue 60) at `brokers`: a topic of 6 partitions, a consumer group, deleted afterwards. */
+export function kafkaSoak(brokers: string): () => Promise<SoakBroker> {
+  return async () => {
+    const topic = `idem_soak_${randomUUID().slice(0, 8)}`;
+    const admin = new Admin({ clientId: "idem-soak", bootstrapBrokers: kafkaBrokers(brokers) });
+    await admin.createTopics({ topics: [topic], partitions: 6, replicas: -1 });
+    return {
+      name: "Kafka",
+      topic,
+      publisher: new KafkaPublisher({ brokers }),
+      consume: (db, consumer) =>
+        consumeKafka({ brokers, topics: topic, groupId: topic, ...consumerOptions(db, consumer) }),
+      async cleanup() {
+        await admin.deleteTopics({ topics: [topic] }).catch(() => {});
+        await admin.close();
+      },
+    };
+  };
+}
 
 /** Write events `from`..`from + count - 1` in one statement (ids in write order, like writeOutbox's). */
 async function produce(db: Db, topic: string, from: number, count: number, aggregates: number) {
@@ -507,11 +531,15 @@ export async function soakBench(): Promise<SoakResult[]> {
   const part = process.env.SOAK_PART ?? "both";
   const events = Number(process.env.SOAK_EVENTS ?? 1_000_000);
   const payments = Number(process.env.SOAK_PAYMENTS ?? 1_000_000);
-  const brokers = (process.env.SOAK_BROKERS ?? "rabbitmq,nats").split(",") as (keyof typeof SOAK_BROKERS)[];
+  const brokers = (process.env.SOAK_BROKERS ?? "rabbitmq,nats,kafka").split(",");
   const results: SoakResult[] = [];
   if (part !== "service") {
+    const kafka = brokers.includes("kafka");
+    if (kafka) startBenchBrokers(["kafka"]);
     for (const b of brokers) {
-      const r = await soakMessaging(SOAK_BROKERS[b], {
+      const make =
+        b === "kafka" ? kafkaSoak(benchBrokerUrls().kafka!) : SOAK_BROKERS[b as keyof typeof SOAK_BROKERS];
+      const r = await soakMessaging(make, {
         events,
         sampleEvery: Math.max(1_000, Math.round(events / 20)),
         log: console.log,
@@ -519,6 +547,7 @@ export async function soakBench(): Promise<SoakResult[]> {
       printSoak(r, "events");
       results.push(r);
     }
+    if (kafka) stopBenchBrokers();
   }
   if (part !== "messaging") {
     const r = await soakService({
