@@ -13,29 +13,14 @@
 #
 # Environment: ELASTICMQ_VERSION (default 1.7.1), IDEM_ELASTICMQ_CACHE (default ~/.cache/idem-ci/elasticmq).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/maven-jars.sh"
 
 VERSION="${ELASTICMQ_VERSION:-1.7.1}"
 CACHE="${IDEM_ELASTICMQ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idem-ci/elasticmq}/$VERSION"
 
 die() { echo "elasticmq.sh: $*" >&2; exit 1; }
 
-fetch() {
-  [ -f "$CACHE/libs/.complete" ] && return 0
-  command -v mvn >/dev/null || die "Maven (mvn) is needed to fetch ElasticMQ's jars: apt-get install maven"
-  mkdir -p "$CACHE"
-  cat >"$CACHE/pom.xml" <<EOF
-<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
-  <groupId>dev.idem.ci</groupId><artifactId>elasticmq-runtime</artifactId><version>1</version><packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.elasticmq</groupId><artifactId>elasticmq-server_2.13</artifactId><version>$VERSION</version></dependency>
-  </dependencies>
-</project>
-EOF
-  rm -rf "$CACHE/libs"
-  mvn -B -q -f "$CACHE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$CACHE/libs" >"$CACHE/fetch.log" 2>&1 || { cat "$CACHE/fetch.log" >&2; die "fetching ElasticMQ $VERSION failed"; }
-  touch "$CACHE/libs/.complete"
-}
+fetch() { maven_jars "$CACHE" "org.elasticmq:elasticmq-server_2.13:$VERSION" || die "fetching ElasticMQ $VERSION failed"; }
 
 port_up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -17,6 +17,7 @@
 # uses, is tested against; 4.4.0 is served too), IDEM_KAFKA_CACHE (default ~/.cache/idem-ci/kafka),
 # KAFKA_HEAP (default 384m per node).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/maven-jars.sh"
 
 VERSION="${KAFKA_VERSION:-4.2.2}"
 CACHE="${IDEM_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idem-ci/kafka}/$VERSION"
@@ -24,26 +25,7 @@ HEAP="${KAFKA_HEAP:-384m}"
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
-fetch() {
-  [ -f "$CACHE/libs/.complete" ] && return 0
-  command -v mvn >/dev/null || die "Maven (mvn) is needed to fetch Kafka's jars: apt-get install maven"
-  command -v java >/dev/null || die "a Java runtime (17+) is needed: apt-get install openjdk-17-jre-headless"
-  mkdir -p "$CACHE"
-  # A pom naming only the broker: Maven resolves its runtime dependencies from Maven Central.
-  cat >"$CACHE/pom.xml" <<EOF
-<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
-  <groupId>dev.idem.ci</groupId><artifactId>kafka-runtime</artifactId><version>1</version><packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$VERSION</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-nop</artifactId><version>1.7.36</version></dependency>
-  </dependencies>
-</project>
-EOF
-  rm -rf "$CACHE/libs"
-  mvn -B -q -f "$CACHE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$CACHE/libs" >"$CACHE/fetch.log" 2>&1 || { cat "$CACHE/fetch.log" >&2; die "fetching Kafka $VERSION failed"; }
-  touch "$CACHE/libs/.complete"
-}
+fetch() { maven_jars "$CACHE" "org.apache.kafka:kafka_2.13:$VERSION" "org.slf4j:slf4j-nop:1.7.36" || die "fetching Kafka $VERSION failed"; }
 
 port_up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -35,6 +35,18 @@ export interface ConsumerOptions {
   crash?: (point: ConsumerCrashPoint, message: Delivery) => boolean;
 }
 
+/**
+ * A broker's consumer options whose handlers get that broker's deliveries (`KafkaDelivery`,
+ * `SqsDelivery`: a Delivery with the broker's own fields).
+ */
+export interface DeliveryConsumerOptions<M extends Delivery>
+  extends Omit<ConsumerOptions, "handler" | "batchHandler"> {
+  /** The message's effect, run in the inbox's transaction. Give this or `batchHandler`. */
+  handler?: InboxHandler<M>;
+  /** The effect of a batch of new messages at once (set-based SQL), instead of `handler`. */
+  batchHandler?: InboxBatchHandler<M>;
+}
+
 /** What a consumer has done so far. */
 export interface ConsumerStats {
   /** Deliveries whose effect was applied (and marked) now. */

@@ -28,13 +28,13 @@ import type {
 } from "@platformatic/kafka";
 import {
   type ConsumerOptions,
+  type DeliveryConsumerOptions,
   InFlight,
   newStats,
   type RunningConsumer,
   Settler,
   type Verdict,
 } from "./consumer.ts";
-import type { InboxBatchHandler, InboxHandler } from "./inbox.ts";
 import { kafkaBrokers, kafkaLibrary, kafkaUnavailable } from "./kafka-client.ts";
 import {
   BrokerUnavailableError,
@@ -56,17 +56,13 @@ export interface KafkaDelivery extends Delivery {
 }
 
 /** Options of {@link consumeKafka}. */
-export interface KafkaConsumerOptions extends Omit<ConsumerOptions, "handler" | "batchHandler" | "prefetch"> {
+export interface KafkaConsumerOptions extends DeliveryConsumerOptions<KafkaDelivery> {
   /** Bootstrap brokers: `host:port`, several comma-separated, or `kafka://host:port,...`. */
   brokers: string | readonly string[];
   /** The topic(s) to read. */
   topics: string | readonly string[];
   /** The consumer group: the members of one group share the partitions. */
   groupId: string;
-  /** The message's effect, run in the inbox's transaction. Give this or `batchHandler`. */
-  handler?: InboxHandler<KafkaDelivery>;
-  /** The effect of a batch of new records at once (set-based SQL), instead of `handler`. */
-  batchHandler?: InboxBatchHandler<KafkaDelivery>;
   /** Records in hand at once (fetched, not yet done). Default 1,000. */
   prefetch?: number;
   /** The client id the brokers see. Default `"idem-consumer"`. */

@@ -22,13 +22,13 @@
 import type { Message } from "@aws-sdk/client-sqs";
 import {
   type ConsumerOptions,
+  type DeliveryConsumerOptions,
   InFlight,
   newStats,
   type RunningConsumer,
   Settler,
   type Verdict,
 } from "./consumer.ts";
-import type { InboxBatchHandler, InboxHandler } from "./inbox.ts";
 import { HEADERS_ATTRIBUTE, queueUrls, type SqsConnection, sqsClient, sqsLibrary } from "./sqs-client.ts";
 import { type Delivery, errorOf, HEADERS, MESSAGE_ID_HEADER, MissingMessageIdError } from "./types.ts";
 
@@ -41,15 +41,9 @@ export interface SqsDelivery extends Delivery {
 }
 
 /** Options of {@link consumeSqs}. */
-export interface SqsConsumerOptions
-  extends Omit<ConsumerOptions, "handler" | "batchHandler" | "prefetch">,
-    SqsConnection {
+export interface SqsConsumerOptions extends DeliveryConsumerOptions<SqsDelivery>, SqsConnection {
   /** The queue: its URL, or its name (looked up once). A name or URL ending in `.fifo` is a FIFO queue. */
   queue: string;
-  /** The message's effect, run in the inbox's transaction. Give this or `batchHandler`. */
-  handler?: InboxHandler<SqsDelivery>;
-  /** The effect of a batch of new messages at once (set-based SQL), instead of `handler`. */
-  batchHandler?: InboxBatchHandler<SqsDelivery>;
   /** Messages in hand at once. Default 100. */
   prefetch?: number;
   /** Receive loops side by side (each long-polls for up to ten). Default: prefetch / 10, at most 10. */
