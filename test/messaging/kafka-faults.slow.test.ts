@@ -147,6 +147,60 @@ describe.skipIf(NO_KAFKA !== undefined || !backend)(
       await s.done();
     });
 
+    it("a member that loses partitions finishes its transactions before rejoining: none of its effects on them commits after the new owner has them", async () => {
+      const s = await scenario();
+      const n = 1_200;
+      await writeBacklog(s.db, s.topic, n, 60);
+      const publisher = new KafkaPublisher({ brokers: KAFKA! });
+      await new Relay({ db: s.db, publisher, topics: [s.topic], batchSize: 2_000 }).runOnce();
+      await publisher.close();
+      // The first member's transactions under way when the second joins take 2.5 s (the effect logged at
+      // their end, just before the commit); the second's first effect comes well within that. Without
+      // the drain before rejoining, the first would commit on partitions already handed over.
+      let joined = false;
+      let assigned: Date | undefined;
+      const member = (name: string) =>
+        consumeKafka({
+          brokers: KAFKA!,
+          topics: s.topic,
+          groupId: s.topic,
+          inbox: new Inbox(s.db, { consumer: s.topic }),
+          batchHandler: async (tx, ms) => {
+            if (name === "first" && !joined) await tx.query("SELECT pg_sleep(2.5)");
+            await faultEffect(name)(tx, ms);
+          },
+          batchSize: 20,
+          concurrency: 4,
+        });
+      const first = await member("first");
+      let second: RunningConsumer | undefined;
+      try {
+        await until(async () => (await appliedCount(s.db)) >= 80, 30_000, "80 applied by the first");
+        second = await member("second"); // a rebalance while the first has transactions under way
+        joined = true;
+        // The second member has its partitions now: the first acknowledged their revocation before.
+        assigned = (await s.db.query<{ t: Date }>("SELECT clock_timestamp() AS t")).rows[0]!.t;
+        await until(async () => (await faultResult(s.db)).distinct >= n, 90_000, `${n} applied`);
+      } finally {
+        await second?.stop();
+        await first.stop();
+      }
+      expect(await faultResult(s.db)).toEqual({ total: n, distinct: n, outOfOrder: 0, members: 2 });
+      // No effect of the first member on a partition it lost commits after the second got it.
+      const late = await s.db.query<{ part: string; n: string }>(
+        `SELECT part, count(*) AS n FROM fault_effects
+         WHERE member = 'first' AND at > $1
+           AND part IN (SELECT part FROM fault_effects WHERE member = 'second') GROUP BY part`,
+        [assigned],
+      );
+      const moved = await s.db.query<{ n: string }>(
+        "SELECT count(DISTINCT part) AS n FROM fault_effects WHERE member = 'second'",
+      );
+      expect(Number(moved.rows[0]!.n)).toBeGreaterThan(0); // the second member did take partitions
+      expect(late.rows).toEqual([]);
+      await s.done();
+    });
+
     it("a relay dying between produce and mark: the next one publishes again, the inbox absorbs every copy", async () => {
       const s = await scenario(3);
       const n = 2_000;
