@@ -134,7 +134,10 @@ describe.skipIf(NO_KAFKA !== undefined || !backend)(
         await relay.stop();
         await publisher.close();
       }
-      expect(await faultResult(s.db)).toEqual({ total: n, distinct: n, outOfOrder: 0, members: 4 });
+      const result = await faultResult(s.db);
+      expect(result).toMatchObject({ total: n, distinct: n, outOfOrder: 0 });
+      // (How many of the four got records before the backlog ran out depends on the machine's pace.)
+      expect(result.members).toBeGreaterThanOrEqual(2);
       // A member's effects on a partition never interleave with another's: each partition changes
       // hands at most once per membership change (6), not back and forth while two work on it.
       const { rows } = await s.db.query<{ part: string; switches: string }>(
