@@ -2,6 +2,7 @@
  * The import rules of the library (npm run check:imports, part of npm test). The layout they keep:
  *   src/core       the protocol: no I/O, no driver, no framework; imports nothing else of src/
  *   src/http       framework adapters: translate to the core's lifecycle; never the PostgreSQL store
+ *   src/mcp        MCP tools (a door like the adapters) and the agent-side helper: core and client only
  *   src/postgres   the store, its drivers, phases mode, migrations (drivers are typed structurally)
  *   src/client, src/messaging, src/testing, src/cli   build on the above
  *   app/, examples/ use idem as users do: only through its public entry points (`idem/*`)
@@ -44,6 +45,13 @@ module.exports = {
       comment: "Adapters talk to the core's lifecycle and store interfaces, not to the PostgreSQL store.",
       from: { path: "^src/http" },
       to: { path: "^src/postgres" },
+    },
+    {
+      name: "mcp-imports-no-postgres-or-http",
+      severity: "error",
+      comment: "The MCP door talks to the core's lifecycle and store interfaces, like the HTTP adapters.",
+      from: { path: "^src/mcp" },
+      to: { path: "^src/(postgres|http)" },
     },
     {
       name: "app-and-examples-use-public-entries",
