@@ -5,6 +5,7 @@ import { type Db, type PostgresStore, reviewGauge } from "idem/postgres";
 import type { Logger } from "pino";
 import type { ApiKeys } from "./accounts.ts";
 import { adminRoutes } from "./admin.ts";
+import { mcpRoutes } from "./mcp-route.ts";
 import { metricsRoutes } from "./metrics-route.ts";
 import { createLogger, createMetrics, type Metrics, observe } from "./observability.ts";
 import { openApiDocument } from "./openapi.ts";
@@ -122,6 +123,7 @@ export function createApp(deps: AppDeps): Hono {
       playgroundRoutes({ ...deps, providerUrl: deps.providerUrl, service: (r) => app.fetch(r) }),
     );
   }
+  app.route("/", mcpRoutes(deps)); // POST /mcp: the payments API as tools for AI agents (app/mcp.ts)
   app.route("/", adminRoutes({ db: deps.db, store: deps.store, tokens: deps.adminTokens, logger }));
   app.notFound((c) => {
     const path = new URL(c.req.url).pathname;

@@ -6,6 +6,7 @@
  *   npm run payments -- migrate [--runtime-role ROLE] [--database-url URL]
  *   npm run payments -- accounts create --name NAME [--database-url URL]
  *   npm run payments -- accounts revoke --api-key KEY [--database-url URL]
+ *   npm run -s payments -- mcp --api-key KEY [--database-url URL]
  *
  * Exit codes as idem's: 0 success, 1 failure, 2 bad usage; errors are one line with the fix.
  */
@@ -13,6 +14,7 @@ import { parseArgs } from "node:util";
 import { createAccount, revokeApiKey } from "./accounts.ts";
 import { ensureSchema, openDatabase, prepareSchema } from "./database.ts";
 import { start } from "./main.ts";
+import { serveMcpStdio } from "./mcp-stdio.ts";
 
 const USAGE = `usage: npm run payments -- <command> [options]
 
@@ -25,6 +27,9 @@ const USAGE = `usage: npm run payments -- <command> [options]
         create an account and print its API key once (only its SHA-256 is stored)
   accounts revoke --api-key KEY [--database-url URL]
         revoke an API key: new requests get 401 within 30 s, replays of saved answers at once
+  mcp --api-key KEY [--database-url URL]
+        the payments API as MCP tools on stdin/stdout, as the account of KEY (or IDEM_API_KEY);
+        run it with npm run -s (npm's own lines would break the protocol): see docs/mcp.md
 
 Exit codes: 0 success, 1 failure, 2 bad usage.`;
 
@@ -79,6 +84,12 @@ async function main(argv: string[]): Promise<number> {
     });
     await service.stop();
     return 0;
+  }
+  if (command === "mcp") {
+    const apiKey = values["api-key"] ?? env.IDEM_API_KEY;
+    if (!apiKey)
+      throw new UsageError("mcp needs --api-key KEY (or IDEM_API_KEY): the account the tools act for");
+    return serveMcpStdio(env, apiKey);
   }
   if (command === "migrate") {
     const { db, where } = await openDatabase({

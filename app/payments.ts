@@ -38,7 +38,8 @@ export function toPayment(row: Record<string, unknown>): Payment {
   };
 }
 
-function bearerOf(c: Context): string | undefined {
+/** The API key of `Authorization: Bearer <api key>`, if the request has one. */
+export function bearerOf(c: Context): string | undefined {
   return /^Bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "")?.[1];
 }
 
@@ -120,25 +121,40 @@ export function paymentRoutes(deps: {
   return app;
 }
 
+/** The account's last 100 payments, newest first (`GET /v1/payments`, the MCP tool `list_payments`). */
+export async function listPayments(db: Pick<Db, "query">, accountId: string): Promise<Payment[]> {
+  const { rows } = await db.query(
+    `SELECT id, amount_cents, currency, status, created_at FROM payments
+      WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT 100`,
+    [accountId],
+  );
+  return rows.map(toPayment);
+}
+
+/** One payment of the account, or undefined (`GET /v1/payments/:id`, the MCP tool `get_payment`). */
+export async function findPayment(
+  db: Pick<Db, "query">,
+  accountId: string,
+  id: string,
+): Promise<Payment | undefined> {
+  const { rows } = await db.query(
+    "SELECT id, amount_cents, currency, status, created_at FROM payments WHERE id = $1 AND account_id = $2",
+    [id, accountId],
+  );
+  return rows[0] ? toPayment(rows[0]) : undefined;
+}
+
 /** `GET /v1/payments` (the caller's, newest first) and `GET /v1/payments/:id`: the same in both modes. */
 export function paymentReadRoutes(deps: { db: Db; apiKeys: ApiKeys }): Hono<Env> {
   const app = new Hono<Env>();
   app.get("/v1/payments", authenticate(deps.apiKeys), async (c) => {
-    const { rows } = await deps.db.query(
-      `SELECT id, amount_cents, currency, status, created_at FROM payments
-        WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT 100`,
-      [c.var.accountId],
-    );
-    return c.json({ data: rows.map(toPayment) });
+    return c.json({ data: await listPayments(deps.db, c.var.accountId) });
   });
 
   app.get("/v1/payments/:id", authenticate(deps.apiKeys), async (c) => {
-    const { rows } = await deps.db.query(
-      "SELECT id, amount_cents, currency, status, created_at FROM payments WHERE id = $1 AND account_id = $2",
-      [c.req.param("id"), c.var.accountId],
-    );
-    if (!rows[0]) return problem(404, "not-found", "No payment with this id in your account.");
-    return c.json(toPayment(rows[0]));
+    const payment = await findPayment(deps.db, c.var.accountId, c.req.param("id"));
+    if (!payment) return problem(404, "not-found", "No payment with this id in your account.");
+    return c.json(payment);
   });
 
   return app;

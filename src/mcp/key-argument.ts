@@ -29,18 +29,36 @@ function keySchema(v4: boolean): Schema {
  * arguments) with the optional key property `argument` added.
  */
 export function withKeyArgument(schema: unknown, argument: string, tool: string): unknown {
-  if (schema === undefined) return { [argument]: keySchema(true) };
+  if (schema === undefined) return withKeyArgument(NO_ARGUMENTS, argument, tool);
   if (typeof schema !== "object" || schema === null) {
     throw new IdemOptionsError(`registerTool("${tool}")`, "inputSchema", "must be a zod schema", schema);
   }
+  // A server made per request (stateless HTTP) registers the same schemas again: extended once.
+  let byArgument = extended.get(schema);
+  if (!byArgument) {
+    byArgument = new Map();
+    extended.set(schema, byArgument);
+  }
+  let out = byArgument.get(argument);
+  if (out === undefined) {
+    out = extend(schema, argument, tool);
+    byArgument.set(argument, out);
+  }
+  return out;
+}
+
+const extended = new WeakMap<object, Map<string, unknown>>();
+const NO_ARGUMENTS = Object.freeze({});
+
+function extend(schema: object, argument: string, tool: string): unknown {
   if (!isSchema(schema)) {
     // A raw shape: { amount: z.number() }.
     const values = Object.values(schema);
     if (argument in schema) return schema; // declared by the tool itself
     return { ...schema, [argument]: keySchema(values.length === 0 || values.some(isV4)) };
   }
-  const extend = (schema as { extend?: unknown }).extend;
-  if (typeof extend !== "function") {
+  const method = (schema as { extend?: unknown }).extend;
+  if (typeof method !== "function") {
     throw new IdemOptionsError(
       `registerTool("${tool}")`,
       "inputSchema",
@@ -48,5 +66,5 @@ export function withKeyArgument(schema: unknown, argument: string, tool: string)
       schema,
     );
   }
-  return extend.call(schema, { [argument]: keySchema(isV4(schema)) });
+  return method.call(schema, { [argument]: keySchema(isV4(schema)) });
 }
