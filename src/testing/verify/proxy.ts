@@ -55,6 +55,11 @@ export interface FaultProxyOptions {
   target: string;
   /** Header carrying the idempotency key. Default `Idempotency-Key`. */
   keyHeader?: string;
+  /**
+   * Where a request's key is read instead of `keyHeader`, given its headers and body: e.g. an MCP tool
+   * call's `_meta.idempotencyKey` in its JSON-RPC body. Default: the `keyHeader` header.
+   */
+  keyOf?: (headers: IncomingHttpHeaders, body: Buffer) => string | undefined;
   /** Longest a `hold` keeps a reply back before relaying it anyway. Default 30,000 ms. */
   holdMs?: number;
   /** Interface to listen on. Default `127.0.0.1` (loopback only). */
@@ -117,6 +122,19 @@ function forwardHeaders(
   return out;
 }
 
+/** `keyOf`'s answer; a body it cannot read (not the JSON it expects) carries no key. */
+function keyFrom(
+  keyOf: NonNullable<FaultProxyOptions["keyOf"]>,
+  headers: IncomingHttpHeaders,
+  body: Buffer,
+): string | undefined {
+  try {
+    return keyOf(headers, body);
+  } catch {
+    return undefined;
+  }
+}
+
 function readAll(stream: IncomingMessage): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
@@ -170,13 +188,6 @@ export async function startFaultProxy(options: FaultProxyOptions): Promise<Fault
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const started = Date.now();
-    const key = unquoteKey(req.headers[keyHeader]);
-    let fault: ProxyFault | undefined;
-    if (key !== undefined) {
-      const q = queued.get(key);
-      fault = q?.shift();
-      if (q && q.length === 0) queued.delete(key);
-    }
     // Watch the client from the start: a client that gives up while the target works is seen here.
     let clientGone = false;
     const onGone = () => {
@@ -184,7 +195,7 @@ export async function startFaultProxy(options: FaultProxyOptions): Promise<Fault
     };
     res.on("close", onGone);
     const entry: Exchange = {
-      key,
+      key: undefined,
       method: req.method ?? "GET",
       path: req.url ?? "/",
       status: 0,
@@ -195,8 +206,18 @@ export async function startFaultProxy(options: FaultProxyOptions): Promise<Fault
       serverMs: 0,
     };
     let reply: { res: IncomingMessage; body: Buffer };
+    let fault: ProxyFault | undefined;
     try {
       const body = await readAll(req);
+      const key = options.keyOf
+        ? keyFrom(options.keyOf, req.headers, body)
+        : unquoteKey(req.headers[keyHeader]);
+      entry.key = key;
+      if (key !== undefined) {
+        const q = queued.get(key);
+        fault = q?.shift();
+        if (q && q.length === 0) queued.delete(key);
+      }
       reply = await upstream(req, body);
     } catch (err) {
       entry.fate = ReplyFate.failed;
