@@ -5,8 +5,16 @@
  * reconnects and restarts (`idempotentToolCalls`). docs/mcp.md has the whole story.
  */
 
+// The intent stores and backoff of `idem/client`, which the agent side uses.
 export type { BackoffOptions } from "../client/backoff.ts";
 export type { IntentRecord, IntentStore } from "../client/intent-store.ts";
+export {
+  IdempotentToolCalls,
+  type IdempotentToolCallsOptions,
+  idempotentToolCalls,
+  type ToolCaller,
+  type ToolCallOptions,
+} from "./agent.ts";
 export {
   IDEMPOTENCY_META,
   type IdempotencyMeta,
