@@ -146,6 +146,15 @@ export class IdempotentToolCalls {
     return this.#run(record, params, options);
   }
 
+  /**
+   * Begin an intent now: its key is made and stored before any call (to log it, or to hand it to
+   * another process); `callTool(..., { intent })` then sends it. Returns the stored intent.
+   */
+  begin(intent?: string): Promise<IntentRecord> {
+    if (intent !== undefined) assertIntentId(intent);
+    return this.store.create(newIntentRecord(intent));
+  }
+
   /** Send a stored intent again with its key (after a restart: `for (const r of await pending()) ...`). */
   async resume(intentId: string, options: Omit<ToolCallOptions, "intent"> = {}): Promise<CallToolResult> {
     const record = await this.store.get(intentId);
