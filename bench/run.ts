@@ -10,7 +10,7 @@
  * The comparison with a bare handler and the peers (bench/compare) also needs Redis (REDIS_URL) and wrk.
  *
  * `npm run bench -- --only compare,http` (or BENCH_ONLY=...) runs a subset of
- * http, compare, client, phases, messaging, outbox-notify, webhooks, keys, prepared, pg-driver, sealing, otel, retention, scale, citus, lambda (or names after `--`:
+ * http, compare, client, phases, messaging, outbox-notify, webhooks, keys, prepared, pg-driver, sealing, otel, retention, scale, citus, lambda, mcp (or names after `--`:
  * `npm run bench -- scale`); the report keeps the others' figures from the
  * previous run, marked as such. `npm run bench -- soak` (only when named: it runs for a long time)
  * pushes 1,000,000 events and keyed payments through and reports memory over time (bench/soak.ts). `--quick` (or BENCH_QUICK=1): the comparison's short mode (about a minute).
@@ -294,6 +294,36 @@ if (wanted("webhooks")) {
       ...row("idem: verify + inbox + INSERT", rate["idem-new"]),
       ...row("idem: redeliveries", rate["idem-redelivered"]),
     ];
+  });
+}
+
+// --- Issue 63: a keyed MCP tool call against the bare tool (bench/mcp.ts) --------------------------------
+if (wanted("mcp")) {
+  const group = "MCP tool call: keyed (idem/mcp, atomic) against the bare tool, in memory";
+  await optionalBench("mcp", group, (value) => {
+    const r = value as { rows?: Array<Record<string, number | string>>; keyedRatio?: number } | undefined;
+    if (!r?.rows) return [];
+    if (typeof r.keyedRatio === "number") {
+      figure(group, "keyed / bare", f2(r.keyedRatio), "median of rounds");
+      const cpu = (s: string) => r.rows!.find((x) => x.scenario === s);
+      const bare = cpu("bare");
+      const keyed = cpu("keyed");
+      if (bare && keyed) {
+        figure(
+          group,
+          "CPU per call, bare / keyed",
+          `node ${f0(Number(bare.nodeUsPerCall))} / ${f0(Number(keyed.nodeUsPerCall))} µs, PostgreSQL ${f0(Number(bare.postgresUsPerCall))} / ${f0(Number(keyed.postgresUsPerCall))} µs`,
+        );
+      }
+      highlight(`MCP: a keyed tool call / the bare tool ${f2(r.keyedRatio)}`);
+    }
+    return r.rows.map((row) => ({
+      group,
+      scenario: String(row.scenario),
+      throughput: Number(row.callsPerSecond),
+      unit: "calls/s",
+      note: `CPU per call: node ${f0(Number(row.nodeUsPerCall))} µs, PostgreSQL ${f0(Number(row.postgresUsPerCall))} µs`,
+    }));
   });
 }
 
