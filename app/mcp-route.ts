@@ -9,6 +9,7 @@ import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import type { ApiKeys } from "./accounts.ts";
 import { type PaymentsMcpOptions, paymentsMcp } from "./mcp.ts";
+import { auth, type Json, jsonBody, jsonReply, ref } from "./openapi-parts.ts";
 import { authenticate, bearerOf } from "./payments.ts";
 import { problem } from "./problems.ts";
 
@@ -44,4 +45,36 @@ export function mcpRoutes(deps: PaymentsMcpOptions & { apiKeys: ApiKeys }): Hono
     },
   );
   return app;
+}
+
+/** `POST /mcp` in the OpenAPI document (app/openapi.ts): a JSON-RPC endpoint, its keys in the body. */
+export function mcpPaths(): Json {
+  return {
+    "/mcp": {
+      post: {
+        operationId: "mcp",
+        summary: "The payments API as MCP tools (Streamable HTTP, stateless): for AI agents",
+        description:
+          "JSON-RPC 2.0 messages of the Model Context Protocol: `initialize`, `tools/list`, `tools/call` " +
+          "(`create_payment`, `list_payments`, `get_payment`). A `create_payment` call carries its " +
+          "idempotency key in `params._meta.idempotencyKey` (or the `idempotency_key` argument); its " +
+          "result's `_meta.idempotency` says whether it is a replay. See docs/mcp.md.",
+        tags: ["payments"],
+        security: auth,
+        requestBody: jsonBody({ type: "object", description: "A JSON-RPC request or notification." }),
+        responses: {
+          "200": jsonReply("The JSON-RPC response.", { type: "object" }),
+          "202": { description: "A notification or response was accepted." },
+          "401": ref("responses", "Unauthorized"),
+          "413": ref("responses", "BodyTooLarge"),
+        },
+        "x-idempotency": {
+          required: false,
+          retentionSeconds: null,
+          replayHeader: null,
+          answerWithinSeconds: null,
+        },
+      },
+    },
+  };
 }

@@ -9,6 +9,7 @@
  * `required: false` null for operations that need no key because they are safe to repeat as they are).
  */
 
+import { mcpPaths } from "./mcp-route.ts";
 import { operationPaths } from "./openapi-operations.ts";
 import {
   componentHeaders,
@@ -61,7 +62,7 @@ export function openApiDocument(options: OpenApiOptions): Json {
     answerWithinSeconds: Math.ceil((options.answerWithinMs ?? 5_000) / 1000),
     lockSeconds: Math.ceil((options.lockTimeoutMs ?? 5_000) / 1000),
   });
-  Object.assign(paths, operationPaths());
+  Object.assign(paths, operationPaths(), mcpPaths());
   if (options.playground) Object.assign(paths, playgroundPaths());
   if (options.providerWebhooks) Object.assign(paths, providerWebhookPaths());
 

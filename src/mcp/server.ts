@@ -14,8 +14,8 @@
  *
  * Which tools are keyed: every tool registered here, except those whose annotations say a repeat changes
  * nothing. `readOnlyHint: true` tools run as they are (no key read, no result saved); `idempotentHint:
- * true` tools use a key when one is given and run without one otherwise. Tools registered on the
- * `McpServer` directly are not touched.
+ * true` tools (unless `destructiveHint: true`) use a key when one is given and run without one
+ * otherwise. Tools registered on the `McpServer` directly are not touched.
  */
 import type { McpServer, RegisteredTool } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type {
@@ -99,7 +99,10 @@ export interface IdempotentToolConfig<S, I = unknown> {
   inputSchema?: S;
   /** The result's `structuredContent`, as in the SDK. */
   outputSchema?: ZodRawShapeCompat | AnySchema;
-  /** MCP's hints. `readOnlyHint: true`: passed through, no key. `idempotentHint: true`: a key is optional. */
+  /**
+   * MCP's hints. `readOnlyHint: true`: passed through, no key. `idempotentHint: true`: a key is optional,
+   * unless `destructiveHint: true` (a retry then gets the first call's result).
+   */
   annotations?: ToolAnnotations;
   /** The tool's `_meta` in `tools/list`; idem adds `idempotency` (how the tool takes its key). */
   _meta?: Record<string, unknown>;
@@ -192,11 +195,18 @@ function keyOf(
   return { key: (fromMeta ?? fromArgument) as string | undefined, args: rest };
 }
 
-/** How a tool takes its key: its registration's `key`, else its annotations. */
+/**
+ * How a tool takes its key: its registration's `key`, else its annotations (MCP's defaults: not
+ * read-only, destructive, not idempotent): read-only tools none, destructive ones always, idempotent
+ * ones when given, the rest always.
+ */
 function keyRule(config: IdempotentToolConfig<unknown>): "required" | "optional" | "none" {
   if (config.key !== undefined) return config.key;
-  if (config.annotations?.readOnlyHint === true) return "none";
-  if (config.annotations?.idempotentHint === true) return "optional";
+  const hints = config.annotations;
+  if (hints?.readOnlyHint === true) return "none";
+  // A destructive tool's retry must get the first call's result (a second delete finds nothing).
+  if (hints?.destructiveHint === true) return "required";
+  if (hints?.idempotentHint === true) return "optional";
   return "required";
 }
 

@@ -85,6 +85,14 @@ describe.each(backends)("MCP tools on $name", (backend) => {
         return { content: [{ type: "text", text: `${args.body} ${key ?? "no key"} ${runs}` }] };
       },
     );
+    t.registerTool(
+      "delete_notes",
+      { inputSchema: { body: z.string() }, annotations: { idempotentHint: true, destructiveHint: true } },
+      async (args, { tx }) => {
+        const { rowCount } = await tx.query("DELETE FROM notes WHERE body = $1", [args.body]);
+        return { content: [{ type: "text", text: `deleted ${rowCount}` }] };
+      },
+    );
     return t;
   }
 
@@ -240,6 +248,18 @@ describe.each(backends)("MCP tools on $name", (backend) => {
         mode: "atomic",
       });
       expect(byName.touch!._meta?.idempotency).toMatchObject({ key: "optional" });
+      expect(byName.delete_notes!._meta?.idempotency).toMatchObject({ key: "required" });
+
+      // Destructive, even if idempotent: keyed, and its retry gets the first result, not "deleted 0".
+      await call(client, "add_note", { body: "doomed" }, crypto.randomUUID());
+      expect(idempotencyMetaOf(await call(client, "delete_notes", { body: "doomed" }))?.code).toBe(
+        "idempotency-key-missing",
+      );
+      const dk = crypto.randomUUID();
+      const deleted = await call(client, "delete_notes", { body: "doomed" }, dk);
+      const deletedAgain = await call(client, "delete_notes", { body: "doomed" }, dk);
+      expect(text(deleted)).toBe("deleted 1");
+      expect(text(deletedAgain)).toBe("deleted 1");
       expect(byName.count_notes!._meta?.idempotency).toBeUndefined();
       expect(byName.count_notes!.inputSchema.properties ?? {}).not.toHaveProperty("idempotency_key");
     } finally {
