@@ -103,20 +103,7 @@ export class IntentLedger {
    */
   reopen(record: IntentRecord, call: Call): Promise<void> {
     call.attach(record);
-    if (record.status === IntentStatus.uncertain) {
-      const lookupUrl = this.lookupUrl?.(record);
-      throw new OperationUncertainError({
-        intentId: record.id,
-        key: record.key,
-        attempts: 0,
-        ...(record.lastAnswer?.operationRef !== undefined && {
-          operationRef: record.lastAnswer.operationRef,
-        }),
-        ...(lookupUrl !== undefined && { lookupUrl }),
-      });
-    }
-    const expiry = this.expiryOf(record);
-    if (Date.now() >= Date.parse(expiry)) throw new IntentExpiredError(record.id, expiry);
+    checkResendable(record, this.expiryOf(record), this.lookupUrl);
     record.attempts++;
     call.counted = 1;
     record.updatedAt = isoNow();
@@ -226,6 +213,32 @@ export class IntentLedger {
     if (stored) request.body = stored;
     return request;
   }
+}
+
+/**
+ * Throw when a recorded intent may not be sent again: the server said its outcome is uncertain (a
+ * person must look: {@link OperationUncertainError}), or its key expired on the server at `expiry`
+ * ({@link IntentExpiredError}). `lookupUrl` says where an uncertain one can be looked up.
+ */
+export function checkResendable(
+  record: IntentRecord,
+  expiry: string | undefined,
+  lookupUrl?: (record: IntentRecord) => string | undefined,
+): void {
+  if (record.status === IntentStatus.uncertain) {
+    const url = lookupUrl?.(record);
+    throw new OperationUncertainError({
+      intentId: record.id,
+      key: record.key,
+      attempts: 0,
+      ...(record.lastAnswer?.operationRef !== undefined && {
+        operationRef: record.lastAnswer.operationRef,
+      }),
+      ...(url !== undefined && { lookupUrl: url }),
+    });
+  }
+  if (expiry !== undefined && Date.now() >= Date.parse(expiry))
+    throw new IntentExpiredError(record.id, expiry);
 }
 
 /** What the server said, as kept with the intent. */

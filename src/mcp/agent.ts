@@ -28,7 +28,6 @@ import {
   type GiveUpDetails,
   type GiveUpError,
   IntentConflictError,
-  IntentExpiredError,
   IntentHasNoRequestError,
   IntentNotFoundError,
   OperationUncertainError,
@@ -42,6 +41,7 @@ import {
   MemoryIntentStore,
   newIntentRecord,
 } from "../client/intent-store.ts";
+import { checkResendable } from "../client/ledger.ts";
 import { canonicalJson } from "../core/index.ts";
 import { type IdempotencyMeta, idempotencyMetaOf, KEY_META } from "./meta.ts";
 
@@ -65,7 +65,10 @@ export interface IdempotentToolCallsOptions {
   deadlineMs?: number;
   /** One attempt's timeout, in ms (the SDK then cancels the request). Default: 30,000. */
   perTryTimeoutMs?: number;
-  /** Attempts per call; "still in progress" answers do not count. Default: 6. */
+  /**
+   * Attempts per call. Neither "still in progress" answers nor attempts that could not connect (nothing
+   * was sent) count: the deadline bounds those. Default: 6.
+   */
   maxAttempts?: number;
   /** Backoff between attempts when the server gave no time (full jitter). Default: 200 ms base, 5 s cap. */
   backoff?: BackoffOptions;
@@ -171,7 +174,7 @@ export class IdempotentToolCalls {
     return this.store.list({ status: IntentStatus.pending });
   }
 
-  /** Give an intent up for good: its key is never sent again. */
+  /** Give an intent up for good (after a person settled it): it leaves `pending()`. */
   async abandon(intentId: string): Promise<void> {
     const record = await this.store.get(intentId);
     if (!record) throw new IntentNotFoundError(intentId);
@@ -185,21 +188,9 @@ export class IdempotentToolCalls {
     await this.#drop();
   }
 
-  /** A recorded intent may be sent again: not uncertain, not abandoned, its key not expired on the server. */
+  /** A recorded intent may be sent again: not uncertain, its key not expired on the server (as last said). */
   #check(record: IntentRecord): void {
-    if (record.status === IntentStatus.uncertain || record.status === IntentStatus.abandoned) {
-      throw new OperationUncertainError({
-        intentId: record.id,
-        key: record.key,
-        attempts: 0,
-        ...(record.lastAnswer?.operationRef !== undefined && {
-          operationRef: record.lastAnswer.operationRef,
-        }),
-      });
-    }
-    if (record.expiresAt !== undefined && Date.now() >= Date.parse(record.expiresAt)) {
-      throw new IntentExpiredError(record.id, record.expiresAt);
-    }
+    checkResendable(record, record.expiresAt);
   }
 
   #connected(): Promise<ToolCaller> {
@@ -234,6 +225,7 @@ export class IdempotentToolCalls {
     };
     let attempts = 0;
     let inProgress = 0;
+    let unreached = 0;
     let lastError: unknown;
     let lastMeta: IdempotencyMeta | undefined;
     const details = (): GiveUpDetails => ({
@@ -266,8 +258,10 @@ export class IdempotentToolCalls {
       await this.store.save(record);
       attempts++;
       let result: CallToolResult | undefined;
+      let reached = false;
       try {
         const client = await this.#connected();
+        reached = true;
         const timeout = Math.max(1, Math.min(perTryMs, deadline.remaining()));
         result = (await client.callTool(call, undefined, {
           timeout,
@@ -275,7 +269,8 @@ export class IdempotentToolCalls {
         })) as CallToolResult;
       } catch (err) {
         lastError = err;
-        if (isAnswered(err)) {
+        if (!reached) unreached++; // no connection: nothing was sent, so nothing happened
+        if (reached && isAnswered(err)) {
           // The server refused the call itself (its arguments, an unknown tool): nothing ran.
           record.status = IntentStatus.done;
           record.outcome = { status: 400 };
@@ -304,7 +299,8 @@ export class IdempotentToolCalls {
       } else if ((lastError as { code?: unknown } | null)?.code !== REQUEST_TIMEOUT) {
         await this.#drop(); // connected again for the next attempt
       }
-      if (attempts - inProgress >= maxAttempts) await giveUp(new AttemptsExhaustedError(details()));
+      if (attempts - inProgress - unreached >= maxAttempts)
+        await giveUp(new AttemptsExhaustedError(details()));
       waitMs ??= fullJitterMs(attempts, o.backoff, o.random);
       if (waitMs > deadline.remaining()) {
         await giveUp(
