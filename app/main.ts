@@ -123,6 +123,7 @@ export async function start(env: Env = process.env) {
   else console.log("  payments in atomic mode (no provider)");
   console.log(`  receipt emails: outbox -> ${receipts.transport} -> inbox`);
   if (saga) console.log(`  checkout saga: outbox -> ${saga.transport} -> inbox (POST /v1/checkouts)`);
+  console.log(`  MCP tools for agents: POST http://${host}:${actualPort}/mcp (docs/mcp.md)`);
   if (demo) {
     for (const a of DEMO_ACCOUNTS) console.log(`  demo account ${a.id}: Authorization: Bearer ${a.apiKey}`);
     if (mode === "phases") console.log(`  playground: http://${host}:${actualPort}/`);

@@ -17,20 +17,21 @@ import type { PhasesRunner, PostgresStore, Tx } from "idem/postgres";
 import { z } from "zod";
 import type { ApiKeys } from "./accounts.ts";
 import { findPayment, insertPayment, listPayments, type PaymentInput } from "./payments.ts";
-import { type PaymentJob, paymentPhasesRunner, providerCard } from "./payments-phases.ts";
+import {
+  type PaymentJob,
+  type PaymentPhasesOptions,
+  paymentPhasesRunner,
+  providerCard,
+} from "./payments-phases.ts";
 import { PaymentRequest, type PhasesPaymentInput, PhasesPaymentRequest } from "./schemas.ts";
 
-export interface PaymentsMcpOptions {
+/** The service's store and API keys, and its payment settings as the REST routes take them. */
+export interface PaymentsMcpOptions
+  extends Partial<Pick<PaymentPhasesOptions, "providerUrl" | "providerIdempotency" | "cardTokenKey">> {
   store: PostgresStore;
   apiKeys: ApiKeys;
   /** `phases` (default): charged at the provider; `atomic`: local rows only. */
   paymentsMode?: "phases" | "atomic";
-  /** The payment provider's URL (phases mode). */
-  providerUrl?: string;
-  providerIdempotency?: boolean;
-  cardTokenKey?: string;
-  /** The phases runner's lease (default: the runner's 10 s). */
-  leaseMs?: number;
 }
 
 /** Who is calling: the account (the scope of its keys) and the API key it authenticated with. */
