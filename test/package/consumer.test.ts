@@ -44,6 +44,7 @@ const INTEGRATIONS: Record<string, string[]> = {
   "idem/knex": ["knex", "pg"],
   "idem/prisma": ["@prisma/client", "@prisma/adapter-pg"],
   "idem/nestjs": ["@nestjs/common", "@nestjs/core", "rxjs", "reflect-metadata"],
+  "idem/mcp": ["@modelcontextprotocol/sdk", "zod"],
 };
 const SUBPATHS = Object.keys(pkg.exports as Record<string, unknown>)
   .filter((p) => p !== "./package.json")
