@@ -8,6 +8,7 @@
  * (/openapi.json).
  */
 import { readFile } from "node:fs/promises";
+import { getConnInfo } from "@hono/node-server/conninfo";
 import { Hono } from "hono";
 import { adminHandler, adminProblem, bearerTokens, Operations, parseAdminTokens } from "idem/admin";
 import type { Db, PostgresStore } from "idem/postgres";
@@ -30,6 +31,15 @@ const STATIC: Record<string, [file: string, type: string]> = {
   "/admin/favicon.svg": ["playground/favicon.svg", "image/svg+xml"],
 };
 
+/** The client's address, from the socket (undefined outside Node, e.g. `app.request` in a test). */
+function sourceOf(c: Parameters<typeof getConnInfo>[0]): string | undefined {
+  try {
+    return getConnInfo(c).remote.address;
+  } catch {
+    return undefined;
+  }
+}
+
 export function adminRoutes(o: AdminRoutesOptions): Hono {
   const app = new Hono();
   const tokens = parseAdminTokens(o.tokens);
@@ -49,8 +59,12 @@ export function adminRoutes(o: AdminRoutesOptions): Hono {
     authorize: bearerTokens(tokens),
     basePath: "/admin/api",
     onError: (err) => o.logger?.error({ err }, "admin API failed"),
+    onAuthFailure: (e) =>
+      o.logger?.warn(e, e.limited ? "admin logins refused: too many failures" : "admin login failed"),
   });
-  app.all("/admin/api/*", (c) => api(c.req.raw));
+  // Failed authentications are limited and recorded per client address (the socket's: this service
+  // is not behind a proxy it trusts to say who the client is).
+  app.all("/admin/api/*", (c) => api(c.req.raw, { source: sourceOf(c) }));
   const dir = new URL("./", import.meta.url);
   const page = async (path: string) => {
     const [file, type] = STATIC[path]!;

@@ -32,7 +32,8 @@
  *                         the current key first (docs/operations.md, "Encryption at rest")
  *   METRICS_PORT          serve /metrics on its own port (on HOST) instead of the API's
  *   IDEM_METRICS_TOKEN    require `Authorization: Bearer <token>` on /metrics
- *   IDEM_ADMIN_TOKEN      turn on the operations console at /admin: `name:token,...` (one per person)
+ *   IDEM_ADMIN_TOKEN      turn on the operations console at /admin: `name:token,...` (one per person), each
+ *                         token at least 128 bits (`openssl rand -base64 24`)
  *   LOG_LEVEL             pino level (default info)
  *   IDEM_REGION, IDEM_REGION_URLS, IDEM_ACCOUNT_HOMES   run as one of several regions (app/regions.ts)
  * HTTP limits (milliseconds unless said), enforced by app/server.ts:
@@ -46,6 +47,7 @@
  *   IDEM_DRAIN_MS                    on SIGTERM/SIGINT, in-flight requests get this long to finish (default 10,000)
  */
 import { type Sealer, sealerFromEnv } from "idem";
+import { parseAdminTokens } from "idem/admin";
 import type { ReceiptsConfig } from "./receipts.ts";
 import type { Regions } from "./regions.ts";
 import { DEFAULT_LIMITS, type HttpLimits } from "./server.ts";
@@ -114,7 +116,7 @@ export function loadConfig(env: Env = process.env): ServiceConfig {
     host: env.HOST ?? "127.0.0.1",
     metricsPort: env.METRICS_PORT ? portFrom(env, "METRICS_PORT", 0) : undefined,
     metricsToken: env.IDEM_METRICS_TOKEN,
-    adminTokens: env.IDEM_ADMIN_TOKEN || undefined,
+    adminTokens: adminTokensFrom(env),
     limits: httpLimitsFromEnv(env),
     database: {
       url: env.DATABASE_URL || undefined,
@@ -194,6 +196,13 @@ export function providerIdempotencyFrom(env: Env): boolean {
 /** The provider's base URL: PROVIDER_URL, else the in-process simulator's (PROVIDER_PORT, default 4100). */
 export function providerUrlOf(config: ServiceConfig): string {
   return config.provider.url ?? `http://127.0.0.1:${config.provider.port}`;
+}
+
+/** IDEM_ADMIN_TOKEN, checked here so that a weak or malformed token stops the start, naming it. */
+function adminTokensFrom(env: Env): string | undefined {
+  const value = env.IDEM_ADMIN_TOKEN || undefined;
+  parseAdminTokens(value, "IDEM_ADMIN_TOKEN");
+  return value;
 }
 
 /** At least this many characters in IDEM_CARD_TOKEN_KEY (64 hex digits are 32 bytes). */

@@ -12,7 +12,7 @@
 import { createHmac, randomBytes } from "node:crypto";
 import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { encodeOperationRef, FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
+import { FAILED_NOT_APPLIED, problemResponse, RetryableError } from "idem";
 import { idempotentPhases } from "idem/hono";
 import {
   type Db,
@@ -150,7 +150,7 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
                       operation_state: "uncertain",
                       retry_same_key: false,
                       safe_new_key: false,
-                      operation_ref: encodeOperationRef(ctx.scope, ctx.key),
+                      operation_ref: ctx.operationRef,
                     },
                   },
                 ),

@@ -29,8 +29,8 @@ export {
 } from "./core/key.ts";
 export {
   type DecodedOperationRef,
-  decodeOperationRef,
-  encodeOperationRef,
+  type OperationRefCodec,
+  OperationRefs,
 } from "./core/operation-ref.ts";
 export { IdemOptionsError } from "./core/options.ts";
 export { Outcome, type OutcomeEvent } from "./core/outcome.ts";

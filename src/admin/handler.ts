@@ -16,11 +16,18 @@
  *   GET  {base}/audit                         the last recorded run (404 before the first)
  *   POST {base}/audit                         run the checks now (recorded)
  *   GET  {base}/actions[?scope=S&key=K][&limit=N]   what people did, newest first
+ *
+ * Nothing the key rules refuse reaches the database: a scope or key with a control character, a query
+ * value with one, a body string with a NUL is answered 400; a ref that does not open, 404 like an
+ * unknown key. Failed authentications are limited per source (throttle.ts: 429 past the limit) and
+ * recorded (`admin.auth-failed`, `admin.auth-limited` in the actions).
  */
-import { PROBLEM_TYPE_BASE } from "../core/index.ts";
-import { BadOperationRefError, CannotForgetError, type KeyRef } from "../postgres/key-admin.ts";
+import { isValidKey, isValidScope, PROBLEM_TYPE_BASE } from "../core/index.ts";
+import { BadOperationRefError, InvalidKeyRefError, type KeyRef } from "../postgres/key-admin.ts";
+import { CannotForgetError } from "../postgres/key-forget.ts";
 import { NoOpenReviewError, type Settlement } from "../postgres/phases/review.ts";
 import type { KeyListState, Operations } from "./operations.ts";
+import { type AuthLimitOptions, AuthThrottle } from "./throttle.ts";
 
 /** Who the request is from (the actor recorded with each action), or a refusal. */
 export type Authorize = (
@@ -40,10 +47,27 @@ export interface AdminHandlerOptions {
   basePath?: string;
   /** Called with errors that are not the caller's fault (answered 500 without details). */
   onError?: (err: unknown) => void;
+  /**
+   * The request's source (the client's address) when the handler is not given it per request
+   * (`AdminRequestInfo.source`). Failed authentications are limited and recorded per source. Default:
+   * none (every request counts as the one source `"unknown"`). Trust a forwarded header only behind a
+   * proxy that sets it.
+   */
+  source?: (request: Request) => string | undefined;
+  /** The limit on failed authentications per source, or `false` for none. Default: 10 a minute. */
+  authLimit?: AuthLimitOptions | false;
+  /** Called with each failed (or refused) authentication, after it is recorded (logs, alerts). */
+  onAuthFailure?: (event: { source: string; path: string; limited: boolean }) => void;
+}
+
+/** What the host knows of a request that a `Request` does not carry. */
+export interface AdminRequestInfo {
+  /** The client's address (e.g. Hono's `getConnInfo(c).remote.address`). */
+  source?: string;
 }
 
 /** The admin API as a fetch handler: a `Request` in, a `Response` out (mount it in any framework). */
-export type AdminHandler = (request: Request) => Promise<Response>;
+export type AdminHandler = (request: Request, info?: AdminRequestInfo) => Promise<Response>;
 
 /** A problem+json answer. */
 export function adminProblem(
@@ -68,10 +92,27 @@ const TITLES: Record<number, string> = {
   409: "Conflict",
   413: "Content Too Large",
   415: "Unsupported Media Type",
+  429: "Too Many Requests",
   500: "Internal Server Error",
 };
 
 class BadRequest extends Error {}
+
+const NO_KEY =
+  "No live key by that name: never claimed, expired, forgotten, claimed again since that ref was given, or not a ref of this service.";
+
+/** Whether `s` holds a control character (C0, DEL or C1): nothing the database should be asked about. */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: the point is to find them
+const hasControl = (s: string) => /[\u0000-\u001f\u007f-\u009f]/.test(s);
+
+/** Whether a JSON value holds a NUL anywhere (PostgreSQL's text and jsonb refuse it). */
+function holdsNul(v: unknown): boolean {
+  if (typeof v === "string") return v.includes("\u0000");
+  if (Array.isArray(v)) return v.some(holdsNul);
+  if (v && typeof v === "object")
+    return Object.entries(v).some(([k, x]) => k.includes("\u0000") || holdsNul(x));
+  return false;
+}
 
 const MAX_BODY = 64 * 1024;
 const json = (value: unknown, status = 200) =>
@@ -87,15 +128,41 @@ const json = (value: unknown, status = 200) =>
 export function adminHandler(options: AdminHandlerOptions): AdminHandler {
   const base = (options.basePath ?? "/admin/api").replace(/\/+$/, "");
   const ops = options.operations;
-  return async (request) => {
+  const throttle = options.authLimit === false ? undefined : new AuthThrottle(options.authLimit);
+  /** Record a failed or refused authentication (never failing the answer) and tell the hook. */
+  const authFailed = async (source: string, path: string, limited: boolean) => {
+    try {
+      await ops.recordAuthFailure(source, path, limited);
+    } catch (err) {
+      options.onError?.(err);
+    }
+    options.onAuthFailure?.({ source, path, limited });
+  };
+  return async (request, info) => {
     const url = new URL(request.url);
     if (url.pathname !== base && !url.pathname.startsWith(`${base}/`)) {
       return adminProblem(404, "not-found", `No admin route for ${url.pathname}.`);
     }
     const path = url.pathname.slice(base.length).replace(/\/+$/, "") || "/";
+    const source = (info?.source ?? options.source?.(request) ?? "unknown").slice(0, 200);
+    const wait = throttle?.refused(source);
+    if (wait && wait.waitSeconds > 0) {
+      if (wait.firstRefusal) await authFailed(source, path, true);
+      return adminProblem(
+        429,
+        "admin-auth-limited",
+        `Too many failed admin authentications from ${source}: try again in ${wait.waitSeconds} s.`,
+        { "retry-after": String(wait.waitSeconds) },
+      );
+    }
     let actor: string;
     try {
       const who = await options.authorize(request);
+      const refused = who instanceof Response ? who.status === 401 || who.status === 403 : !who?.trim();
+      if (refused) {
+        throttle?.failed(source);
+        await authFailed(source, path, false);
+      }
       if (who instanceof Response) return who;
       if (typeof who !== "string" || !who.trim()) {
         return adminProblem(
@@ -115,18 +182,15 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
     const q = (name: string) => url.searchParams.get(name) ?? undefined;
     const route = `${request.method} ${path}`;
     try {
+      for (const [name, value] of url.searchParams) {
+        if (hasControl(value)) throw new BadRequest(`${name} holds a control character`);
+      }
       switch (route) {
         case "GET /me":
           return json({ actor });
         case "GET /keys/find": {
           const story = await ops.keyStory(keyRefOf({ ref: q("ref"), scope: q("scope"), key: q("key") }));
-          if (!story) {
-            return adminProblem(
-              404,
-              "key-not-found",
-              "No live key by that name: never claimed, expired, forgotten, or claimed again since that ref was given.",
-            );
-          }
+          if (!story) return adminProblem(404, "key-not-found", NO_KEY);
           return json(story);
         }
         case "GET /keys": {
@@ -152,7 +216,11 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
           const reason = text(body.reason);
           if (!reason)
             throw new BadRequest("reason is required: say why the key is forgotten (it is recorded)");
-          return json({ forgotten: await ops.forget(keyRefOf(body), actor, reason) });
+          if (body.effect_reversed !== undefined && typeof body.effect_reversed !== "boolean") {
+            throw new BadRequest("effect_reversed takes true (you reversed the key's effect) or false");
+          }
+          const effectReversed = body.effect_reversed === true;
+          return json({ forgotten: await ops.forget(keyRefOf(body), actor, reason, { effectReversed }) });
         }
         case "GET /outbox":
           return json(await ops.outbox({ limit: positive("limit", q("limit")) }));
@@ -192,20 +260,26 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
         }
         case "POST /audit":
           return json(await ops.runAudit(actor));
-        case "GET /actions":
+        case "GET /actions": {
+          const scope = q("scope");
+          const key = q("key");
+          if (scope !== undefined && !isValidScope(scope)) throw new BadRequest("scope is not a scope");
+          if (key !== undefined && !isValidKey(key)) throw new BadRequest("key is not an idempotency key");
           return json({
             actions: await ops.actions({
-              scope: q("scope"),
-              key: q("key"),
+              scope,
+              key,
               limit: positive("limit", q("limit")),
             }),
           });
+        }
       }
       return adminProblem(404, "not-found", `No admin route for ${request.method} ${path}.`);
     } catch (err) {
-      if (err instanceof BadRequest || err instanceof BadOperationRefError) {
+      if (err instanceof BadRequest || err instanceof InvalidKeyRefError) {
         return adminProblem(400, "bad-request", err.message);
       }
+      if (err instanceof BadOperationRefError) return adminProblem(404, "key-not-found", NO_KEY);
       if (err instanceof NoOpenReviewError) return adminProblem(409, "no-open-review", err.message);
       if (err instanceof CannotForgetError) return adminProblem(409, "cannot-forget", err.message);
       options.onError?.(err);
@@ -270,5 +344,6 @@ async function readBody(request: Request): Promise<Record<string, unknown>> {
   }
   if (typeof v !== "object" || v === null || Array.isArray(v))
     throw new BadRequest("the body takes a JSON object");
+  if (holdsNul(v)) throw new BadRequest("the body holds a NUL character, which cannot be stored");
   return v as Record<string, unknown>;
 }

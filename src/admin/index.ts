@@ -14,12 +14,19 @@ export { listActions, recordAction } from "../postgres/admin-actions.ts";
 export type { KeyRef, KeyStory, TimelineEvent } from "../postgres/key-admin.ts";
 export {
   BadOperationRefError,
-  CannotForgetError,
   expiringKeys,
   findKey,
   forgetKey,
+  InvalidKeyRefError,
   keyStory,
 } from "../postgres/key-admin.ts";
+export {
+  CannotForgetError,
+  type ForgetBy,
+  type ForgetFacts,
+  type ForgetVerdict,
+  forgetVerdict,
+} from "../postgres/key-forget.ts";
 export {
   type AdminHandler,
   type AdminHandlerOptions,

@@ -110,7 +110,7 @@ export class Operations {
    * the same transaction.
    */
   settle(ref: KeyRef, settlement: Settlement, actor: string): Promise<Review> {
-    const { scope, key } = resolveKeyRef(ref);
+    const { scope, key } = resolveKeyRef(this.store, ref);
     return settleReview(this.store, scope, key, settlement, actor, {
       alsoInTx: (tx, review) =>
         recordAction(
@@ -128,9 +128,17 @@ export class Operations {
     });
   }
 
-  /** Forget a key early (`forgetKey`): refused in review or under a live lease; recorded. */
-  forget(ref: KeyRef, actor: string, reason: string): Promise<KeyInspection> {
-    return forgetKey(this.store, ref, { actor, reason });
+  /**
+   * Forget a key early (`forgetKey`): only when its records show that nothing it did can be repeated
+   * (key-forget.ts), or `effectReversed` by a person who reversed its effect; recorded.
+   */
+  forget(
+    ref: KeyRef,
+    actor: string,
+    reason: string,
+    options: { effectReversed?: boolean } = {},
+  ): Promise<KeyInspection> {
+    return forgetKey(this.store, ref, { actor, reason, effectReversed: options.effectReversed });
   }
 
   // ---- outbox and inbox ------------------------------------------------------------------------------
@@ -217,6 +225,19 @@ export class Operations {
     const all: AdminAction[] = [];
     for (const [db, schema] of dbs) all.push(...(await listActions(db, { ...options, schema })));
     return all.sort((a, b) => b.at.getTime() - a.at.getTime()).slice(0, options.limit ?? 100);
+  }
+
+  /**
+   * Record a failed admin authentication from `source` (`admin.auth-failed`), or the start of a streak
+   * of requests refused for too many of them (`admin.auth-limited`). The actor is `-`: nobody proved who.
+   */
+  async recordAuthFailure(source: string, path: string, limited: boolean): Promise<void> {
+    await this.#record(this.db, {
+      actor: "-",
+      action: limited ? "admin.auth-limited" : "admin.auth-failed",
+      target: source,
+      details: { path: path.slice(0, 200) },
+    });
   }
 
   #record(db: Parameters<typeof recordAction>[0], action: Parameters<typeof recordAction>[1]) {

@@ -1,11 +1,8 @@
 import { Operations } from "../admin/operations.ts";
 import type { KeyInspection } from "../core/index.ts";
-import {
-  BadOperationRefError,
-  CannotForgetError,
-  type KeyRef,
-  resolveKeyRef,
-} from "../postgres/key-admin.ts";
+import { isValidKey, isValidScope } from "../core/index.ts";
+import { BadOperationRefError, type KeyRef } from "../postgres/key-admin.ts";
+import { CannotForgetError } from "../postgres/key-forget.ts";
 import { NoOpenReviewError, type Review, type Settlement } from "../postgres/phases/index.ts";
 import { CliError, EXIT, openStore, parse, printable, printJson, retentionMs } from "./shared.ts";
 
@@ -13,7 +10,7 @@ const USAGE = `usage: idem keys inspect <scope> <key> | --ref <operation_ref>   
        idem keys list --state needs_review|unfinished|expiring [--limit N] [--json]
        idem keys settle <scope> <key> | --ref REF --note TEXT [--by NAME]
                         (--resume PHASE [--data JSON] | --answer STATUS [--body JSON])
-       idem keys forget <scope> <key> | --ref REF --reason TEXT [--by NAME]
+       idem keys forget <scope> <key> | --ref REF --reason TEXT [--by NAME] [--effect-reversed]
   common: [--database-url URL] [--schema NAME] [--retention-hours H]
 
 Support tooling for one key (an operation_ref from a client's problem response names one):
@@ -25,8 +22,12 @@ Support tooling for one key (an operation_ref from a client's problem response n
             runner (with --data merged into its phase data, e.g. '{"chargeId":"ch_..."}' found at the
             provider), after which a retry or \`idem complete\` finishes it; --answer STATUS saves a
             final answer (--body its JSON) that every retry then gets
-  forget    delete a key before it expires, so that the same key is new again (refused while it waits
-            for a person or a worker holds its lease)
+  forget    delete a key before it expires, so that the same key is new again: only when its records
+            show that nothing it did can be repeated (a saved 4xx, a claim whose work never started);
+            refused for a saved success, a phases key past the start of its call, a key ever taken
+            over or looked up, one waiting for a person or under a live lease. --effect-reversed: you
+            reversed its effect (e.g. refunded the charge), so its next request may do it again
+            (recorded as key.forget.effect-reversed; never past an open review or a live lease)
   settle and forget are recorded (who, when, what, why) in <schema>.admin_actions, as the admin
   console's actions are (the same library code, idem/admin)
   --database-url URL   default: $DATABASE_URL, else the embedded .idem/pgdata
@@ -47,6 +48,7 @@ const OPTIONS = {
   answer: { type: "string" },
   body: { type: "string" },
   json: { type: "boolean" },
+  "effect-reversed": { type: "boolean" },
   "database-url": { type: "string" },
   schema: { type: "string" },
   "retention-hours": { type: "string" },
@@ -103,7 +105,7 @@ export async function keysCommand(argv: string[]): Promise<number> {
     }
     if (sub === "forget") {
       try {
-        const k = await ops.forget(target!, by, reason!);
+        const k = await ops.forget(target!, by, reason!, { effectReversed: values["effect-reversed"] });
         if (values.json) printJson(k);
         else
           console.log(
@@ -111,8 +113,13 @@ export async function keysCommand(argv: string[]): Promise<number> {
           );
         return EXIT.ok;
       } catch (err) {
-        if (err instanceof CannotForgetError)
-          throw new CliError(`cannot forget ${named(target!)}: ${err.message}`);
+        if (err instanceof CannotForgetError) {
+          throw new CliError(
+            `${named(target!)}: ${err.message.replace("effect_reversed", "--effect-reversed")}`,
+          );
+        }
+        if (err instanceof BadOperationRefError)
+          throw new CliError(`no live key ${named(target!)} on ${where}`);
         throw err;
       }
     }
@@ -127,6 +134,8 @@ export async function keysCommand(argv: string[]): Promise<number> {
     } catch (err) {
       if (err instanceof NoOpenReviewError)
         throw new CliError(`${err.message} (see idem keys list --state needs_review)`);
+      if (err instanceof BadOperationRefError)
+        throw new CliError(`no live key ${named(target!)} on ${where}`);
       throw err;
     }
   } finally {
@@ -135,24 +144,26 @@ export async function keysCommand(argv: string[]): Promise<number> {
 }
 
 function named(ref: KeyRef): string {
-  const { scope, key } = resolveKeyRef(ref);
-  return `${JSON.stringify(key)} of ${JSON.stringify(scope)}`;
+  if ("ref" in ref) return `by the ref ${ref.ref}`;
+  return `${JSON.stringify(ref.key)} of ${JSON.stringify(ref.scope)}`;
 }
 
 function keyOf(values: Values, args: string[]): KeyRef {
   if (values.ref !== undefined) {
-    try {
-      resolveKeyRef({ ref: values.ref });
-    } catch (err) {
-      if (err instanceof BadOperationRefError)
-        throw new CliError(`--ref ${values.ref} is not an operation_ref (they start with op_)`, EXIT.usage);
-      throw err;
-    }
-    return { ref: values.ref };
+    if (!values.ref.trim().startsWith("op_"))
+      throw new CliError(`--ref ${values.ref} is not an operation_ref (they start with op_)`, EXIT.usage);
+    return { ref: values.ref.trim() };
   }
   const [scope, key] = args;
   if (!scope || !key || args.length > 2)
     throw new CliError(`give <scope> <key>, or --ref <operation_ref>\n${USAGE}`, EXIT.usage);
+  if (!isValidScope(scope))
+    throw new CliError("the scope holds a control character (or is too long)", EXIT.usage);
+  if (!isValidKey(key))
+    throw new CliError(
+      "the key must be 1 to 255 visible ASCII characters (no spaces or control characters)",
+      EXIT.usage,
+    );
   return { scope, key };
 }
 

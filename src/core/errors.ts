@@ -121,7 +121,7 @@ export class RetryableError extends IdemError {
 export class OperationUncertainError extends IdemError {
   /** Always `"OperationUncertainError"`: the name logs and stack traces show. */
   override name = "OperationUncertainError";
-  /** The opaque reference of the key row (`encodeOperationRef`), for `idem keys inspect --ref`. */
+  /** The opaque reference of the key row (sealed by the store's `refs`), for `idem keys inspect --ref`. */
   readonly operationRef: string;
   constructor(operationRef: string, message?: string, options?: { cause?: unknown }) {
     super(

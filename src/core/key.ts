@@ -59,6 +59,11 @@ function checkKey(key: string): void {
   }
 }
 
+/** Whether `key` follows the key rule (1..255 visible ASCII characters): what may be looked up. */
+export function isValidKey(key: string): boolean {
+  return typeof key === "string" && key.length > 0 && key.length <= MAX_KEY_LENGTH && KEY_CHARS.test(key);
+}
+
 /** Format a key as the draft's sf-string, for clients that send it. */
 export function formatIdempotencyKey(key: string): string {
   checkKey(key);

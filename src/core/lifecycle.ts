@@ -26,7 +26,7 @@ import type {
   PhasesRunnerLike,
 } from "./lifecycle-options.ts";
 import { lifecycleObserver } from "./observe.ts";
-import { encodeOperationRef, operationRefHeader as refHeader } from "./operation-ref.ts";
+import { OPERATION_REF_HEADER, type OperationRefCodec, refsOf } from "./operation-ref.ts";
 import { ANSWER_WITHIN_HEADER, EXPIRES_HEADER, Outcome, REPLAYED_HEADER, type Settled } from "./outcome.ts";
 import {
   type ErrorContext,
@@ -78,8 +78,14 @@ const REPLAY_REFUSED = problemResponse(
 export class Lifecycle<Tx> {
   readonly options: LifecycleOptions<Tx>;
   /** A phases route's lifecycle: the runner does the work, so there is no atomic store. */
-  static forPhases<Tx>(options: PhasesLifecycleOptions, answerWithinMs?: number): Lifecycle<Tx> {
-    const noStore = { retentionMs: 0 } as AtomicStore<Tx>; // never called: phases() uses the runner
+  static forPhases<Tx>(
+    options: PhasesLifecycleOptions,
+    answerWithinMs?: number,
+    /** The runner's store, whose secret seals the operation references (`store.refs`). */
+    store?: unknown,
+  ): Lifecycle<Tx> {
+    // Never called: phases() uses the runner. It carries the runner's references.
+    const noStore = { retentionMs: 0, refs: refsOf(store) } as AtomicStore<Tx>;
     return new Lifecycle<Tx>({ ...options, store: noStore, required: true }, { answerWithinMs });
   }
 
@@ -89,6 +95,8 @@ export class Lifecycle<Tx> {
   private readonly answerWithin: [string, string];
   private readonly phasesMode: boolean;
   private readonly answerWithinMs: number;
+  /** Seals the operation references this route hands out (the store's, `refsOf`). */
+  private readonly refs: OperationRefCodec;
 
   /**
    * `answerWithinMs`: a phases route's answer bound. Atomic routes publish the store's duplicate wait
@@ -101,6 +109,7 @@ export class Lifecycle<Tx> {
       this.replayHeaders.map((h) => h.toLowerCase()).filter((h) => h !== "set-cookie" && h !== "set-cookie2"),
     );
     this.phasesMode = phases !== undefined;
+    this.refs = refsOf(options.store);
     const ms = phases
       ? (phases.answerWithinMs ?? DEFAULT_ANSWER_WITHIN_MS)
       : (options.store.lockTimeoutMs ?? DEFAULT_ANSWER_WITHIN_MS);
@@ -274,7 +283,7 @@ export class Lifecycle<Tx> {
       response = errorResponse(retry, this.errorContext(keyed, true));
     } else return undefined;
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
-    if (keyed) response.headers.push(refHeader(keyed, claimId));
+    if (keyed) response.headers.push(this.refHeader(keyed, claimId));
     return response;
   }
 
@@ -288,7 +297,7 @@ export class Lifecycle<Tx> {
     const operation: OperationFields = this.phasesMode
       ? { ...OUTCOME_UNKNOWN_RETRY }
       : { operation_state: "none", retry_same_key: true, safe_new_key: false };
-    if (keyed) operation.operation_ref = encodeOperationRef(keyed.scope, keyed.key);
+    if (keyed) operation.operation_ref = this.refs.encode(keyed.scope, keyed.key);
     const response = problemResponse(
       500,
       "internal-error",
@@ -296,7 +305,7 @@ export class Lifecycle<Tx> {
       { operation },
     );
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
-    if (keyed) response.headers.push(refHeader(keyed));
+    if (keyed) response.headers.push(this.refHeader(keyed));
     return response;
   }
 
@@ -306,7 +315,12 @@ export class Lifecycle<Tx> {
    */
   private errorContext(claim: Claim | undefined, claimed: boolean, claimId?: string | null): ErrorContext {
     if (!claim) return {};
-    return { ref: encodeOperationRef(claim.scope, claim.key, claimId), claimed };
+    return { ref: this.refs.encode(claim.scope, claim.key, claimId), claimed };
+  }
+
+  /** The header every keyed answer carries: its operation (the claim, when known), for the lookup. */
+  private refHeader(claim: { scope: string; key: string }, claimId?: string | null): [string, string] {
+    return [OPERATION_REF_HEADER, this.refs.encode(claim.scope, claim.key, claimId)];
   }
 
   /** A compact key's replay: rebuilt by the route, with the saved status and allow-listed headers only. */
@@ -368,7 +382,7 @@ export class Lifecycle<Tx> {
         [REPLAYED_HEADER, "true"],
         [EXPIRES_HEADER, httpDate(outcome.expiresAt)],
         this.answerWithin,
-        refHeader(claim, outcome.claimId),
+        this.refHeader(claim, outcome.claimId),
       ];
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);
       return this.report(claim, {
@@ -378,7 +392,7 @@ export class Lifecycle<Tx> {
         executed: false,
       });
     }
-    const headers = [...r.headers, this.answerWithin, refHeader(claim, outcome.claimId)];
+    const headers = [...r.headers, this.answerWithin, this.refHeader(claim, outcome.claimId)];
     if (outcome.saved) {
       headers.push([EXPIRES_HEADER, httpDate(outcome.expiresAt)]);
       if (r.status >= 400 && r.status < 500) addStateHeader(headers);

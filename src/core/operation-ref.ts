@@ -2,24 +2,43 @@
  * The operation reference: an opaque string that names one claim of a key, handed to clients on every
  * keyed answer (`Idempotency-Operation-Ref`) and in problem responses (`operation_ref`), so that the
  * client can ask what became of it (`GET /v1/operations/{ref}`, src/http/operations.ts) and a person can
- * look it up (`idem keys inspect --ref`). Clients must treat it as opaque; only idem decodes it. It
- * carries nothing the caller does not already know (their own scope and key, and the claim's random id),
- * so it is safe to show to them; it grants nothing: the lookup takes the scope from authentication.
+ * look it up (`idem keys inspect --ref`, the console).
+ *
+ * A reference is sealed with a server secret, so that whoever reads one in a log, a ticket or a
+ * screenshot learns nothing from it (not the account, not the key, not when it was claimed: a claim id
+ * is a UUIDv7 in phases mode, whose first 48 bits are its time), and nobody can make one up: a forged,
+ * altered or truncated reference does not open, and is answered like an unknown one.
+ *
+ *   op_ base64url( 0x01 | n | id[n] | iv[12] | ciphertext | tag[16] )
+ *
+ * AES-256-GCM under a key derived (HKDF-SHA256) from the secret named `id`, the IV synthetic: the
+ * first 12 bytes of an HMAC of the plaintext under a second derived key. So the same claim always
+ * gets the same reference (a retry's answer carries the one the first attempt's did, and a person can
+ * match two of them), and two different claims never share an IV in practice (2^-96 per pair). The
+ * plaintext is the claim id (16 bytes, when there is one), the scope and the key.
+ *
+ * Which secrets (server side, postgres/ref-keys.ts): the database's own, made at migration, or when the
+ * store is given encryption keys (`IDEM_ENCRYPTION_KEYS`), keys derived from them, sealing with the
+ * promoted one. A reference names the secret it was sealed with, so one sealed before a rotation
+ * keeps opening while that secret is configured: as long as the key it names is kept.
  *
  * It names the claim (`keys.claim_id`, claim-id.ts), not only the key: a key claimed again after it
- * expired is a new operation, and the old reference no longer finds it. A reference made before claim
- * ids existed, or where the claim is not known (an answer given before any row was read), has none and
- * names whatever live claim the key has.
+ * expired is a new operation, and the old reference no longer finds it. A reference made where the
+ * claim is not known (an answer given before any row was read) names whatever live claim the key has.
  */
-const PREFIX = "op_";
-/** A claim id is a UUID (`keys.claim_id`). */
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+import { createCipheriv, createDecipheriv, createHmac, hkdfSync, randomBytes } from "node:crypto";
+import { isValidKey } from "./key.ts";
 
-/** The operation reference of one claim of the key `key` in `scope` (`op_` and an opaque encoding). */
-export function encodeOperationRef(scope: string, key: string, claimId?: string | null): string {
-  const parts = claimId ? [scope, key, claimId] : [scope, key];
-  return PREFIX + Buffer.from(JSON.stringify(parts), "utf8").toString("base64url");
-}
+const PREFIX = "op_";
+const VERSION = 1;
+const IV_BYTES = 12;
+const TAG_BYTES = 16;
+const KEY_ID = /^[A-Za-z0-9_.-]{1,32}$/;
+/** Longest reference decoded (a 255-character key and a long scope fit well within it). */
+const MAX_REF_LENGTH = 2048;
+/** Longest scope a reference carries. */
+const MAX_SCOPE_BYTES = 1024;
+const HAS_CLAIM = 1;
 
 /** What an operation reference names. `claimId` is absent for a reference that names no claim. */
 export interface DecodedOperationRef {
@@ -31,29 +50,144 @@ export interface DecodedOperationRef {
   claimId?: string;
 }
 
-/** The scope, key and claim an operation reference names, or undefined when it is not one of ours. */
-export function decodeOperationRef(ref: string): DecodedOperationRef | undefined {
-  if (!ref.startsWith(PREFIX)) return undefined;
-  try {
-    const v: unknown = JSON.parse(Buffer.from(ref.slice(PREFIX.length), "base64url").toString("utf8"));
-    if (Array.isArray(v) && (v.length === 2 || v.length === 3) && v.every((p) => typeof p === "string")) {
-      const [scope, key, claimId] = v as string[];
-      if (claimId === undefined) return { scope: scope!, key: key! };
-      if (UUID.test(claimId)) return { scope: scope!, key: key!, claimId };
+/** Makes and opens operation references (a store's `refs`). */
+export interface OperationRefCodec {
+  /** The reference of one claim of the key `key` in `scope` (the same every time for the same claim). */
+  encode(scope: string, key: string, claimId?: string | null): string;
+  /** What a reference names; undefined for anything that is not a reference this codec sealed. */
+  decode(ref: string): DecodedOperationRef | undefined;
+}
+
+/** One secret references are sealed with: its id (stored in each reference) and its bytes (>= 32). */
+export interface RefKey {
+  /** 1-32 characters of A-Z a-z 0-9 _ . - */
+  id: string;
+  /** At least 32 random bytes. */
+  secret: Uint8Array;
+}
+
+interface Derived {
+  header: Buffer;
+  enc: Buffer;
+  iv: Buffer;
+}
+
+/**
+ * Operation references sealed with named secrets: `encode` seals with the current one (the first given,
+ * or the one `current()` names), `decode` opens with whichever one a reference names.
+ */
+export class OperationRefs implements OperationRefCodec {
+  readonly #keys = new Map<string, Derived>();
+  readonly #current: () => string;
+
+  constructor(keys: readonly RefKey[], current?: () => string) {
+    if (keys.length === 0) throw new RangeError("OperationRefs needs at least one secret");
+    for (const { id, secret } of keys) {
+      if (!KEY_ID.test(id)) throw new RangeError(`reference key id ${JSON.stringify(id)} is not usable`);
+      if (secret.length < 32) throw new RangeError(`reference key "${id}" is shorter than 32 bytes`);
+      if (this.#keys.has(id)) continue; // the same id twice (a sealing key and its promotion): one key
+      const derive = (label: string) =>
+        Buffer.from(hkdfSync("sha256", secret, new Uint8Array(0), `idem operation_ref ${label}`, 32));
+      const idBytes = Buffer.from(id, "ascii");
+      this.#keys.set(id, {
+        header: Buffer.concat([Buffer.from([VERSION, idBytes.length]), idBytes]),
+        enc: derive("enc"),
+        iv: derive("iv"),
+      });
     }
-  } catch {
-    // not ours
+    const first = keys[0]!.id;
+    this.#current = current ?? (() => first);
   }
-  return undefined;
+
+  /** The ids of the secrets this codec opens. */
+  get ids(): string[] {
+    return [...this.#keys.keys()];
+  }
+
+  encode(scope: string, key: string, claimId?: string | null): string {
+    const id = this.#current();
+    const k = this.#keys.get(id) ?? this.#keys.values().next().value!;
+    const plain = plaintextOf(scope, key, claimId);
+    const iv = createHmac("sha256", k.iv).update(plain).digest().subarray(0, IV_BYTES);
+    const cipher = createCipheriv("aes-256-gcm", k.enc, iv);
+    cipher.setAAD(k.header);
+    const body = cipher.update(plain);
+    cipher.final();
+    return PREFIX + Buffer.concat([k.header, iv, body, cipher.getAuthTag()]).toString("base64url");
+  }
+
+  decode(ref: string): DecodedOperationRef | undefined {
+    if (typeof ref !== "string" || ref.length > MAX_REF_LENGTH || !ref.startsWith(PREFIX)) return undefined;
+    const text = ref.slice(PREFIX.length);
+    if (!/^[A-Za-z0-9_-]+$/.test(text)) return undefined;
+    const raw = Buffer.from(text, "base64url");
+    if (raw.length < 2 || raw[0] !== VERSION) return undefined;
+    const start = 2 + raw[1]!;
+    if (raw.length < start + IV_BYTES + TAG_BYTES + 3) return undefined;
+    const k = this.#keys.get(raw.toString("latin1", 2, start));
+    if (!k) return undefined;
+    try {
+      const decipher = createDecipheriv("aes-256-gcm", k.enc, raw.subarray(start, start + IV_BYTES));
+      decipher.setAAD(raw.subarray(0, start));
+      decipher.setAuthTag(raw.subarray(raw.length - TAG_BYTES));
+      const plain = decipher.update(raw.subarray(start + IV_BYTES, raw.length - TAG_BYTES));
+      decipher.final(); // throws when the reference was altered, forged or sealed with another secret
+      return parsePlaintext(plain);
+    } catch {
+      return undefined;
+    }
+  }
+}
+
+/** Refs sealed with a secret of this process only: for stores that keep none (tests, memory stores). */
+let processRefs: OperationRefs | undefined;
+
+/**
+ * The codec of a store (`store.refs`), or one whose secret lives only as long as this process: a
+ * store that keeps no secret (a custom or in-memory store) gets references that stop opening when the
+ * process restarts, never readable ones.
+ */
+export function refsOf(store: unknown): OperationRefCodec {
+  const refs = (store as { refs?: OperationRefCodec } | null | undefined)?.refs;
+  if (refs) return refs;
+  processRefs ??= new OperationRefs([{ id: "process", secret: randomBytes(32) }]);
+  return processRefs;
+}
+
+function plaintextOf(scope: string, key: string, claimId: string | null | undefined): Buffer {
+  const s = Buffer.from(scope, "utf8");
+  const claim = claimId ? Buffer.from(claimId.replaceAll("-", ""), "hex") : undefined;
+  if (claim && claim.length !== 16) throw new RangeError(`claim id ${claimId} is not a UUID`);
+  const head = Buffer.from([claim ? HAS_CLAIM : 0, s.length >> 8, s.length & 0xff]);
+  return Buffer.concat(claim ? [head, claim, s, Buffer.from(key, "utf8")] : [head, s, Buffer.from(key)]);
+}
+
+function parsePlaintext(plain: Buffer): DecodedOperationRef | undefined {
+  const flags = plain[0]!;
+  const scopeBytes = (plain[1]! << 8) | plain[2]!;
+  let at = 3;
+  let claimId: string | undefined;
+  if (flags & HAS_CLAIM) {
+    const hex = plain.toString("hex", at, at + 16);
+    at += 16;
+    claimId = `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+  }
+  if (scopeBytes > MAX_SCOPE_BYTES || at + scopeBytes > plain.length) return undefined;
+  const scope = plain.toString("utf8", at, at + scopeBytes);
+  const key = plain.toString("utf8", at + scopeBytes);
+  // Sealed by us, so well formed; checked all the same, so that nothing the rules refuse goes further.
+  if (!isValidScope(scope) || !isValidKey(key)) return undefined;
+  return claimId ? { scope, key, claimId } : { scope, key };
+}
+
+/**
+ * Whether `scope` may name a scope in a lookup: 1..1024 characters, none of them a control character
+ * (C0, DEL, C1). PostgreSQL refuses NUL in text, so such input would be a 500, not a 404.
+ */
+export function isValidScope(scope: string): boolean {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: the point is to find them
+  return scope.length > 0 && scope.length <= MAX_SCOPE_BYTES && !/[\u0000-\u001f\u007f-\u009f]/.test(scope);
 }
 
 /** The response header that carries a keyed answer's operation reference. */
 export const OPERATION_REF_HEADER = "idempotency-operation-ref";
-
-/** The header every keyed answer carries: its operation (the claim, when known), for the lookup. */
-export function operationRefHeader(
-  claim: { scope: string; key: string },
-  claimId?: string | null,
-): [string, string] {
-  return [OPERATION_REF_HEADER, encodeOperationRef(claim.scope, claim.key, claimId)];
-}

@@ -4,6 +4,7 @@
  * lookup handler decides who may see it and how it is sent.
  */
 
+import type { OperationRefCodec } from "./operation-ref.ts";
 import type { StoredResponse } from "./response.ts";
 import type { CompactSaved } from "./store.ts";
 
@@ -24,5 +25,10 @@ export interface OperationRecord {
   answer: { kind: "reply"; response: StoredResponse } | { kind: "compact"; saved: CompactSaved } | null;
 }
 
-/** Reads the live claim of (scope, key), or undefined when there is none (never claimed, or expired). */
-export type OperationReader = (scope: string, key: string) => Promise<OperationRecord | undefined>;
+/**
+ * Reads the live claim of (scope, key), or undefined when there is none (never claimed, or expired);
+ * `refs` opens the references of the store it reads (`operationReader(store)` sets it).
+ */
+export type OperationReader = ((scope: string, key: string) => Promise<OperationRecord | undefined>) & {
+  readonly refs?: OperationRefCodec;
+};

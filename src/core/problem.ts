@@ -22,7 +22,7 @@ export interface OperationFields {
   retry_same_key: boolean;
   /** True only when the server knows nothing was done, so a new key cannot duplicate the operation. */
   safe_new_key: boolean;
-  /** The key row an operator can look up (`encodeOperationRef`), whenever one exists. */
+  /** The key row an operator can look up (opaque: the store's `refs`), whenever one exists. */
   operation_ref?: string;
 }
 
@@ -133,7 +133,7 @@ export const OUTCOME_UNKNOWN_RETRY: OperationFields = {
 
 /** Where the key stands when an idem error is answered. */
 export interface ErrorContext {
-  /** The key row's reference (`encodeOperationRef`), when the request carried a key. */
+  /** The key row's reference (opaque: the store's `refs`), when the request carried a key. */
   ref?: string;
   /**
    * Whether a key row may exist and be unfinished after this failure (phases mode after its claim).

@@ -18,7 +18,7 @@
  *
  * node:crypto only (OpenSSL's AES-GCM); no framework, no driver.
  */
-import { createCipheriv, createDecipheriv, randomFillSync } from "node:crypto";
+import { createCipheriv, createDecipheriv, hkdfSync, randomFillSync } from "node:crypto";
 import { checkedReply, type StoredResponse } from "./response.ts";
 
 /** Seals bytes for storage and opens them again. */
@@ -88,6 +88,11 @@ export interface KeyedSealer extends Sealer {
   readonly ids: string[];
   /** `seal`, with the key named `id` (one of `ids`). */
   sealWith(id: string, plain: Uint8Array, context?: string): Uint8Array;
+  /**
+   * A 32-byte secret derived from the key named `id` for another use (`purpose`), e.g. sealing the
+   * operation references: the same keys and the same rotation, never the same bytes. Optional.
+   */
+  derive?(id: string, purpose: string): Uint8Array;
 }
 
 /** Whether `sealer` can seal with a key it is told (`KeyedSealer`). */
@@ -151,6 +156,13 @@ export class AesGcmSealer implements Sealer {
     const body = cipher.update(plain);
     cipher.final(); // GCM is a stream mode: nothing is held back
     return Buffer.concat([header, iv, body, cipher.getAuthTag()]);
+  }
+
+  /** HKDF-SHA256 of the key named `id`, for `purpose` (32 bytes): see `KeyedSealer.derive`. */
+  derive(id: string, purpose: string): Uint8Array {
+    const key = this.keys.get(id);
+    if (!key) throw new SealingKeyError(`cannot derive from key "${id}": it is not configured`);
+    return new Uint8Array(hkdfSync("sha256", key, new Uint8Array(0), `idem ${purpose}`, KEY_BYTES));
   }
 
   /**

@@ -1,3 +1,4 @@
+import type { OperationRefCodec } from "./operation-ref.ts";
 import type { StoredResponse } from "./response.ts";
 
 /** What a request claims: its key within its scope, and the fingerprint of what it asks for. */
@@ -84,6 +85,12 @@ export interface AtomicStore<Tx> {
    * the handler's own time, the route's answer bound (`Idempotency-Answer-Within`). Default: 5,000.
    */
   readonly lockTimeoutMs?: number;
+  /**
+   * Seals the operation references handed to clients (operation-ref.ts): a secret the store keeps, so
+   * that references stay opaque and unforgeable and keep opening after a restart. Default (a store
+   * without one): a secret of this process only.
+   */
+  readonly refs?: OperationRefCodec;
   /** One key as an operator sees it, or undefined when there is none (used before resuming a key). */
   inspect?(scope: string, key: string): Promise<KeyInspection | undefined>;
   /**
@@ -110,7 +117,7 @@ export interface AtomicStore<Tx> {
 export interface KeyInspection {
   scope: string;
   key: string;
-  /** The opaque reference clients receive as `operation_ref` (see `encodeOperationRef`). */
+  /** The opaque reference clients receive as `operation_ref` (the store's `refs`: opaque, sealed). */
   ref: string;
   /**
    * This claim of the key (`claim-id.ts`): new each time the key is claimed after it expired; what a

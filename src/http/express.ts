@@ -291,7 +291,7 @@ export interface ExpressPhasesOptions<I> extends PhasesLifecycleOptions, Express
  */
 export function idempotentPhases<I>(options: ExpressPhasesOptions<I>): RequestHandler {
   checkRouteOptions("idempotentPhases()", options, "phases");
-  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs, options.runner.store);
   return async function idempotentPhasesHandler(req: Request, res: Response) {
     const begun = await begin(lifecycle, options, req, res);
     if (begun?.kind !== "keyed") return;

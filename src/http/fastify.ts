@@ -371,7 +371,7 @@ export function idempotentPhases<I>(options: FastifyPhasesOptions<I>): {
   handler: RouteHandlerMethod;
 } {
   checkRouteOptions("idempotentPhases()", options, "phases");
-  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs, options.runner.store);
   const rawBodies = new WeakMap<FastifyRequest, Buffer[]>();
   return {
     preParsing: rawBodyKeeper(rawBodies),

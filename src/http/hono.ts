@@ -285,7 +285,7 @@ export function idempotentPhases<I, E extends Env = any>(
   options: HonoPhasesOptions<I, E>,
 ): MiddlewareHandler<IdempotencyEnv> {
   checkRouteOptions("idempotentPhases()", options, "phases");
-  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs, options.runner.store);
   return createMiddleware<IdempotencyEnv>(async function idempotentPhasesHandler(c) {
     const scope = await options.scope(c as unknown as Context<E>);
     const begun = await begin(lifecycle, c, scope);

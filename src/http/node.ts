@@ -223,7 +223,7 @@ export function idempotentPhases<I>(
   options: NodePhasesOptions<I>,
 ): (req: IncomingMessage, res: ServerResponse) => void {
   checkRouteOptions("idempotentPhases()", options, "phases");
-  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs, options.runner.store);
   return listener(lifecycle, options, async (req, begun, _raw, res) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
     const input = await options.input(req, begun.body.value);

@@ -17,23 +17,25 @@
  *     `maxWaitSeconds`) until it finishes;
  *   - by key: `GET /v1/operations` with the request's `Idempotency-Key` instead of a reference (a
  *     client whose reply was lost never saw the reference): the caller's live claim of that key;
- *   - 404, the same bytes, for a reference that is not the caller's, unknown, expired or of an older
- *     claim of the key: it is no oracle for other accounts' keys. The scope comes from authentication,
- *     never from the reference.
+ *   - 404, the same bytes after the same one read, for a reference that is malformed, forged, altered,
+ *     another caller's, unknown, expired or of an older claim of the key: it is no oracle for other
+ *     accounts' keys, nor for which references are real. The scope comes from authentication, never
+ *     from the reference; references are sealed (core/operation-ref.ts), and nothing that does not
+ *     open reaches the database.
  */
 import {
-  decodeOperationRef,
   EXPIRES_HEADER,
-  encodeOperationRef,
   isDatabaseUnavailable,
   OPERATION_REF_HEADER,
   OPERATION_STATE_HEADER,
   type OperationReader,
   type OperationRecord,
+  type OperationRefCodec,
   type OperationState,
   parseIdempotencyKey,
   problemResponse,
   REPLAYED_HEADER,
+  refsOf,
   type StoredResponse,
 } from "../core/index.ts";
 
@@ -55,6 +57,11 @@ export interface OperationLookupOptions<C = unknown> {
    * reply, and with it the reference, asks).
    */
   ref?: (request: Request, context: C) => string | undefined;
+  /**
+   * Opens the caller's reference: the store's (`store.refs`). Default: `read.refs`, which
+   * `operationReader(store)` sets.
+   */
+  refs?: OperationRefCodec;
   /** The longest `?wait=` honoured, in seconds (a longer one is cut to it). Default: 20. */
   maxWaitSeconds?: number;
   /**
@@ -69,6 +76,9 @@ export const DEFAULT_MAX_WAIT_SECONDS = 20;
 /** How often a long poll reads the operation again: from the first value, doubling up to the second. */
 const POLL_MS: [number, number] = [50, 500];
 
+/** What an unknown reference is looked up as: a valid key, never matched (`owned` is false). */
+const MISS_KEY = "idem-lookup-miss";
+
 const NOT_FOUND = () =>
   problemResponse(
     404,
@@ -81,6 +91,7 @@ export function operationLookup<C = unknown>(
   options: OperationLookupOptions<C>,
 ): (request: Request, context: C) => Promise<Response> {
   const maxWait = Math.max(0, options.maxWaitSeconds ?? DEFAULT_MAX_WAIT_SECONDS);
+  const refs = options.refs ?? options.read.refs ?? refsOf(undefined);
   return async function lookupOperation(request, context) {
     const url = new URL(request.url);
     const waitParam = url.searchParams.get("wait");
@@ -93,8 +104,10 @@ export function operationLookup<C = unknown>(
       return send(problemResponse(401, "unauthorized", "Authenticate to look an operation up."), request);
     }
     const raw = options.ref ? options.ref(request, context) : lastSegment(url.pathname);
-    let ref = raw === undefined ? undefined : decodeOperationRef(raw);
-    if (ref === undefined) {
+    // A reference (op_...) is opened and nothing else; without one, the caller's key.
+    const given = raw?.startsWith("op_") === true;
+    let ref = given ? refs.decode(raw!) : undefined;
+    if (!given) {
       // No reference: the caller's own key (`Idempotency-Key`), for a client whose reply was lost
       // before it saw one. The scope is the caller's, so it names nothing of anyone else's.
       let key: string | undefined;
@@ -105,10 +118,11 @@ export function operationLookup<C = unknown>(
       }
       if (key !== undefined) ref = { scope, key };
     }
-    // Another scope's reference is read like an unknown one (under the caller's own scope), so that
-    // neither the answer nor its timing tells them apart.
+    // Another scope's reference, and one that does not open, are read like an unknown one (a key of
+    // the caller's own scope that the key rules allow), so that neither the answer nor its timing
+    // tells them apart.
     const owned = ref !== undefined && ref.scope === scope;
-    const key = ref?.key ?? "";
+    const key = owned ? ref!.key : MISS_KEY;
     const matches = (op: OperationRecord | undefined): op is OperationRecord =>
       op !== undefined && owned && (ref!.claimId === undefined || ref!.claimId === op.claimId);
     try {
@@ -121,7 +135,7 @@ export function operationLookup<C = unknown>(
         op = await options.read(scope, key);
       }
       if (!matches(op)) return send(NOT_FOUND(), request);
-      const named = encodeOperationRef(scope, key, op.claimId);
+      const named = refs.encode(scope, key, op.claimId);
       return send(await answerOf(op, named, request, context, options), request);
     } catch (err) {
       if (!isDatabaseUnavailable(err)) throw err;

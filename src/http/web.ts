@@ -233,7 +233,7 @@ export const idempotent: typeof idempotency = idempotency;
 /** A Fetch API handler for a route in phases mode; a key is always required. */
 export function idempotentPhases<I, C = unknown>(options: WebPhasesOptions<I, C>): WebHandler<C> {
   checkRouteOptions("idempotentPhases()", options, "phases");
-  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs, options.runner.store);
   return route(lifecycle, options, async (request, context, begun) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");
     const input = await options.input(request, begun.body.value, context);

@@ -325,7 +325,11 @@ export class IdempotencyInterceptor implements NestInterceptor {
       lifecycle =
         route.mode === "atomic"
           ? new Lifecycle<Tx>({ ...this.options, ...route.options })
-          : Lifecycle.forPhases<Tx>({ ...this.options, ...route.options }, route.options.answerWithinMs);
+          : Lifecycle.forPhases<Tx>(
+              { ...this.options, ...route.options },
+              route.options.answerWithinMs,
+              route.runner.store,
+            );
       this.lifecycles.set(handler, lifecycle);
     }
     return lifecycle;

@@ -9,8 +9,15 @@
  * current lease, the review and its settlement, the saved answer, the expiry. A key with no history
  * (atomic mode, or claimed before sql/0014) shows its row's latest state only.
  */
-import { decodeOperationRef, type KeyInspection } from "../core/index.ts";
+import { isValidKey, isValidScope, type KeyInspection, refsOf } from "../core/index.ts";
 import { type AdminAction, listActions, recordAction } from "./admin-actions.ts";
+import {
+  CannotForgetError,
+  type ForgetBy,
+  type ForgetVerdict,
+  forgetFacts,
+  forgetVerdict,
+} from "./key-forget.ts";
 import { inspectKey } from "./keys/inspect.ts";
 import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor, tablesOf } from "./keys/table.ts";
 import { type KeyEvent, keyEvents } from "./phases/history.ts";
@@ -19,32 +26,68 @@ import { type Review, reviewsOf } from "./phases/review.ts";
 /** A key named by its scope and key, or by the `operation_ref` a client was given. */
 export type KeyRef = { scope: string; key: string } | { ref: string };
 
-/** Thrown when an `operation_ref` is not one of ours (they start with `op_`). */
+/**
+ * Thrown when an `operation_ref` does not open: not one this service sealed (malformed, altered, made
+ * up), or sealed with a secret no longer configured. Answered like an unknown key (404).
+ */
 export class BadOperationRefError extends Error {
   /** Always `"BadOperationRefError"`: the name logs and stack traces show. */
   override name = "BadOperationRefError";
-  constructor(ref: string) {
-    super(`${JSON.stringify(ref.slice(0, 200))} is not an operation_ref (they start with op_)`);
+  constructor() {
+    super("no key by that operation_ref: it is not one this service made (or its secret is gone)");
   }
 }
 
-/** The scope, key (and claim id, when the ref names one) a `KeyRef` names. */
-export function resolveKeyRef(ref: KeyRef): { scope: string; key: string; claimId?: string } {
-  if (!("ref" in ref)) return { scope: ref.scope, key: ref.key };
-  const decoded = decodeOperationRef(ref.ref.trim()) as { scope: string; key: string; claimId?: string };
-  if (!decoded) throw new BadOperationRefError(ref.ref);
-  return decoded;
+/**
+ * Thrown when a scope or key given to find a key is one the key rules refuse (empty, too long, NUL or
+ * other control characters): nothing is asked of the database. Answered 400.
+ */
+export class InvalidKeyRefError extends Error {
+  /** Always `"InvalidKeyRefError"`: the name logs and stack traces show. */
+  override name = "InvalidKeyRefError";
+}
+
+/**
+ * The scope, key (and claim id, when the ref names one) a `KeyRef` names: a ref opened with the store's
+ * secrets (`BadOperationRefError` when it does not open), a scope and key checked against the key rules
+ * (`InvalidKeyRefError`), so that nothing they refuse reaches the database.
+ */
+export function resolveKeyRef(
+  store: KeyTable | ShardedKeyTables,
+  ref: KeyRef,
+): { scope: string; key: string; claimId?: string } {
+  if ("ref" in ref) {
+    const decoded = refsOf(store).decode(ref.ref.trim());
+    if (!decoded) throw new BadOperationRefError();
+    return decoded;
+  }
+  if (!isValidScope(ref.scope)) {
+    throw new InvalidKeyRefError("scope must be 1 to 1024 characters, none of them a control character");
+  }
+  if (!isValidKey(ref.key)) {
+    throw new InvalidKeyRefError(
+      "key must be 1 to 255 visible ASCII characters (no spaces or control characters)",
+    );
+  }
+  return { scope: ref.scope, key: ref.key };
 }
 
 /**
  * The live key a `KeyRef` names, or undefined when there is none (never claimed, expired, or forgotten;
- * or the ref names an earlier claim of a key claimed again since).
+ * or the ref names an earlier claim of a key claimed again since; or the ref does not open).
  */
 export async function findKey(
   store: KeyTable | ShardedKeyTables,
   ref: KeyRef,
 ): Promise<KeyInspection | undefined> {
-  const { scope, key, claimId } = resolveKeyRef(ref);
+  let named: { scope: string; key: string; claimId?: string };
+  try {
+    named = resolveKeyRef(store, ref);
+  } catch (err) {
+    if (err instanceof BadOperationRefError) return undefined;
+    throw err;
+  }
+  const { scope, key, claimId } = named;
   const found = await inspectKey(tableFor(store, scope), scope, key);
   if (found && claimId && found.claimId && found.claimId !== claimId) return undefined;
   return found;
@@ -90,12 +133,15 @@ export interface KeyStory {
   actions: AdminAction[];
   /** What the records do not keep, so that nobody reads its absence as "it did not happen". */
   notRecorded: string[];
+  /** Whether it may be forgotten now, and why not (key-forget.ts): what the console shows. */
+  forget: ForgetVerdict;
 }
 
 interface ExtraRow {
   attempted_at: Date | string | null;
   lookup_failures: number | null;
   needs_review_at: Date | string | null;
+  lease_live: boolean;
 }
 
 /** What a key with no history (atomic mode, or claimed before sql/0014) does not say. */
@@ -186,7 +232,8 @@ export async function keyStory(
   if (!k) return undefined;
   const table = tableFor(store, k.scope);
   const { rows } = await table.db.query<ExtraRow>(
-    `SELECT attempted_at, lookup_failures, needs_review_at ${liveKeyRow(table)}`,
+    `SELECT attempted_at, lookup_failures, needs_review_at,
+            lease_until IS NOT NULL AND lease_until > ${table.dbTime.now} AS lease_live ${liveKeyRow(table)}`,
     [k.scope, k.key],
   );
   const extra = rows[0];
@@ -271,7 +318,15 @@ export async function keyStory(
   timeline.push({ at: k.expiresAt, kind: "expires", text: "expires: the same key is then new" });
   const order = (e: TimelineEvent) => (e.kind === "expires" ? Infinity : (e.at?.getTime() ?? Infinity));
   timeline.sort((a, b) => order(a) - order(b));
-  return { key: k, timeline, reviews, actions, notRecorded: recorded ? NOT_IN_HISTORY : NOT_RECORDED };
+  const forget = forgetVerdict({
+    key: k,
+    history,
+    leaseLive: extra?.lease_live === true,
+    attempted: !!extra?.attempted_at,
+    lookupFailures: Number(extra?.lookup_failures ?? 0),
+  });
+  const notRecorded = recorded ? NOT_IN_HISTORY : NOT_RECORDED;
+  return { key: k, timeline, reviews, actions, notRecorded, forget };
 }
 
 /** Live keys (any state) that expire within `withinMs` (default one hour), soonest first. */
@@ -299,48 +354,40 @@ export async function expiringKeys(
   return out.sort((a, b) => a.expiresAt.getTime() - b.expiresAt.getTime()).slice(0, limit);
 }
 
-/** Thrown by `forgetKey` when forgetting the key could repeat an effect or cut a worker off. */
-export class CannotForgetError extends Error {
-  /** Always `"CannotForgetError"`: the name logs and stack traces show. */
-  override name = "CannotForgetError";
-}
-
 /**
- * Forget a key before it expires, so that the same key is new again (e.g. a customer's retry of an
- * operation that failed and changed nothing). Refused while the key waits for a person (settle it: its
- * effect may have happened) and while a worker holds its lease. The key's rows are deleted and the action
- * recorded (who, why, what the key was) in one transaction. Resolves the forgotten key.
+ * Forget a key before it expires, so that the same key is new again: only when `forgetVerdict` allows
+ * it (or `effectReversed` overrides a refusal that allows it), else `CannotForgetError` saying why.
+ * The key's rows are deleted and the action recorded (who, why, what the key was, the verdict) in one
+ * transaction. Resolves the forgotten key.
  */
 export async function forgetKey(
   store: KeyTable | ShardedKeyTables,
   ref: KeyRef,
-  by: { actor: string; reason: string },
+  by: ForgetBy,
 ): Promise<KeyInspection> {
   if (!by.reason?.trim()) throw new CannotForgetError("forgetting a key needs a reason (it is recorded)");
+  resolveKeyRef(store, ref); // a ref that does not open, or a scope or key the rules refuse: say so
   const k = await findKey(store, ref);
   if (!k) throw new CannotForgetError("no live key to forget");
-  if (k.state === "needs_review") {
-    throw new CannotForgetError("the key waits for a person: settle it (its effect may have happened)");
-  }
   const table = tableFor(store, k.scope);
   const s = table.schema;
   return table.db.transaction(async (tx) => {
-    const { rows } = await tx.query<{ live: boolean }>(
-      `SELECT lease_until IS NOT NULL AND lease_until > ${table.dbTime.now} AS live FROM ${s}.keys
-        WHERE scope = $1 AND key = $2 AND NOT marker AND claim_id IS NOT DISTINCT FROM $3::uuid
-          AND needs_review_at IS NULL FOR UPDATE`,
-      [k.scope, k.key, k.claimId],
-    );
-    if (rows.length === 0) throw new CannotForgetError("the key changed meanwhile: look again");
-    if (rows.some((r) => r.live)) {
-      throw new CannotForgetError("a worker holds the key's lease: wait until it ends (see the timeline)");
+    const facts = await forgetFacts(tx, table, k, true);
+    if (!facts) throw new CannotForgetError("the key changed meanwhile: look again");
+    const verdict = forgetVerdict(facts);
+    const override = !verdict.allowed && verdict.overridable && by.effectReversed === true;
+    if (!verdict.allowed && !override) {
+      const how = verdict.overridable
+        ? " (if you reversed its effect, e.g. refunded the charge, forget it saying so: effect_reversed)"
+        : "";
+      throw new CannotForgetError(`cannot forget the key: ${verdict.why}${how}`, verdict.overridable);
     }
     await tx.query(`DELETE FROM ${s}.keys WHERE scope = $1 AND key = $2`, [k.scope, k.key]);
     await recordAction(
       tx,
       {
         actor: by.actor,
-        action: "key.forget",
+        action: override ? "key.forget.effect-reversed" : "key.forget",
         scope: k.scope,
         key: k.key,
         reason: by.reason.trim(),
@@ -350,6 +397,8 @@ export async function forgetKey(
           recoveryPoint: k.recoveryPoint,
           savedStatus: k.saved?.status ?? null,
           createdAt: k.createdAt,
+          verdict,
+          ...(override && { effectReversed: true }),
         },
       },
       { schema: s },

@@ -3,7 +3,7 @@
  * the live row of one key, its state and timestamps, and its saved answer opened exactly as a replay
  * opens it. One indexed read of the key's row, like a replay's lookup; no lock, no write.
  */
-import { type OperationReader, type OperationRecord, openReply } from "../core/index.ts";
+import { type OperationReader, type OperationRecord, openReply, refsOf } from "../core/index.ts";
 import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "./keys/table.ts";
 
 interface OperationRow {
@@ -18,9 +18,13 @@ interface OperationRow {
   claim_id: string | null;
 }
 
-/** A reader of operations for the lookup handler, over a `PostgresStore` or a `ShardedStore`. */
+/**
+ * A reader of operations for the lookup handler, over a `PostgresStore` or a `ShardedStore`, with the
+ * store's operation references (`refs`), which the handler opens the caller's reference with.
+ */
 export function operationReader(store: KeyTable | ShardedKeyTables): OperationReader {
-  return (scope, key) => readOperation(tableFor(store, scope), scope, key);
+  const read = (scope: string, key: string) => readOperation(tableFor(store, scope), scope, key);
+  return Object.assign(read, { refs: refsOf(store) });
 }
 
 /** The live claim of (scope, key) in one keys table, or undefined. */

@@ -19,9 +19,11 @@ import type {
   AtomicStore,
   Claim,
   KeyInspection,
+  OperationRefCodec,
   WorkResult,
 } from "../core/index.ts";
 import type { Tx } from "./db.ts";
+import { shardedRefs } from "./ref-keys.ts";
 import type { PostgresStore } from "./store.ts";
 
 /** Options of a {@link ShardedStore}. */
@@ -55,6 +57,8 @@ export class ShardedStore implements AtomicStore<Tx> {
   readonly retentionMs: number;
   /** The shards by name. */
   readonly shards: Readonly<Record<string, PostgresStore>>;
+  /** Seals each key's operation reference with its shard's secret; opens any shard's (ref-keys.ts). */
+  readonly refs: OperationRefCodec;
   private readonly route: (scope: string) => string;
   private readonly defaultShard: string | undefined;
 
@@ -73,6 +77,10 @@ export class ShardedStore implements AtomicStore<Tx> {
     this.shards = { ...options.shards };
     this.route = options.route;
     this.defaultShard = options.defaultShard;
+    this.refs = shardedRefs(
+      (scope) => this.shardOf(scope),
+      () => Object.values(this.shards),
+    );
   }
 
   /** The store of a scope's shard. */

@@ -10,6 +10,7 @@ import {
   type Claim,
   isKeyedSealer,
   type KeyInspection,
+  type OperationRefs,
   type Sealer,
   SqlState,
   sqlStateOf,
@@ -32,6 +33,7 @@ import {
   Partitions,
   PartitionWidthError,
 } from "./partitions.ts";
+import { dbRefKey, storeRefs } from "./ref-keys.ts";
 import { PromotedSealer, promoteSealingKey, SealingKeyPromotionError } from "./sealing-keys.ts";
 
 /** Options of a `PostgresStore`: its schema, retention, waits, clock shift (tests) and sealer. */
@@ -91,6 +93,8 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly boundaryOverlapMs: number;
   /** What seals saved replies and stored inputs; undefined: stored in clear. */
   readonly sealer: Sealer | undefined;
+  /** Seals the operation references clients are given (ref-keys.ts): opaque, unforgeable. */
+  readonly refs: OperationRefs;
   /** The keys table's partitions by time (their width and the bucket of an instant). */
   readonly partitions: Partitions;
   private readonly shift: TimeShift;
@@ -116,6 +120,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     options: PostgresStoreOptions,
     partitionMs: number,
     sealer: Sealer | undefined,
+    refs: OperationRefs,
   ) {
     this.db = db;
     this.schema = schemaOf(options);
@@ -124,6 +129,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
     this.shift = options.timeShift ?? { offsetMs: 0 };
     this.sealer = sealer;
+    this.refs = refs;
     this.partitions = new Partitions(db, this.schema, partitionMs);
     this.time = new DbTime(this.shift.offsetMs, partitionMs, this.retentionMs);
     this.statements = atomicSql(this.schema, this.time);
@@ -133,6 +139,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       retentionMs: this.retentionMs,
       lockTimeoutMs: this.lockTimeoutMs,
       sealer,
+      refs,
       get sql() {
         return sql();
       },
@@ -197,11 +204,11 @@ export class PostgresStore implements AtomicStore<Tx> {
   static async open(db: Db, options: PostgresStoreOptions = {}): Promise<PostgresStore> {
     const schema = schemaOf(options);
     let seconds: number;
+    let settings: Record<string, unknown> = {};
     try {
-      const { rows } = await db.query<{ partition_seconds: number }>(
-        `SELECT partition_seconds FROM ${schema}.settings`,
-      );
-      seconds = Number(rows[0]?.partition_seconds);
+      const { rows } = await db.query<Record<string, unknown>>(`SELECT * FROM ${schema}.settings`);
+      settings = rows[0] ?? {};
+      seconds = Number(settings.partition_seconds);
     } catch (err) {
       if (sqlStateOf(err) === SqlState.UndefinedTable) {
         throw new SchemaBehindError(schema, ["all"], err);
@@ -230,7 +237,9 @@ export class PostgresStore implements AtomicStore<Tx> {
       await promoted.refresh();
       sealer = promoted;
     }
-    const store = new PostgresStore(db, options, seconds * 1000, sealer);
+    const refKey = dbRefKey(settings);
+    if (!refKey) throw new SchemaBehindError(schema, ["0016_operation_ref_key.sql"]);
+    const store = new PostgresStore(db, options, seconds * 1000, sealer, storeRefs(refKey, sealer));
     store.onCitus = await placedOnCitus(db, schema);
     await store.ensurePartitions(true);
     return store;

@@ -7,7 +7,6 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { adminHandler, bearerTokens, Operations, parseAdminTokens } from "../../src/admin/index.ts";
-import { encodeOperationRef } from "../../src/core/index.ts";
 import { Inbox } from "../../src/messaging/inbox.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
@@ -16,7 +15,7 @@ import { claimOf, LEASE_MS, openWorld, serverOrEmbedded, type World } from "../p
 
 const PAY = { amount_cents: 1_100, currency: "eur" };
 const ALICE = "alice:token-of-alice-0123456789";
-const BOB = "bob:token-of-bob-000000000000";
+const BOB = "bob:Hq7vX2mR9pL4sK8wZ3nT6yB1";
 
 describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) => {
   let w: World;
@@ -82,10 +81,17 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
       expect(res.headers.get("www-authenticate")).toContain("Bearer");
     }
     expect((await api("GET", "/nothing-here")).status).toBe(404);
-    expect(() => parseAdminTokens("alice:short")).toThrow(/16 characters/);
-    expect(parseAdminTokens("just-one-token-here")).toEqual([
-      { name: "admin", token: "just-one-token-here" },
+    // At least 128 bits in every form, refused naming the setting.
+    for (const weak of ["alice:short", "x", "just-one-token-here", "0123456789abcdef0123456789abcde"]) {
+      expect(() => parseAdminTokens(weak), weak).toThrow(/^IDEM_ADMIN_TOKEN: .*too weak/);
+    }
+    expect(() => parseAdminTokens("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")).toThrow(/too few characters/);
+    expect(() => bearerTokens([{ name: "carol", token: "secret" }])).toThrow(/too weak/);
+    expect(() => parseAdminTokens(":Hq7vX2mR9pL4sK8wZ3nT6yB1", "MY_TOKENS")).toThrow(/^MY_TOKENS: /);
+    expect(parseAdminTokens("Hq7vX2mR9pL4sK8wZ3nT6yB1")).toEqual([
+      { name: "admin", token: "Hq7vX2mR9pL4sK8wZ3nT6yB1" },
     ]);
+    expect(parseAdminTokens("0123456789abcdef0123456789abcdef")).toHaveLength(1); // 32 hex digits
   });
 
   it("answers an authorize hook's own refusal as it is, and a failing hook with a 500 that tells nothing", async () => {
@@ -119,12 +125,12 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
   });
 
   it("finds a key by the operation_ref a customer pastes, with its recorded story", async () => {
-    const ref = encodeOperationRef("acct", "paid");
+    const ref = w.store.refs.encode("acct", "paid");
     const byRef = await get(`/keys/find?ref=${encodeURIComponent(` ${ref} `)}`);
     expect(byRef.status).toBe(200);
     expect(byRef.body.key).toMatchObject({ scope: "acct", key: "paid", state: "done" });
     // The key's own ref names its claim: what its answers carried (Idempotency-Operation-Ref).
-    expect(byRef.body.key.ref).toBe(encodeOperationRef("acct", "paid", byRef.body.key.claimId));
+    expect(byRef.body.key.ref).toBe(w.store.refs.encode("acct", "paid", byRef.body.key.claimId));
     const kinds = byRef.body.timeline.map((e: { kind: string }) => e.kind);
     expect(kinds[0]).toBe("claimed");
     expect(kinds).toContain("answer-saved");
@@ -136,14 +142,38 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     const stuck = await get("/keys/find?scope=acct&key=stuck");
     const lease = stuck.body.timeline.find((e: { kind: string }) => e.kind === "lease");
     expect(lease.text).toContain(stuck.body.key.lease.token); // the fencing token
-    const unknown = await get(`/keys/find?ref=${encodeOperationRef("acct", "unknown")}`);
+    const unknown = await get(`/keys/find?ref=${w.store.refs.encode("acct", "unknown")}`);
     expect(unknown.body.key.state).toBe("needs_review");
     expect(unknown.body.timeline.map((e: { kind: string }) => e.kind)).toEqual(
       expect.arrayContaining(["call-begun", "review-opened"]),
     );
 
-    expect((await get("/keys/find?ref=op_notours")).status).toBe(400);
-    expect((await get("/keys/find?scope=acct&key=never")).status).toBe(404);
+    // A ref that does not open is an unknown key; a scope or key the key rules refuse is 400, and
+    // neither reaches the database.
+    const notFound = await get("/keys/find?scope=acct&key=never");
+    expect(notFound.status).toBe(404);
+    const forged = `op_${Buffer.from(JSON.stringify(["acct", "pa\u0000id"])).toString("base64url")}`;
+    for (const bad of ["op_notours", forged, `${ref.slice(0, -2)}xx`]) {
+      expect(await get(`/keys/find?ref=${encodeURIComponent(bad)}`)).toEqual(notFound);
+    }
+    for (const q of [
+      "scope=acct&key=pa%00id",
+      "scope=ac%00ct&key=paid",
+      "scope=acct&key=pa%1bid",
+      "ref=op_%00",
+    ]) {
+      expect((await get(`/keys/find?${q}`)).status, q).toBe(400);
+    }
+    expect((await get("/actions?scope=acct&key=a%00b")).status).toBe(400);
+    expect((await get("/inbox?consumer=e%00")).status).toBe(400);
+    const nul = await post("/keys/settle", {
+      scope: "acct",
+      key: "unknown",
+      note: "a\u0000b",
+      answer: { status: 201 },
+    });
+    expect(nul.status).toBe(400);
+    expect(nul.body.detail).toMatch(/NUL/);
   });
 
   it("lists keys waiting for a person, unfinished, and expiring", async () => {
@@ -159,27 +189,68 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     expect((await get("/keys?state=everything")).status).toBe(400);
   });
 
-  it("forgets a key only with a reason, never in review or under a live lease; recorded", async () => {
-    const unknown = await post("/keys/forget", { scope: "acct", key: "unknown", reason: "customer asked" });
-    expect(unknown.status).toBe(409);
-    expect(unknown.body.detail).toMatch(/settle/);
+  it("forgets only a key whose records show nothing can be repeated; an override only for a reversed effect", async () => {
+    const forget = (body: Record<string, unknown>) =>
+      post("/keys/forget", { reason: "customer asked", ...body });
+    // In review, or under a live lease: never, not even by a person who says they reversed it.
+    for (const effect_reversed of [false, true]) {
+      const unknown = await forget({ scope: "acct", key: "unknown", effect_reversed });
+      expect(unknown.status).toBe(409);
+      expect(unknown.body.detail).toMatch(/settle/);
+      const leased = await forget({ scope: "acct", key: "stuck", effect_reversed });
+      expect(leased.status).toBe(409);
+      expect(leased.body.detail).toMatch(/lease/);
+    }
     expect((await post("/keys/forget", { scope: "acct", key: "stuck" })).status).toBe(400);
-    const leased = await post("/keys/forget", { scope: "acct", key: "stuck", reason: "reset" });
-    expect(leased.status).toBe(409);
-    expect(leased.body.detail).toMatch(/lease/);
-
-    w.now.ms = Date.now() + LEASE_MS; // the crashed worker's lease is over
-    const done = await post("/keys/forget", {
-      ref: encodeOperationRef("acct", "stuck"),
-      reason: "the customer's payment failed before the provider; they retry with the same key",
+    // A saved success: its charge happened, and a retry after forgetting would charge again.
+    const paid = await forget({ scope: "acct", key: "paid" });
+    expect(paid.status).toBe(409);
+    expect(paid.body.detail).toMatch(/saved answer \(201\) says the operation took effect/);
+    expect(paid.body.detail).toMatch(/effect_reversed/);
+    const story = await get("/keys/find?scope=acct&key=paid");
+    expect(story.body.forget).toMatchObject({
+      allowed: false,
+      overridable: true,
+      why: expect.stringMatching(/201/),
     });
-    expect(done.status).toBe(200);
-    expect(done.body.forgotten).toMatchObject({ key: "stuck", state: "in_progress" });
+    expect((await get("/keys/find?scope=acct&key=paid")).status).toBe(200); // still there
+
+    // A saved 4xx applied nothing: it may go.
+    w.provider.failNext("decline");
+    const declined = await w.runner({ noIdempotency: "search" }).run(claimOf("acct", "declined", PAY), PAY);
+    expect(declined).toMatchObject({ response: { status: 402 } });
+    expect((await get("/keys/find?scope=acct&key=declined")).body.forget).toMatchObject({ allowed: true });
+    const gone = await forget({ ref: w.store.refs.encode("acct", "declined"), reason: "new card, same key" });
+    expect(gone.status).toBe(200);
+    expect((await get("/keys/find?scope=acct&key=declined")).status).toBe(404);
+
+    // The crashed worker's lease is over, but nothing says what it did before it stopped.
+    w.now.ms = Date.now() + LEASE_MS;
+    const stuck = await forget({ ref: w.store.refs.encode("acct", "stuck") });
+    expect(stuck.status).toBe(409);
+    expect(stuck.body.detail).toMatch(/lease ran out/);
+    const reversed = await forget({
+      ref: w.store.refs.encode("acct", "stuck"),
+      reason: "no charge at the provider for this reference; the customer retries with the same key",
+      effect_reversed: true,
+    });
+    expect(reversed.status).toBe(200);
+    expect(reversed.body.forgotten).toMatchObject({ key: "stuck", state: "in_progress" });
     expect((await get("/keys/find?scope=acct&key=stuck")).status).toBe(404);
     expect(await w.db.query("SELECT 1 FROM idem.keys WHERE key = 'stuck'")).toMatchObject({ rows: [] });
-    const actions = await get("/actions?scope=acct&key=stuck");
-    expect(actions.body.actions).toMatchObject([
-      { actor: "alice", action: "key.forget", reason: expect.stringMatching(/retry with the same key/) },
+    expect((await get("/actions?scope=acct&key=stuck")).body.actions).toMatchObject([
+      {
+        actor: "alice",
+        action: "key.forget.effect-reversed",
+        reason: expect.stringMatching(/retries with the same key/),
+        details: {
+          effectReversed: true,
+          verdict: { allowed: false, why: expect.stringMatching(/lease ran out/) },
+        },
+      },
+    ]);
+    expect((await get("/actions?scope=acct&key=declined")).body.actions).toMatchObject([
+      { actor: "alice", action: "key.forget", details: { verdict: { allowed: true } } },
     ]);
   });
 
@@ -188,7 +259,7 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
       (await post("/keys/settle", { scope: "acct", key: "unknown", answer: { status: 201 } })).status,
     ).toBe(400); // no note
     const settled = await post("/keys/settle", {
-      ref: encodeOperationRef("acct", "unknown"),
+      ref: w.store.refs.encode("acct", "unknown"),
       answer: { status: 402, body: { error: "card declined at the provider" } },
       note: "provider dashboard: the charge was declined",
     });
@@ -202,7 +273,7 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     });
     expect(again.status).toBe(409);
 
-    const story = await get(`/keys/find?ref=${encodeOperationRef("acct", "unknown")}`);
+    const story = await get(`/keys/find?ref=${w.store.refs.encode("acct", "unknown")}`);
     expect(story.body.key).toMatchObject({ state: "done", saved: { status: 402 } });
     const settledEvent = story.body.timeline.find((e: { kind: string }) => e.kind === "review-settled");
     expect(settledEvent.text).toContain("alice");
@@ -279,7 +350,10 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
       "SELECT actor, action FROM idem.admin_actions ORDER BY id",
     );
     expect(rows).toEqual([
+      // The failed authentications of the first tests (three 401s, the hook's 403), nobody's.
+      ...Array.from({ length: 4 }, () => ({ actor: "-", action: "admin.auth-failed" })),
       { actor: "alice", action: "key.forget" },
+      { actor: "alice", action: "key.forget.effect-reversed" },
       { actor: "alice", action: "key.settle" },
       { actor: "alice", action: "outbox.requeue" },
       { actor: "alice", action: "inbox.unpark" },
@@ -310,7 +384,7 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     w.now.ms = before; // the other tests' leases and expiries as they were
     expect(await w.counts(key)).toMatchObject({ charges: 1, payments: 1 }); // B found A's charge
 
-    const story = await get(`/keys/find?ref=${encodeOperationRef("acct", key)}`);
+    const story = await get(`/keys/find?ref=${w.store.refs.encode("acct", key)}`);
     expect(story.status).toBe(200);
     const timeline = story.body.timeline as { at: string; kind: string; text: string; details: any }[];
     expect(timeline.map((e) => e.kind)).toEqual([
@@ -347,5 +421,39 @@ describe.each(serverOrEmbedded.slice(0, 1))("the admin API on $name", (backend) 
     expect(at).toEqual([...at].sort((x, y) => x - y));
     expect(at[2]! - at[0]!).toBeGreaterThanOrEqual(LEASE_MS);
     expect(story.body.notRecorded.join(" ")).toMatch(/heartbeats/);
+  });
+
+  it("limits failed authentications per source (429 with Retry-After), and records them", async () => {
+    const handler = adminHandler({
+      operations: new Operations({ store: w.store }),
+      authorize: bearerTokens(parseAdminTokens(ALICE)),
+      authLimit: { failures: 3, windowMs: 60_000 },
+    });
+    const from = (source: string, token: string) =>
+      handler(
+        new Request("http://admin.test/admin/api/me", { headers: { authorization: `Bearer ${token}` } }),
+        { source },
+      );
+    const good = ALICE.split(":")[1]!;
+    for (let i = 0; i < 3; i++)
+      expect((await from("203.0.113.7", `guess-${i}-0123456789abcdef`)).status).toBe(401);
+    for (const token of ["guess-again-0123456789abcdef", good]) {
+      const limited = await from("203.0.113.7", token); // even the right token, until it refills
+      expect(limited.status).toBe(429);
+      expect(Number(limited.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
+      expect(limited.headers.get("content-type")).toBe("application/problem+json");
+    }
+    expect((await from("198.51.100.2", good)).status).toBe(200); // another source is not held back
+    const { rows } = await w.db.query<{ actor: string; action: string; target: string }>(
+      "SELECT actor, action, target FROM idem.admin_actions WHERE target = '203.0.113.7' ORDER BY id",
+    );
+    expect(rows).toEqual([
+      ...Array.from({ length: 3 }, () => ({
+        actor: "-",
+        action: "admin.auth-failed",
+        target: "203.0.113.7",
+      })),
+      { actor: "-", action: "admin.auth-limited", target: "203.0.113.7" }, // once per streak
+    ]);
   });
 });

@@ -15,7 +15,6 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ApiKeys, DEMO_ACCOUNTS } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { createLogger } from "../../app/observability.ts";
-import { encodeOperationRef } from "../../src/core/index.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { type RunningService, startService } from "../app/service.ts";
 import { backends } from "../helpers/db.ts";
@@ -46,7 +45,7 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
     svc = await startService(backend, {
       paymentsMode: "phases",
       providerIdempotency: false,
-      adminTokens: `alice:${TOKEN},bob:token-of-bob-000000000000`,
+      adminTokens: `alice:${TOKEN},bob:Hq7vX2mR9pL4sK8wZ3nT6yB1`,
     });
     // A payment made through the service, as a customer would.
     const paid = await fetch(`${svc.url}/v1/payments`, {
@@ -161,13 +160,13 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
   });
 
   it("finds a payment by the operation_ref a customer pastes", async () => {
-    await page.getByTestId("ref").fill(encodeOperationRef(ACCOUNT.id, paidKey));
+    await page.getByTestId("ref").fill(svc.store.refs.encode(ACCOUNT.id, paidKey));
     await page.getByTestId("find").click();
     await expect.poll(() => page.getByTestId("story").textContent()).toContain(paidKey);
     expect(await page.getByTestId("state").textContent()).toBe("done");
     const saved = page.locator('[data-testid="event"][data-kind="answer-saved"]');
     expect(await saved.textContent()).toContain("201");
-    await page.getByTestId("ref").fill(encodeOperationRef(ACCOUNT.id, "no-such-key"));
+    await page.getByTestId("ref").fill(svc.store.refs.encode(ACCOUNT.id, "no-such-key"));
     await page.getByTestId("find").click();
     await expect.poll(() => page.getByTestId("not-found").count()).toBe(1);
   });
@@ -190,7 +189,7 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
   });
 
   it("fits a 390 px phone screen, and leaves screenshots at desktop and phone sizes", async () => {
-    await page.getByTestId("ref").fill(encodeOperationRef(ACCOUNT.id, "order-7731"));
+    await page.getByTestId("ref").fill(svc.store.refs.encode(ACCOUNT.id, "order-7731"));
     await page.getByTestId("find").click();
     await expect.poll(() => page.getByTestId("state").textContent()).toBe("done");
     const story = `${SCREENSHOTS}/admin-console-settled.png`;

@@ -12,7 +12,6 @@ import { randomBytes } from "node:crypto";
 import { PGlite } from "@electric-sql/pglite";
 import { Hono } from "hono";
 import pg from "pg";
-import { encodeOperationRef } from "../../src/core/index.ts";
 import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";
 import { type Db, fromPg, fromPglite, migrate, PostgresStore } from "../../src/postgres/index.ts";
 
@@ -75,6 +74,8 @@ export interface RulesApp {
   runs(): number;
   /** The operation_ref of a key of this app's scope. */
   encodeRef(key: string): string;
+  /** What a reference the store sealed names (undefined when it does not open). */
+  decodeRef(ref: string): { scope: string; key: string; claimId?: string } | undefined;
   /** From now on the database cannot be reached. */
   goDown(): Promise<void>;
   close(): Promise<void>;
@@ -110,7 +111,8 @@ export async function startRulesApp(routes: Record<string, RouteOptions>): Promi
       return Promise.resolve(app.request(`http://idem.test${path}`, { method: "POST", ...init, headers: h }));
     },
     runs: () => runs,
-    encodeRef: (key: string) => encodeOperationRef("acct_1", key),
+    encodeRef: (key: string) => store.refs.encode("acct_1", key),
+    decodeRef: (ref: string) => store.refs.decode(ref),
     goDown: () => core.goDown(),
     close: () => core.close(),
   };

@@ -14,7 +14,6 @@ import {
   type AtomicOutcome,
   type AtomicStore,
   type Claim,
-  encodeOperationRef,
   IdemError,
   KeyInFlightError,
   KeyMismatchError,
@@ -23,6 +22,7 @@ import {
   type OutcomeEvent,
   type PhasesRunnerLike,
   RetryableError,
+  refsOf,
   type Tx,
 } from "../../src/core/index.ts";
 import {
@@ -545,7 +545,7 @@ describe("failures a store reports", () => {
       within: res.headers.get("idempotency-answer-within"),
       body: res.headers.get("content-type") === "application/problem+json" ? JSON.parse(text) : text,
       events: r.events,
-      ref: encodeOperationRef(SCOPE, key),
+      ref: refsOf(undefined).encode(SCOPE, key),
       key,
     };
   }
@@ -747,7 +747,7 @@ describe("a phases route", () => {
         operation_state: "in_progress",
         retry_same_key: true,
         safe_new_key: false,
-        operation_ref: encodeOperationRef(SCOPE, "ph-8"),
+        operation_ref: refsOf(undefined).encode(SCOPE, "ph-8"),
       });
     }
     const bug = phasesRoute(() => {

@@ -6,7 +6,6 @@
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
-  encodeOperationRef,
   InvalidBodyError,
   OperationUncertainError,
   type Tx,
@@ -116,7 +115,7 @@ export function phasesRunner(
       started: {
         external: async (ctx) => {
           if (ctx.input.amount_cents === UNCERTAIN_AMOUNT) {
-            throw new OperationUncertainError(encodeOperationRef(ctx.scope, ctx.key));
+            throw new OperationUncertainError(ctx.operationRef);
           }
           await store.db.query(
             "INSERT INTO external_calls (key, amount_cents) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",

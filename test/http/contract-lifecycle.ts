@@ -7,7 +7,6 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import fc from "fast-check";
 import { expect, it } from "vitest";
-import { decodeOperationRef } from "../../src/core/index.ts";
 import { type AppUnderTest, account, PROBLEM, postTo, problemOf, UNCERTAIN_AMOUNT } from "./contract.ts";
 
 const STATE = "idempotency-operation-state";
@@ -146,7 +145,7 @@ export function lifecycleContract(app: AppUnderTest): void {
     expect(other.headers.get(WITHIN)).toBe("1");
     const mismatch = await problemOf(other);
     expect(mismatch).toMatchObject({ operation_state: "none", retry_same_key: false, safe_new_key: true });
-    expect(decodeOperationRef(mismatch.operation_ref as string)).toEqual({ scope: acct, key });
+    expect(app.store.refs.decode(mismatch.operation_ref as string)).toEqual({ scope: acct, key });
 
     const replay = await app.post("/v1/payments", { account: acct, key });
     expect(replay.headers.get("idempotent-replayed")).toBe("true");
@@ -169,7 +168,7 @@ export function lifecycleContract(app: AppUnderTest): void {
       retry_same_key: true,
       safe_new_key: false,
     });
-    expect(decodeOperationRef(problem.operation_ref as string)).toEqual({ scope: acct, key });
+    expect(app.store.refs.decode(problem.operation_ref as string)).toEqual({ scope: acct, key });
   }
 
   it("refuses a replay to a caller who may no longer see it: 401, nothing of the saved answer", async () => {
@@ -244,7 +243,12 @@ export function lifecycleContract(app: AppUnderTest): void {
       retry_same_key: false,
       safe_new_key: false,
     });
-    expect(decodeOperationRef(problem.operation_ref as string)).toEqual({ scope: acct, key });
+    // The phase's own reference (`ctx.operationRef`): this claim of the key.
+    expect(app.store.refs.decode(problem.operation_ref as string)).toEqual({
+      scope: acct,
+      key,
+      claimId: expect.any(String),
+    });
   });
 
   it("answers 503 problem+json with Retry-After while the database is unreachable, then recovers", async (ctx) => {

@@ -17,7 +17,6 @@ import { connect, createServer, type Server, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { decodeOperationRef } from "../../src/core/index.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
@@ -217,7 +216,7 @@ export function paymentsContract(app: AppUnderTest, options: { hangUp?: boolean 
     expect(await app.rows(acct)).toBe(1);
     // Both name the same operation, this claim of the key (GET /v1/operations/{ref}).
     const ref = first.headers.get("idempotency-operation-ref");
-    expect(decodeOperationRef(ref ?? "")).toMatchObject({ key, claimId: expect.any(String) });
+    expect(app.store.refs.decode(ref ?? "")).toMatchObject({ key, claimId: expect.any(String) });
     expect(retry.headers.get("idempotency-operation-ref")).toBe(ref);
   });
 

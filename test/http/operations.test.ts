@@ -3,9 +3,13 @@
  * `?wait=`, the claim a reference names, compact keys. Its behaviour over a real store and service is
  * test/app/operations.test.ts.
  */
+import { randomBytes } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import { encodeOperationRef, type OperationRecord } from "../../src/core/index.ts";
+import { type OperationRecord, OperationRefs } from "../../src/core/index.ts";
 import { operationLookup } from "../../src/http/operations.ts";
+
+const refs = new OperationRefs([{ id: "t1", secret: randomBytes(32) }]);
+const encodeOperationRef = (scope: string, key: string, claimId?: string) => refs.encode(scope, key, claimId);
 
 const CLAIM = "0190f5b2-7c1e-4a8e-9a51-3c2d1e0f9a7b";
 const at = new Date("2026-01-01T00:00:00Z");
@@ -24,17 +28,20 @@ function record(over: Partial<OperationRecord> = {}): OperationRecord {
 
 function handler(read: () => OperationRecord | undefined, maxWaitSeconds = 0.3) {
   let reads = 0;
+  const asked: Array<[string, string]> = [];
   const lookup = operationLookup<undefined>({
-    read: async () => {
+    read: async (scope, key) => {
       reads++;
+      asked.push([scope, key]);
       return read();
     },
+    refs,
     scope: (req) => req.headers.get("x-account") ?? undefined,
     maxWaitSeconds,
   });
   const get = (path: string, account = "acct") =>
     lookup(new Request(`http://x/v1/operations${path}`, { headers: { "x-account": account } }), undefined);
-  return { get, reads: () => reads };
+  return { get, reads: () => reads, asked };
 }
 
 describe("operationLookup", () => {
@@ -98,5 +105,40 @@ describe("operationLookup", () => {
     });
     expect((await lookup(new Request("http://x/v1/operations/op_x"), undefined)).status).toBe(401);
     expect(reads).toBe(0);
+  });
+
+  it("a malformed, forged, altered, foreign or unknown reference: the same 404 bytes, after one read of a valid key", async () => {
+    const h = handler(() => undefined);
+    const real = encodeOperationRef("acct", "k", CLAIM);
+    const body = Buffer.from(real.slice(3), "base64url");
+    const flipped = Buffer.from(body);
+    flipped[flipped.length - 20]! ^= 1;
+    const forged = (parts: unknown) => `op_${Buffer.from(JSON.stringify(parts)).toString("base64url")}`;
+    const refsOfOthers = new OperationRefs([{ id: "t1", secret: randomBytes(32) }]); // same id, other secret
+    const cases = [
+      "op_",
+      "op_!!!",
+      `op_${"A".repeat(5000)}`,
+      forged(["acct", "k\u0000x"]), // the old, readable form, with a NUL in its key
+      forged(["acct", "k", CLAIM]),
+      `op_${flipped.toString("base64url")}`,
+      real.slice(0, -4),
+      refsOfOthers.encode("acct", "k", CLAIM),
+      encodeOperationRef("acct_other", "k", CLAIM), // another account's
+      encodeOperationRef("acct", "unknown"), // unknown (the reader finds nothing)
+    ];
+    const answers = [];
+    for (const ref of cases) {
+      const res = await h.get(`/${encodeURIComponent(ref)}`);
+      answers.push({ status: res.status, body: await res.text(), type: res.headers.get("content-type") });
+    }
+    expect(new Set(answers.map((a) => JSON.stringify(a))).size).toBe(1);
+    expect(answers[0]!.status).toBe(404);
+    // One read each, of the caller's own scope and a key the key rules allow: nothing else is asked.
+    expect(h.reads()).toBe(cases.length);
+    for (const [scope, key] of h.asked) {
+      expect(scope).toBe("acct");
+      expect(key).toMatch(/^[\x21-\x7e]{1,255}$/);
+    }
   });
 });

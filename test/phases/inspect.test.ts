@@ -1,6 +1,5 @@
 /** `store.inspect(scope, key)`: what an operator sees of one key, through the store's API. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { decodeOperationRef } from "../../src/core/index.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { claimOf, openWorld, serverOrEmbedded, text, type World } from "./helpers.ts";
@@ -38,7 +37,7 @@ describe.each(serverOrEmbedded)("inspect on $name", (backend) => {
     expect(open!.expiresAt.getTime() - open!.createdAt.getTime()).toBe(DAY);
     expect(open?.lease?.until.getTime()).toBeGreaterThan(w.now.ms);
     // The reference names this claim of the key (a claim again after expiry is another operation).
-    expect(decodeOperationRef(open!.ref)).toEqual({
+    expect(w.store.refs.decode(open!.ref)).toEqual({
       scope: "acct",
       key: "inspect-me",
       claimId: open!.claimId,

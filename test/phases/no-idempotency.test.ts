@@ -6,7 +6,6 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
-  decodeOperationRef,
   isOperationUncertainError,
   isRetryableError,
   type OperationUncertainError,
@@ -116,7 +115,7 @@ describe.each(serverOrEmbedded)("a provider without idempotency keys, on $name",
     expect(errors.slice(2).every(isOperationUncertainError)).toBe(true);
     // The reference names this claim of the key (the one a person settles).
     const inspected = await w.store.inspect("acct", key);
-    expect(decodeOperationRef((errors[3] as OperationUncertainError).operationRef)).toEqual({
+    expect(w.store.refs.decode((errors[3] as OperationUncertainError).operationRef)).toEqual({
       scope: "acct",
       key,
       claimId: inspected?.claimId,

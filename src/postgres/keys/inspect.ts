@@ -3,11 +3,11 @@
  * the store's API so that nobody needs the keys table's internal columns (`marker`, `bucket`).
  */
 import {
-  encodeOperationRef,
   type KeyInspection,
   openHeaders,
   openPhaseData,
   plainLength,
+  refsOf,
   SealedValueError,
 } from "../../core/index.ts";
 import { type KeyTable, liveKeyRow } from "./table.ts";
@@ -50,7 +50,7 @@ export async function inspectKey(
   return {
     scope,
     key,
-    ref: encodeOperationRef(scope, key, r.claim_id),
+    ref: refsOf(table).encode(scope, key, r.claim_id),
     claimId: r.claim_id ?? null,
     state: r.needs_review_at ? "needs_review" : r.recovery_point === "done" ? "done" : "in_progress",
     recoveryPoint: r.recovery_point,

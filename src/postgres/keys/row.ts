@@ -5,10 +5,11 @@
 import {
   type AtomicOutcome,
   type Claim,
-  encodeOperationRef,
   KeyMismatchError,
+  type OperationRefCodec,
   OperationUncertainError,
   openReply,
+  refsOf,
   type Sealer,
 } from "../../core/index.ts";
 
@@ -43,6 +44,8 @@ export const RECOVERY_DONE = "done";
 export interface ReplaySource {
   readonly retentionMs: number;
   readonly sealer?: Sealer;
+  /** Seals the operation reference a key in review is answered with. */
+  readonly refs?: OperationRefCodec;
 }
 
 export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
@@ -72,7 +75,7 @@ export function expiryOf(table: ReplaySource, row: { created_at: Date }): Date {
 export function replayOf(table: ReplaySource, claim: Claim, row: KeyRow): AtomicOutcome | undefined {
   if (!sameRequest(claim, row)) throw new KeyMismatchError();
   if (row.needs_review_at)
-    throw new OperationUncertainError(encodeOperationRef(claim.scope, claim.key, row.claim_id));
+    throw new OperationUncertainError(refsOf(table).encode(claim.scope, claim.key, row.claim_id));
   if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
   if (row.resource_id != null) throw new CompactWithoutRebuildError();
   return {

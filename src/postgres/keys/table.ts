@@ -3,7 +3,12 @@
  * live in. A `PostgresStore` is one such table; a `ShardedStore` routes each scope to one of its
  * shards'. The phases runner, the completer and inspection reach the store through this interface only.
  */
-import { type AtomicStore, isMissingPartition, type Sealer } from "../../core/index.ts";
+import {
+  type AtomicStore,
+  isMissingPartition,
+  type OperationRefCodec,
+  type Sealer,
+} from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import type { DbTime } from "../db-time.ts";
 
@@ -23,6 +28,8 @@ export interface KeyTable {
   readonly dbTime: DbTime;
   /** Seals saved bodies and stored inputs at rest (`PostgresStoreOptions.sealer`); none: in clear. */
   readonly sealer?: Sealer;
+  /** Seals the operation references of its keys (`PostgresStore.refs`). */
+  readonly refs?: OperationRefCodec;
   /** Make sure the partitions around the database's now exist. */
   ensurePartitions(): Promise<void>;
   /**
@@ -41,6 +48,8 @@ export interface ShardedKeyTables {
   readonly shards: Readonly<Record<string, KeyTable>>;
   /** The shard a scope's keys live on. */
   shardOf(scope: string): KeyTable;
+  /** Seals and opens the operation references of every shard's keys. */
+  readonly refs?: OperationRefCodec;
 }
 
 /**

@@ -88,7 +88,7 @@ export function noteFencingRefused(lease: Holder): Promise<void> {
 
 /** The recorded events of one claim of a key, oldest first (at most `limit`). */
 export async function keyEvents(
-  db: Db,
+  db: Pick<Db, "query">,
   schema: string,
   claim: { scope: string; key: string; claimId: string },
   limit = 1000,

@@ -37,6 +37,12 @@ export interface Lease<I, D> {
   /** Set when an external call of the current phase may have begun before (sql/0007). */
   attempted: boolean;
   /**
+   * Set while this worker's external call of the current phase may have reached the other system and
+   * its result is not recorded: freeing the lease then says so in the key's history, and the key can no
+   * longer be forgotten as "never started" (key-forget.ts).
+   */
+  calling?: boolean;
+  /**
    * The recovery point an external phase just reached, not written yet: it commits on its own just
    * before the next (local) phase's transaction, on the same connection (`Db.supportsBefore`).
    */
@@ -95,9 +101,12 @@ export function finishParams(
   ];
 }
 
-/** Free the lease at once (a retry need not wait for it to expire). */
+/**
+ * Free the lease at once (a retry need not wait for it to expire), recording whether this worker's
+ * external call may have reached the other system (`lease.calling`).
+ */
 export async function release(lease: Lease<unknown, unknown>): Promise<void> {
-  await lease.table.db.query(lease.sql.release, fence(lease));
+  await lease.table.db.query(lease.calling ? lease.sql.releaseAfterCall : lease.sql.release, fence(lease));
 }
 
 /**

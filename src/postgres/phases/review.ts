@@ -8,11 +8,10 @@
  * the data the person found, e.g. the provider's charge id) or saves a final answer for it.
  */
 import {
-  encodeOperationRef,
   openJson,
   openPhaseData,
   phaseDataParam,
-  type Sealer,
+  refsOf,
   type StoredResponse,
   sealBytes,
   sealContext,
@@ -103,13 +102,14 @@ interface ReviewRow {
   settlement: Settlement | null;
 }
 
-/** A review as read back, its stored input opened (`sealer`: the store's, when inputs are sealed). */
-function toReview(r: ReviewRow, sealer: Sealer | undefined): Review {
+/** A review as read back, its stored input opened (with the table's sealer, when inputs are sealed). */
+function toReview(r: ReviewRow, table: Pick<KeyTable, "sealer" | "refs">): Review {
+  const sealer = table.sealer;
   return {
     id: Number(r.id),
     scope: r.scope,
     key: r.key,
-    ref: encodeOperationRef(r.scope, r.key),
+    ref: refsOf(table).encode(r.scope, r.key),
     keyCreatedAt: new Date(r.key_created_at),
     runner: r.runner,
     recoveryPoint: r.recovery_point,
@@ -134,7 +134,7 @@ export async function openReviews(
       `SELECT * FROM ${t.schema}.reviews WHERE settled_at IS NULL ORDER BY opened_at LIMIT $1`,
       [Math.max(1, Math.floor(options.limit ?? 1000))],
     );
-    out.push(...rows.map((r) => toReview(r, t.sealer)));
+    out.push(...rows.map((r) => toReview(r, t)));
   }
   return out.sort((a, b) => a.openedAt.getTime() - b.openedAt.getTime());
 }
@@ -145,7 +145,7 @@ export async function reviewsOf(table: KeyTable, scope: string, key: string): Pr
     `SELECT * FROM ${table.schema}.reviews WHERE scope = $1 AND key = $2 ORDER BY opened_at DESC LIMIT 100`,
     [scope, key],
   );
-  return rows.map((r) => toReview(r, table.sealer));
+  return rows.map((r) => toReview(r, table));
 }
 
 /** How many keys wait for a person, and how long the oldest has waited (seconds): the gauge's values. */
@@ -249,7 +249,7 @@ export async function settleReview(
         WHERE id = $1 RETURNING *`,
       [review.id, by, JSON.stringify(settlement)],
     );
-    const done = toReview(settled[0]!, t.sealer);
+    const done = toReview(settled[0]!, t);
     await options.alsoInTx?.(tx, done);
     return done;
   });

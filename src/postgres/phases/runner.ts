@@ -7,13 +7,13 @@ import {
   type Claim,
   DEFAULT_REPLAYED_HEADERS,
   downstreamKey,
-  encodeOperationRef,
   isDatabaseUnavailable,
   isSaved,
   KeyInFlightError,
   LeaseLostError,
   OperationUncertainError,
   RetryableError,
+  refsOf,
   type SavePolicy,
   SqlState,
   type StoredResponse,
@@ -257,6 +257,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     }
     const stop = heartbeat(lease, this.leaseMs, this.heartbeatMs, lost);
     let step: PhaseStep<D> | undefined;
+    lease.calling = true; // until what it returned is recorded (`record` below)
     try {
       step = await phase.external(ctx);
     } catch (err) {
@@ -316,7 +317,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     const { scope, key } = lease.claim;
     this.options.onNeedsReview?.({ scope, key, point: lease.point, reason });
     sentToReview(lease.point, reason);
-    throw new OperationUncertainError(encodeOperationRef(scope, key, lease.claimId));
+    throw new OperationUncertainError(refsOf(lease.table).encode(scope, key, lease.claimId));
   }
 
   /** Record what an external phase (or its lookup) returned: the answer, or the next point. */
@@ -350,6 +351,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       const r = await db.query(advance, params);
       // advanceAsync is a SELECT over the UPDATE's rows (sql.ts): a row each, whatever the driver counts.
       if (Math.max(r.rowCount, r.rows.length) !== 1) throw new LeaseLostError();
+      lease.calling = false; // recorded: the call's effect is the recovery point's now
     }
     lease.point = next;
     lease.attempted = false;
@@ -409,6 +411,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
         before,
       },
     );
+    lease.calling = false; // an external call before it is recorded now (`before` committed first)
     if (result.kind === "unsaved") {
       // Free the lease and answer this caller only.
       await release(lease);
@@ -428,6 +431,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       key,
       claimId: lease.claimId,
       idempotencyKey: downstreamKey(scope, key, lease.claimId),
+      get operationRef() {
+        return refsOf(lease.table).encode(scope, key, lease.claimId);
+      },
       input: lease.input,
       signal,
       get data() {

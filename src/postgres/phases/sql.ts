@@ -76,6 +76,8 @@ export interface FencedSql {
   lock: string;
   renew: string;
   release: string;
+  /** `release`, recording that the worker's external call may have reached the other system. */
+  releaseAfterCall: string;
   attempt: string;
   lookupFailed: string;
 }
@@ -240,6 +242,11 @@ function buildFenced(s: string, t: DbTime, bucket: number): FencedSql {
       `UPDATE ${s}.keys SET lease_token = NULL, lease_until = NULL, updated_at = ${NOW}`,
       "'lease-released'",
       pointEvent,
+    ),
+    releaseAfterCall: fenced(
+      `UPDATE ${s}.keys SET lease_token = NULL, lease_until = NULL, updated_at = ${NOW}`,
+      "'lease-released'",
+      "jsonb_build_object('point', recovery_point, 'called', true)",
     ),
     // Before the external call of a phase whose provider does not dedup: "a call may have begun".
     attempt: fenced(

@@ -38,6 +38,11 @@ export interface PhaseContext<I, D> {
    */
   readonly idempotencyKey: string;
   /**
+   * This claim's `operation_ref` (opaque, sealed by the store): what a problem answer hands the client
+   * and a person looks the key up by.
+   */
+  readonly operationRef: string;
+  /**
    * The input stored by the key's FIRST request (the `input` given to that `run`). A retry, a takeover
    * and the completer all resume with it, never with their own: one key, one meaning.
    */

@@ -32,6 +32,7 @@ import {
   isMissingPartition,
   KeyInFlightError,
   type KeyInspection,
+  type OperationRefCodec,
   problemResponse,
   SqlState,
   type StoredResponse,
@@ -217,6 +218,11 @@ export class SingleStatementStore implements AtomicStore<Tx> {
 
   get db(): Db {
     return this.store.db;
+  }
+
+  /** The store's operation references (`PostgresStore.refs`). */
+  get refs(): OperationRefCodec {
+    return this.store.refs;
   }
 
   inspect(scope: string, key: string): Promise<KeyInspection | undefined> {
