@@ -17,6 +17,7 @@ import { playgroundRoutes } from "./playground.ts";
 import { problem, unavailableProblem } from "./problems.ts";
 import { providerWebhookRoutes } from "./provider-webhooks.ts";
 import { type Regions, regionRouting } from "./regions.ts";
+import { plainPathAndQuery } from "./validate.ts";
 
 export interface AppDeps {
   db: Db;
@@ -73,6 +74,7 @@ export function createApp(deps: AppDeps): Hono {
     );
   const app = new Hono();
   app.use("*", observe(logger, metrics));
+  app.use("*", plainPathAndQuery());
 
   app.get("/health", async (c) => {
     try {

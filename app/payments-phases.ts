@@ -180,6 +180,8 @@ export function paymentPhasesRunner(o: PaymentPhasesOptions): PhasesRunner<Payme
         next: "charged",
       },
       charged: {
+        // The charge it records: a settlement that resumes a key here must bring it (needs.ts).
+        needs: ["chargeId"],
         local: async (ctx, tx) => {
           const chargeId = ctx.data.chargeId!;
           // The payment id is derived from the charge: one charge can never give two payment rows.

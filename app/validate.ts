@@ -122,3 +122,26 @@ export function validIds(...names: string[]): MiddlewareHandler {
     await next();
   };
 }
+
+/**
+ * Refuse, before any route runs, a request whose path or query holds a control character (NUL and the
+ * like, also as %00) or a broken %-escape: 400, so that no such value reaches PostgreSQL (which refuses
+ * NUL in text: that would be a 500) on any route, the admin API's included.
+ */
+export function plainPathAndQuery(): MiddlewareHandler {
+  return async function plainPathAndQuery(c, next) {
+    const url = new URL(c.req.url);
+    let path: string;
+    try {
+      path = url.pathname.split("/").map(decodeURIComponent).join("/");
+    } catch {
+      return problem(400, "bad-request", "The path holds a broken %-escape.");
+    }
+    const values = [path, ...[...url.searchParams].flat()];
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: the point is to find them
+    if (values.some((v) => /[\u0000-\u001f\u007f]/.test(v))) {
+      return problem(400, "bad-request", "The path or the query holds a control character.");
+    }
+    await next();
+  };
+}

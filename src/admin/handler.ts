@@ -25,7 +25,7 @@
 import { isValidKey, isValidScope, PROBLEM_TYPE_BASE } from "../core/index.ts";
 import { BadOperationRefError, InvalidKeyRefError, type KeyRef } from "../postgres/key-admin.ts";
 import { CannotForgetError } from "../postgres/key-forget.ts";
-import { NoOpenReviewError, type Settlement } from "../postgres/phases/review.ts";
+import { NoOpenReviewError, type Settlement, SettlementRefusedError } from "../postgres/phases/review.ts";
 import type { KeyListState, Operations } from "./operations.ts";
 import { type AuthLimitOptions, AuthThrottle } from "./throttle.ts";
 
@@ -92,6 +92,7 @@ const TITLES: Record<number, string> = {
   409: "Conflict",
   413: "Content Too Large",
   415: "Unsupported Media Type",
+  422: "Unprocessable Content",
   429: "Too Many Requests",
   500: "Internal Server Error",
 };
@@ -281,6 +282,7 @@ export function adminHandler(options: AdminHandlerOptions): AdminHandler {
       }
       if (err instanceof BadOperationRefError) return adminProblem(404, "key-not-found", NO_KEY);
       if (err instanceof NoOpenReviewError) return adminProblem(409, "no-open-review", err.message);
+      if (err instanceof SettlementRefusedError) return adminProblem(422, "settlement-refused", err.message);
       if (err instanceof CannotForgetError) return adminProblem(409, "cannot-forget", err.message);
       options.onError?.(err);
       return adminProblem(500, "internal-error", "The admin API failed; see the service's log.");

@@ -3,7 +3,12 @@ import type { KeyInspection } from "../core/index.ts";
 import { isValidKey, isValidScope } from "../core/index.ts";
 import { BadOperationRefError, type KeyRef } from "../postgres/key-admin.ts";
 import { CannotForgetError } from "../postgres/key-forget.ts";
-import { NoOpenReviewError, type Review, type Settlement } from "../postgres/phases/index.ts";
+import {
+  NoOpenReviewError,
+  type Review,
+  type Settlement,
+  SettlementRefusedError,
+} from "../postgres/phases/index.ts";
 import { CliError, EXIT, openStore, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem keys inspect <scope> <key> | --ref <operation_ref>   [--json]
@@ -20,8 +25,9 @@ Support tooling for one key (an operation_ref from a client's problem response n
             expiring within the hour
   settle    close a needs_review key, on the record: --resume PHASE puts it back at a phase of its
             runner (with --data merged into its phase data, e.g. '{"chargeId":"ch_..."}' found at the
-            provider), after which a retry or \`idem complete\` finishes it; --answer STATUS saves a
-            final answer (--body its JSON) that every retry then gets
+            provider), after which a retry or \`idem complete\` finishes it (refused, changing nothing,
+            when the phase is not its runner's or --data lacks what the phase needs); --answer STATUS
+            saves a final answer (--body its JSON) that every retry then gets
   forget    delete a key before it expires, so that the same key is new again: only when its records
             show that nothing it did can be repeated (a saved 4xx, a claim whose work never started);
             refused for a saved success, a phases key past the start of its call, a key ever taken
@@ -134,6 +140,7 @@ export async function keysCommand(argv: string[]): Promise<number> {
     } catch (err) {
       if (err instanceof NoOpenReviewError)
         throw new CliError(`${err.message} (see idem keys list --state needs_review)`);
+      if (err instanceof SettlementRefusedError) throw new CliError(`${err.message}; nothing was changed`);
       if (err instanceof BadOperationRefError)
         throw new CliError(`no live key ${named(target!)} on ${where}`);
       throw err;

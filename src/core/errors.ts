@@ -15,6 +15,7 @@ export const ProblemCode = {
   BodyTooLarge: "body-too-large",
   Unauthorized: "unauthorized",
   NotFound: "not-found",
+  StoredValueUnreadable: "stored-value-unreadable",
 } as const;
 /** One of the stable error codes of {@link ProblemCode}. */
 export type ProblemCode = (typeof ProblemCode)[keyof typeof ProblemCode];

@@ -15,7 +15,14 @@
  * lifecycle-options.ts, bodies, problems and outcomes in their own files.
  */
 import { NO_BODY, type RequestBody, readRequestBody } from "./body.ts";
-import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
+import {
+  IdemError,
+  isIdemError,
+  KeyInFlightError,
+  KeyMissingError,
+  ProblemCode,
+  RetryableError,
+} from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
 import type {
@@ -272,9 +279,20 @@ export class Lifecycle<Tx> {
         { cause: err, retryAfterSeconds: 60 },
       );
       response = errorResponse(retry, this.errorContext(keyed, true));
+    } else if (err instanceof SealedValueError && err.reason === "altered") {
+      // A stored value no key can ever open (it fails authentication: altered, truncated, moved from
+      // another row): no retry can help, with this key or any other, and none is asked for. A person
+      // looks (the operation_ref); the key is left as it is, never run again.
+      const definite = new IdemError(
+        ProblemCode.StoredValueUnreadable,
+        500,
+        "A stored value of this key was altered and no encryption key can open it: do not retry, with this key or another; give the operation_ref to support.",
+        { cause: err },
+      );
+      response = errorResponse(definite, this.errorContext(keyed, true, claimId));
     } else if (err instanceof SealedValueError) {
       // A stored value this instance cannot open: sealed with a key it does not have (yet: a rotation
-      // rolling out), or altered. Another instance, or this one once configured, may open it: 503 with
+      // rolling out). Another instance, or this one once configured, may open it: 503 with
       // Retry-After, the key untouched (a phases key is not leased before its input opens), never a 500.
       const retry = new RetryableError(
         "A saved value of this key cannot be opened here (an encryption key this instance lacks); retry with the same key.",

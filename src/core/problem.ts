@@ -164,6 +164,7 @@ export function operationFields(err: IdemError, context: ErrorContext = {}): Ope
       return context.claimed
         ? withRef({ operation_state: "in_progress", retry_same_key: true, safe_new_key: false }, context.ref)
         : { operation_state: "none", retry_same_key: true, safe_new_key: true };
+    case ProblemCode.StoredValueUnreadable:
     case ProblemCode.OperationUncertain:
       return {
         operation_state: "uncertain",

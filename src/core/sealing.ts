@@ -33,6 +33,16 @@ export interface Sealer {
 export class SealedValueError extends Error {
   /** Always `"SealedValueError"`: the name logs and stack traces show. */
   override name = "SealedValueError";
+  /**
+   * Why: `altered` (it fails authentication, is truncated or malformed: no key can ever open it), or
+   * `key-missing` (sealed with a key this process is not given, or read without a sealer: an instance
+   * that has the key may open it).
+   */
+  readonly reason: "altered" | "key-missing";
+  constructor(message: string, reason: "altered" | "key-missing", options?: { cause?: unknown }) {
+    super(message, options);
+    this.reason = reason;
+  }
 }
 
 /** A sealing key that cannot be used (its id or its bytes): the message says which and how to fix it. */
@@ -174,7 +184,7 @@ export class AesGcmSealer implements Sealer {
     const idLength = stored[5]!;
     const start = 6 + idLength;
     if (stored.length < start + IV_BYTES + TAG_BYTES) {
-      throw new SealedValueError(`a sealed value is truncated (${stored.length} bytes)`);
+      throw new SealedValueError(`a sealed value is truncated (${stored.length} bytes)`, "altered");
     }
     const buf = Buffer.from(stored.buffer, stored.byteOffset, stored.byteLength);
     const id = buf.toString("utf8", 6, start);
@@ -183,6 +193,7 @@ export class AesGcmSealer implements Sealer {
       throw new SealedValueError(
         `a value was sealed with key "${id}", which is not configured (keys: ${this.ids.join(", ")}): ` +
           "keep a key until every value sealed with it has expired",
+        "key-missing",
       );
     }
     const decipher = createDecipheriv("aes-256-gcm", key, buf.subarray(start, start + IV_BYTES));
@@ -194,6 +205,7 @@ export class AesGcmSealer implements Sealer {
     } catch {
       throw new SealedValueError(
         `a value sealed with key "${id}" failed authentication: it was altered, or moved from another row`,
+        "altered",
       );
     }
     return new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
@@ -277,7 +289,10 @@ export function sealBytes(sealer: Sealer | undefined, plain: Uint8Array, context
 export function openBytes(sealer: Sealer | undefined, stored: Uint8Array, context: string): Uint8Array {
   if (sealer) return sealer.open(stored, context);
   if (isSealed(stored)) {
-    throw new SealedValueError("a stored value is sealed, but the store was opened without a sealer");
+    throw new SealedValueError(
+      "a stored value is sealed, but the store was opened without a sealer",
+      "key-missing",
+    );
   }
   return stored;
 }
@@ -356,7 +371,9 @@ export function openPhaseData(
 export function openJson(sealer: Sealer | undefined, stored: unknown, context: string): unknown {
   if (typeof stored !== "string" || !stored.startsWith(SEALED_JSON_PREFIX)) return stored;
   const bytes = Buffer.from(stored.slice(SEALED_JSON_PREFIX.length), "base64");
-  if (!isSealed(bytes)) throw new SealedValueError("a stored input looks sealed but is not a sealed value");
+  if (!isSealed(bytes)) {
+    throw new SealedValueError("a stored input looks sealed but is not a sealed value", "altered");
+  }
   return JSON.parse(new TextDecoder().decode(openBytes(sealer, bytes, context)));
 }
 

@@ -63,6 +63,7 @@ export {
   type RunOptions,
   reviewGauge,
   type Settlement,
+  SettlementRefusedError,
   type ShardedKeyTables,
   SimulatedCrashError,
   settleKey,

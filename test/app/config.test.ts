@@ -57,6 +57,9 @@ describe("the service's configuration: every variable read and checked in one pl
     ["IDEM_DB_DRIVER", "mysql"],
     ["PROVIDER_IDEMPOTENCY", "maybe"],
     ["IDEM_CARD_TOKEN_KEY", "short-secret"],
+    ["IDEM_ADMIN_TOKEN", "x"],
+    ["IDEM_ADMIN_TOKEN", "alice:token-of-alice"],
+    ["IDEM_ADMIN_TOKEN", "alice:Hq7vX2mR9pL4sK8wZ3nT6yB1,bob:0123456789abcdef"],
   ])("a bad %s (%s) stops start-up naming it", (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrow(name);
   });

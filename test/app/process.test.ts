@@ -164,6 +164,8 @@ describe("the service process", () => {
         /port \d+ is already in use.*set PROVIDER_PORT to another/,
       );
       await expect(npmStart({ PORT: "70000" })).rejects.toThrow(/PORT must be a port number from 0 to 65535/);
+      // An admin token of fewer than 128 bits, in any form, stops the start naming the setting.
+      await expect(npmStart({ IDEM_ADMIN_TOKEN: "x" })).rejects.toThrow(/IDEM_ADMIN_TOKEN: .*too weak/);
     } finally {
       blocker.close();
     }

@@ -8,6 +8,7 @@ import { createApp } from "../../app/app.ts";
 import { ensureSchema, prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
 import { DECLINED_TEST_CARD } from "../../app/payments-phases.ts";
+import type { Sealer } from "../../src/core/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, startProvider } from "../../src/testing/provider.ts";
 import type { OpenDb, TestBackend } from "../helpers/db.ts";
@@ -46,12 +47,17 @@ export async function startService(
     providerLatencyMs?: number;
     /** Start as app/main.ts does: migrate only when the schema is behind (default: always prepare). */
     ensureSchema?: boolean;
+    /** Encryption at rest (IDEM_ENCRYPTION_KEYS; default: none). */
+    sealer?: Sealer;
   } = {},
 ): Promise<RunningService> {
   const open = await backend.open();
   await (options.ensureSchema ? ensureSchema(open.db) : prepareSchema(open.db));
   await ensureDemoAccounts(open.db);
-  const store = await PostgresStore.open(open.db, { retentionMs: options.retentionMs });
+  const store = await PostgresStore.open(open.db, {
+    retentionMs: options.retentionMs,
+    sealer: options.sealer,
+  });
   const mode = options.paymentsMode ?? "atomic";
   const provider =
     mode === "phases"

@@ -148,7 +148,7 @@ describe("the sealer at its edges", () => {
     expect(sealer.open(sealed, "ctx").length).toBe(0);
     expect(plainLength(sealed.subarray(0, 6), sealed.length)).toBe(0);
     expect(() => sealer.open(sealed.subarray(0, sealed.length - 1), "ctx")).toThrow(
-      new SealedValueError("a sealed value is truncated (35 bytes)"),
+      new SealedValueError("a sealed value is truncated (35 bytes)", "altered"),
     );
   });
 
@@ -159,6 +159,7 @@ describe("the sealer at its edges", () => {
     expect(() => sealer.open(sealed, "ctx")).toThrow(
       new SealedValueError(
         'a value sealed with key "k1" failed authentication: it was altered, or moved from another row',
+        "altered",
       ),
     );
   });
@@ -250,7 +251,10 @@ describe("the sealer at its edges", () => {
     expect(isSealed(sealed)).toBe(true);
     expect(same(openBytes(sealer, sealed, "ctx"), plain)).toBe(true);
     expect(() => openBytes(undefined, sealed, "ctx")).toThrow(
-      new SealedValueError("a stored value is sealed, but the store was opened without a sealer"),
+      new SealedValueError(
+        "a stored value is sealed, but the store was opened without a sealer",
+        "key-missing",
+      ),
     );
   });
 
@@ -262,7 +266,7 @@ describe("the sealer at its edges", () => {
     expect(openJson(sealer, null, "ctx")).toBeNull();
     expect(() =>
       openJson(sealer, `sealed:v1:${Buffer.from("not sealed").toString("base64")}`, "ctx"),
-    ).toThrow(new SealedValueError("a stored input looks sealed but is not a sealed value"));
+    ).toThrow(new SealedValueError("a stored input looks sealed but is not a sealed value", "altered"));
   });
 
   it("binds a stored value to its key and column: it opens nowhere else", () => {

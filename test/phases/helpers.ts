@@ -115,6 +115,7 @@ export function paymentsRunner(store: PhaseStore, providerUrl: string, o: Runner
         next: "charged",
       },
       charged: {
+        needs: ["chargeId"],
         local: async (ctx, tx) => {
           const chargeId = ctx.data.chargeId!;
           await tx.query(

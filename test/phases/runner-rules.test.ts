@@ -22,6 +22,7 @@ import { migrate } from "../../src/postgres/migrate.ts";
 import {
   definePhases,
   jsonResponse,
+  openReviews,
   type Phase,
   type PhaseFaults,
   type PhasesOptions,
@@ -332,7 +333,7 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       expect((await inspect(key2))?.lease).toBeNull();
     });
 
-    it("a key at a phase this runner does not have fails, and frees the lease", async () => {
+    it("a key at a phase this runner does not have goes to a person (409 uncertain), never failing each retry", async () => {
       const key = newKey();
       // The crash happens at "before-phase" of "a": let it pass once, crash at "gone".
       let n = 0;
@@ -346,10 +347,12 @@ describe.each(serverOrEmbedded)("phases runner rules on $name", (backend) => {
       await expect(crashAtGone.run(claimOf(key), {})).rejects.toBeInstanceOf(SimulatedCrashError);
       now.ms += LEASE + 1;
       const renamed = define({ a: { local: async () => ({ response: ok() }) } });
-      await expect(renamed.run(claimOf(key), {})).rejects.toThrow(
-        'phases "rules": the key is at "gone", not a phase',
-      );
-      expect((await inspect(key))?.lease).toBeNull();
+      for (let i = 0; i < 2; i++) {
+        await expect(renamed.run(claimOf(key), {})).rejects.toMatchObject({ code: "operation-uncertain" });
+      }
+      expect(await inspect(key)).toMatchObject({ state: "needs_review", lease: null });
+      const [review] = (await openReviews(store)).filter((r) => r.key === key);
+      expect(review?.reason).toBe('"gone" is not a phase of the key\'s runner');
     });
 
     it("a fresh lease comes with each recovery point", async () => {

@@ -67,6 +67,7 @@ export {
   reviewGauge,
   reviewsOf,
   type Settlement,
+  SettlementRefusedError,
   settleKey,
   settleReview,
 } from "./review.ts";

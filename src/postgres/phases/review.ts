@@ -17,14 +17,22 @@ import {
   sealContext,
   sealHeaders,
 } from "../../core/index.ts";
-import type { Tx } from "../db.ts";
+import { jsonColumn, type Tx } from "../db.ts";
 import type { KeyTable, ShardedKeyTables } from "../keys/table.ts";
 import { tableFor, tablesOf } from "../keys/table.ts";
 import { fence, type Lease } from "./lease.ts";
+import { type PhaseNeeds, resumeProblem } from "./needs.ts";
 import { mergePhaseData } from "./sql.ts";
 
-/** Send the key under our lease to review. Returns false when the lease was no longer ours. */
-export async function markForReview(lease: Lease<unknown, unknown>, reason: string): Promise<boolean> {
+/**
+ * Send the key under our lease to review, with what each phase of its runner needs (`needs`, what a
+ * settlement is checked against). Returns false when the lease was no longer ours.
+ */
+export async function markForReview(
+  lease: Lease<unknown, unknown>,
+  reason: string,
+  needs: PhaseNeeds = {},
+): Promise<boolean> {
   const s = lease.table.schema;
   const now = lease.table.dbTime.now;
   const { rows } = await lease.table.db.query<{ marked: number }>(
@@ -35,14 +43,14 @@ export async function markForReview(lease: Lease<unknown, unknown>, reason: stri
         RETURNING scope, key, created_at, runner, recovery_point, request, phase_data
      ), opened AS (
        INSERT INTO ${s}.reviews (scope, key, key_created_at, runner, recovery_point, request, phase_data,
-                                reason, opened_at)
-       SELECT scope, key, created_at, runner, recovery_point, request, phase_data, $5, ${now}
+                                reason, opened_at, phases)
+       SELECT scope, key, created_at, runner, recovery_point, request, phase_data, $5, ${now}, $6::text::jsonb
          FROM marked
        ON CONFLICT (scope, key, key_created_at) WHERE settled_at IS NULL DO NOTHING
        RETURNING id
      )
      SELECT (SELECT count(*) FROM marked)::int AS marked, (SELECT count(*) FROM opened)::int AS opened`,
-    [...fence(lease), reason],
+    [...fence(lease), reason, JSON.stringify(needs)],
   );
   return Number(rows[0]?.marked) === 1;
 }
@@ -75,6 +83,11 @@ export interface Review {
   settledAt: Date | null;
   /** Who settled it. */
   settledBy: string | null;
+  /**
+   * The phases it may be resumed at, each with what it needs in its data (null for a review opened
+   * before sql/0017).
+   */
+  phases: PhaseNeeds | null;
   /** The decision, with its note. */
   settlement: Settlement | null;
 }
@@ -100,6 +113,7 @@ interface ReviewRow {
   settled_at: Date | null;
   settled_by: string | null;
   settlement: Settlement | null;
+  phases?: PhaseNeeds | null;
 }
 
 /** A review as read back, its stored input opened (with the table's sealer, when inputs are sealed). */
@@ -120,6 +134,7 @@ function toReview(r: ReviewRow, table: Pick<KeyTable, "sealer" | "refs">): Revie
     settledAt: r.settled_at ? new Date(r.settled_at) : null,
     settledBy: r.settled_by,
     settlement: r.settlement,
+    phases: (jsonColumn(r.phases) as PhaseNeeds | null | undefined) ?? null,
   };
 }
 
@@ -166,6 +181,15 @@ export async function reviewGauge(
   return { open, oldestSeconds: open === 0 ? 0 : Math.max(0, oldestSeconds) };
 }
 
+/**
+ * Thrown by `settleReview` for a settlement the key cannot go on from (a phase its runner does not
+ * have, or without what that phase needs, e.g. the charge id for "charged"): nothing was changed.
+ */
+export class SettlementRefusedError extends Error {
+  /** Always `"SettlementRefusedError"`: the name logs and stack traces show. */
+  override name = "SettlementRefusedError";
+}
+
 /** Thrown by `settleReview` when the key has no open review. */
 export class NoOpenReviewError extends Error {
   /** Always `"NoOpenReviewError"`: the name logs and stack traces show. */
@@ -210,6 +234,9 @@ export async function settleReview(
     const where = `scope = $1 AND key = $2 AND NOT marker AND needs_review_at IS NOT NULL
                    AND created_at = (SELECT key_created_at FROM ${s}.reviews WHERE id = $3)`;
     if ("resume" in settlement) {
+      const data = { ...openPhaseData(t.sealer, review.phase_data, scope, key), ...settlement.data };
+      const why = resumeProblem(toReview(review, t).phases, settlement.resume, data);
+      if (why) throw new SettlementRefusedError(`cannot resume the key: ${why}`);
       await tx.query(
         `UPDATE ${s}.keys SET needs_review_at = NULL, attempted_at = NULL, lookup_failures = 0,
                 recovery_point = $4, ${mergePhaseData("$5")},

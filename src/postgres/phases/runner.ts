@@ -36,6 +36,7 @@ import {
 import { FencedTx } from "./fenced-tx.ts";
 import { noteFencingRefused, noteLookup } from "./history.ts";
 import { advanceParams, fence, finishParams, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
+import { notRunnable, type PhaseNeeds, phaseNeeds } from "./needs.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
 
@@ -87,6 +88,8 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   /** How long a request waits for its answer before it is answered 409 in flight, in milliseconds. */
   readonly answerWithinMs: number;
   private readonly phases: Record<string, Phase<I, D>>;
+  /** What each phase needs in its data (needs.ts): recorded with a review, checked before each phase. */
+  private readonly needs: PhaseNeeds;
   private readonly policy: SavePolicy;
   private readonly replayHeaders: readonly string[];
   private readonly faults: PhaseFaults | undefined;
@@ -104,6 +107,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     this.store = options.store;
     this.name = options.name;
     this.phases = options.phases;
+    this.needs = phaseNeeds(options.phases);
     this.first = options.first ?? names[0]!;
     if (!(this.first in this.phases)) throw new Error(`definePhases: no phase named "${this.first}"`);
     for (const [name, p] of Object.entries(this.phases)) {
@@ -198,7 +202,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       await this.crashPoint("after-claim", lease);
       for (;;) {
         const phase = this.phases[lease.point];
-        if (!phase) throw new Error(`phases "${this.name}": the key is at "${lease.point}", not a phase`);
+        // A key at a phase this runner lacks, or without what the phase needs: a person's (needs.ts).
+        const unrunnable = notRunnable(lease.point, phase, lease.data as Record<string, unknown>);
+        if (unrunnable || !phase) return await this.toReview(lease, unrunnable ?? "");
         await this.crashPoint("before-phase", lease);
         const outcome = await tracePhase(lease.point, "external" in phase, () =>
           "external" in phase ? this.runExternal(phase, lease, ctx, lost) : this.runLocal(phase, lease, ctx),
@@ -313,7 +319,9 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   }
 
   private async toReview(lease: Lease<I, D>, reason: string): Promise<never> {
-    if (!(await markForReview(lease as Lease<unknown, unknown>, reason))) throw new LeaseLostError();
+    if (!(await markForReview(lease as Lease<unknown, unknown>, reason, this.needs))) {
+      throw new LeaseLostError();
+    }
     const { scope, key } = lease.claim;
     this.options.onNeedsReview?.({ scope, key, point: lease.point, reason });
     sentToReview(lease.point, reason);

@@ -70,6 +70,8 @@ export interface ExternalPhase<I, D> {
   external: (ctx: PhaseContext<I, D>) => Promise<PhaseStep<D> | undefined>;
   /** The phase after this one. */
   next?: string;
+  /** Fields of the key's data this phase cannot run without (needs.ts). Default: none. */
+  needs?: readonly (keyof D & string)[];
   /**
    * Whether the other system dedups by `ctx.idempotencyKey` (a repeat returns the first result).
    * Default: true, unless `lookup` is given. When false, the runner records (durably) that a call may
@@ -98,6 +100,12 @@ export interface LocalPhase<I, D> {
   local: (ctx: PhaseContext<I, D>, tx: Tx) => Promise<PhaseStep<D> | undefined>;
   /** The phase after this one, when it does not answer. */
   next?: string;
+  /**
+   * Fields of the key's data this phase cannot run without (e.g. `["chargeId"]`): a settlement that
+   * resumes the key here without them is refused, and a key that reaches the phase without them goes
+   * to review instead of failing every retry (needs.ts). Default: none.
+   */
+  needs?: readonly (keyof D & string)[];
 }
 
 /** One step of a phases runner: an external call or a local transaction. */
