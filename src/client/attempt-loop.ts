@@ -18,8 +18,10 @@
  *   2xx/3xx or an answer not to retry: mark the intent done, return it
  *   uncertain: mark the intent uncertain, throw OperationUncertainError
  *   otherwise: attempts left? the wait (Retry-After, else jitter) ends before D? a budget token
- *              (not needed after a lost reply or an in-flight 409)? then drop the failed body,
- *              sleep (cut short only by the caller), loop
+ *              (not needed after a lost reply or an in-flight 409; when refused after a per-try
+ *              timeout, the server's operation lookup is asked instead, free: a finished operation's
+ *              saved answer ends the call, one in progress is waited for)? then drop the failed
+ *              body, sleep (cut short only by the caller), loop
  * Any "no" gives up (GiveUpError) and leaves the intent pending: its outcome may be unknown.
  *
  * The success path is kept lean on purpose (bench/client.ts measures it against plain fetch): one
@@ -33,6 +35,7 @@ import {
   classifyNetworkError,
   isInFlight,
   isUncertain,
+  OPERATION_STATE_HEADER,
   readAnswer,
   type ServerAnswer,
 } from "./answer.ts";
@@ -50,13 +53,16 @@ import {
   OperationUncertainError,
   RetryBudgetExhaustedError,
 } from "./errors.ts";
-import { emit } from "./events.ts";
+import { type ClientHooks, emit } from "./events.ts";
 import { FailedFastError } from "./fail-fast.ts";
 import { toHeaderMap } from "./headers.ts";
 import type { IntentLedger } from "./ledger.ts";
-import { lookupUrlOf } from "./operations.ts";
+import { lookupUrlOf, readLookup } from "./operations.ts";
 import { ANSWER_WITHIN_MARGIN_MS, type Settings } from "./options.ts";
 import { retryAfterFrom } from "./retry-after.ts";
+
+/** The longest the lookup asked after a refused retry holds its request (the server may cut it). */
+const LOOKUP_WAIT_S = 10;
 
 const NO_BREAKER: BreakerPermit = { success() {}, failure() {}, release() {} };
 
@@ -98,6 +104,10 @@ export class AttemptLoop {
     // breaker still bound them. A limit set explicitly counts every attempt.
     const freeUnreached = opts.maxAttempts === undefined && s.retry.maxAttempts === undefined;
     let unreached = 0;
+    // Whether an attempt may have reached the server (its reply lost, or not back before the per-try
+    // timeout): from then on the outcome may be there, and a retry the budget or the breaker refuses
+    // asks the server's operation lookup instead (`#ask`, a read: no new work), before giving up.
+    let mayHaveArrived = false;
     let perTryMs = opts.perTryTimeoutMs ?? s.perTryMs;
     const deadlineMs = opts.deadlineMs ?? s.deadlineMs;
     const trace = traceIntent(call, s.on, s.breaker, s.budget); // undefined without OpenTelemetry
@@ -123,6 +133,9 @@ export class AttemptLoop {
       }
       const permit = breaker ? breaker.tryAcquire() : NO_BREAKER;
       if (!permit) {
+        // A retry of a request the server may have done: its outcome may be known there (see below).
+        const known = mayHaveArrived ? await this.#ask(call, deadline) : undefined;
+        if (known instanceof Response) return this.#learned(call, known, startedAt, on);
         return this.#giveUp(
           call,
           new CircuitOpenError({ ...call.details(), retryInMs: breaker?.retryInMs() ?? 0 }),
@@ -205,7 +218,10 @@ export class AttemptLoop {
       } else if (timer.cut() === undefined && classifyNetworkError(error) === "lost-reply") {
         permit.release(); // the server was reached; only this reply was lost
         free = true;
+        mayHaveArrived = true;
       } else {
+        // A per-try timeout: the request went out, and the server may have done it meanwhile.
+        if (timer.cut() === Cut.perTry) mayHaveArrived = true;
         permit.failure(); // unreachable, or the per-try timeout
         if (freeUnreached && timer.cut() === undefined && classifyNetworkError(error) === "unreachable")
           unreached++;
@@ -239,7 +255,13 @@ export class AttemptLoop {
         return this.#giveUp(call, err);
       }
       if (!free && s.budget && !s.budget.tryRetry()) {
-        return this.#giveUp(call, new RetryBudgetExhaustedError(call.details()));
+        // The attempt may have reached the server (its reply did not come in time): the outcome may be
+        // there already. Asking for it is no new work, so the budget does not stand in its way.
+        const known = mayHaveArrived ? await this.#ask(call, deadline) : undefined;
+        if (known instanceof Response) return this.#learned(call, known, startedAt, on);
+        if (known !== "in_progress") {
+          return this.#giveUp(call, new RetryBudgetExhaustedError(call.details()));
+        }
       }
       // The failed attempt's body is not needed: release its connection now.
       if (response) {
@@ -262,6 +284,54 @@ export class AttemptLoop {
         return this.#giveUp(call, this.#stopped(call, Cut.caller, deadlineMs));
       }
     }
+  }
+
+  /**
+   * Ask the server's operation lookup what became of `call` (by its key, or the reference an answer
+   * gave), holding the request until the operation finishes, within the deadline: its saved answer
+   * when finished (as a replay gives it), `"in_progress"` while it runs, else undefined (unknown to
+   * the server, no lookup there, or no answer). A read that does no work, so no budget token is spent.
+   */
+  async #ask(call: Call, deadline: CallDeadline): Promise<Response | "in_progress" | undefined> {
+    const s = this.#s;
+    if (s.operationsPath === false || call.key === undefined) return undefined;
+    // Held by the server until the operation ends (a busy server may still be working on it), for
+    // at most LOOKUP_WAIT_S, leaving a second or two of D for the answer to come back; cut at D.
+    const left = deadline.remaining();
+    if (left < 500) return undefined;
+    const waitS = Math.max(0, Math.min(LOOKUP_WAIT_S, Math.floor(left / 1000) - 2));
+    const url = lookupUrlOf(call.url, s.operationsPath, call.lastAnswer?.operationRef, waitS);
+    const timer = deadline.attempt(left);
+    try {
+      const headers = { ...call.headers };
+      delete headers["content-type"];
+      const fetchFn = s.fetch ?? globalThis.fetch;
+      const response = await fetchFn(url, { method: "GET", headers, signal: timer.signal ?? null });
+      const known = await readLookup(response, url);
+      if (known.finished || known.state === "uncertain") return response;
+      await response.body?.cancel().catch(() => {});
+      return known.state === "in_progress" ? "in_progress" : undefined;
+    } catch {
+      return undefined; // no answer: the call gives up as the budget says
+    } finally {
+      timer.done();
+    }
+  }
+
+  /** What the lookup said: the saved answer ends the call as a replay would; uncertain, as such. */
+  async #learned(call: Call, response: Response, startedAt: number, on: ClientHooks): Promise<Response> {
+    if (response.headers.get(OPERATION_STATE_HEADER) === "uncertain") return this.#uncertain(call, response);
+    const finished = this.#ledger.finish(call, response);
+    if (finished) await finished;
+    if (on.done) {
+      emit(on.done, {
+        ...call.info(),
+        attempts: call.attempts,
+        status: response.status,
+        durationMs: Date.now() - startedAt,
+      });
+    }
+    return response;
   }
 
   #event(call: Call, attempt: number, startedAt: number, response: Response | undefined, error: unknown) {

@@ -125,3 +125,68 @@ describe("the default breaker", () => {
     expect(sent).toBe(before);
   }, 60_000);
 });
+
+describe("a retry the budget refuses, after a reply that did not come back in time", () => {
+  /**
+   * A payment endpoint that executes each key once and answers it after `slowMs` (past the client's
+   * per-try timeout); with `lookup`, `GET /v1/operations` with the key gives the saved answer, as
+   * idem's lookup does.
+   */
+  async function slowServer(lookup: boolean) {
+    const executions = new Map<string, number>();
+    const saved = new Map<string, string>();
+    let lookups = 0;
+    server = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        const key = String(req.headers["idempotency-key"] ?? "");
+        if (req.method === "GET" && req.url?.startsWith("/v1/operations")) {
+          lookups++;
+          const body = saved.get(key);
+          if (!lookup || body === undefined) {
+            res.writeHead(404, { "content-type": "text/plain" }).end("no such route");
+            return;
+          }
+          res.writeHead(201, {
+            "content-type": "application/json",
+            "idempotent-replayed": "true",
+            "idempotency-operation-ref": `op_${key}`,
+            "idempotency-operation-state": "done",
+          });
+          res.end(body);
+          return;
+        }
+        if (saved.has(key)) {
+          res.writeHead(201, { "content-type": "application/json", "idempotent-replayed": "true" });
+          res.end(saved.get(key));
+          return;
+        }
+        executions.set(key, (executions.get(key) ?? 0) + 1);
+        saved.set(key, JSON.stringify({ payment: executions.size }));
+        setTimeout(() => res.writeHead(201).end(saved.get(key)), 400); // after the client gave up
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    return { url, executions, lookups: () => lookups };
+  }
+
+  it("asks the operation lookup (no new work) and returns the saved answer", async () => {
+    const s = await slowServer(true);
+    const client = createClient({ baseUrl: s.url, perTryTimeoutMs: 150, budget: { cap: 0, ratio: 0 } });
+    const res = await client.post("/v1/payments", { amount_cents: 1 });
+    expect(res.status).toBe(201);
+    expect(res.headers.get("idempotent-replayed")).toBe("true");
+    expect(await res.json()).toEqual({ payment: 1 });
+    expect([...s.executions.values()]).toEqual([1]);
+    expect(s.lookups()).toBe(1);
+  });
+
+  it("without a lookup on the server, the budget still refuses the retry (it would be new work)", async () => {
+    const s = await slowServer(false);
+    const client = createClient({ baseUrl: s.url, perTryTimeoutMs: 150, budget: { cap: 0, ratio: 0 } });
+    const err = await client.post("/v1/payments", { amount_cents: 1 }).catch((e) => e);
+    expect(isRetryBudgetExhaustedError(err)).toBe(true);
+    expect(s.lookups()).toBe(1);
+  });
+});
