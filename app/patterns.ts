@@ -49,6 +49,7 @@ export function patternRoutes(deps: { db: Db; store: AtomicStore<Tx>; apiKeys: A
       store: deps.store,
       scope: (c) => c.var.accountId,
       authorizeReplay: replayAuthorized(deps.apiKeys),
+      traceContext: "link", // public routes: a trace of their own, linked to the caller's
     }),
   };
   const app = new Hono<PatternEnv>();

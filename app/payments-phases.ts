@@ -247,6 +247,9 @@ export function paymentPhasesRoutes(deps: PaymentPhasesOptions & { db: Db; apiKe
       input: (c) => c.var.payment,
       answerWithinMs: deps.answerWithinMs,
       authorizeReplay: replayAuthorized(deps.apiKeys),
+      // A public route: each request's trace is its own, linked to the caller's, and no caller's
+      // tracestate or baggage reaches the receipt event.
+      traceContext: "link",
     }),
   );
   app.route("/", paymentReadRoutes(deps));

@@ -110,6 +110,8 @@ export function paymentRoutes(deps: {
       authorizeReplay: replayAuthorized(deps.apiKeys),
       // The handler's only effect is its INSERT in the key's transaction: sent with the claim.
       effectsInTxOnly: true,
+      // A public route: each request's trace is its own, linked to the caller's, never continued.
+      traceContext: "link",
     }),
     async (c) => {
       const payment = await insertPayment(c.var.idempotency.tx, c.var.accountId, c.var.body);

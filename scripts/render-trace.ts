@@ -56,7 +56,7 @@ const esc = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;");
 const colour = (s: ReadableSpan) =>
   s.name === "idem.intent"
     ? "#6b7280"
-    : s.name.startsWith("HTTP")
+    : s.attributes["http.request.method"] !== undefined
       ? s.attributes["error.type"]
         ? "#dc2626"
         : "#2563eb"
@@ -74,8 +74,7 @@ const note = (s: ReadableSpan) => {
   if (a["http.response.status_code"] !== undefined && s.name !== "idem.intent")
     parts.push(`${a["http.response.status_code"]}`);
   if (a["idem.claim.outcome"] !== undefined) parts.push(String(a["idem.claim.outcome"]));
-  if (s.name === "idem.request" && a["idempotency.outcome"] !== undefined)
-    parts.push(String(a["idempotency.outcome"]));
+  if (s.name === "idem.request" && a["idem.outcome"] !== undefined) parts.push(String(a["idem.outcome"]));
   if (a["idem.client.attempts"] !== undefined) parts.push(`attempts=${a["idem.client.attempts"]}`);
   return parts.join(" · ");
 };

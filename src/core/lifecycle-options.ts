@@ -36,6 +36,14 @@ export interface LifecycleOptions<Tx> extends SavePolicy {
   /** Called once per request with how it ended (for metrics and logs). Default: none. */
   onOutcome?: (event: OutcomeEvent) => void;
   /**
+   * What a caller's W3C trace context (`traceparent`, `tracestate`, baggage) does to this route's
+   * telemetry. `"continue"`: the request's spans are children of the caller's span (callers you trust:
+   * your own services). `"link"`: each request starts a trace of its own, linked to the caller's span,
+   * and neither the caller's trace, its tracestate nor its baggage reaches the request's spans or the
+   * events its work writes (a route open to the internet). Default: `"continue"`.
+   */
+  traceContext?: TraceContextMode;
+  /**
    * Compact storage for this route (atomic mode): save the status and the created resource's id instead
    * of the whole reply, and rebuild the reply from them on replay. Replays are then no longer byte for
    * byte: they are whatever `rebuild` makes of the resource now. Default: none (replies saved in full).
@@ -52,6 +60,9 @@ export interface LifecycleOptions<Tx> extends SavePolicy {
    */
   effectsInTxOnly?: boolean;
 }
+
+/** How a route takes a caller's trace context: continue it, or start its own trace linked to it. */
+export type TraceContextMode = "continue" | "link";
 
 /** How a route saves its replies in compact form and rebuilds them (see `LifecycleOptions.compact`). */
 export interface CompactOptions<Tx> {

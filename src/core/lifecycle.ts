@@ -149,7 +149,7 @@ export class Lifecycle<Tx> {
       );
     }
     const claim = { scope, key, fingerprint: this.fingerprintOf(req, read) };
-    const observed = lifecycleObserver()?.begin(claim, req) === true;
+    const observed = lifecycleObserver()?.begin(claim, req, this.options.traceContext) === true;
     return { kind: "keyed", claim, body: read, observed };
   }
 

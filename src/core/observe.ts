@@ -4,15 +4,21 @@
  * there, through the HTTP adapters), and the lifecycle only tells it where a keyed request stands.
  * With none installed, or nothing recording, each call site costs one comparison.
  */
+import type { TraceContextMode } from "./lifecycle-options.ts";
 import type { Settled } from "./outcome.ts";
 import type { AtomicOutcome, Claim } from "./store.ts";
 
 export interface LifecycleObserver {
   /**
-   * A keyed request was read (before its claim): remember where its trace comes from. True when the
-   * request is observed; when false, its `run` and `work` are not called (they would add nothing).
+   * A keyed request was read (before its claim): remember where its trace comes from (`traceContext`:
+   * the route's choice, continue the caller's trace or link to it). True when the request is observed;
+   * when false, its `run` and `work` are not called (they would add nothing).
    */
-  begin(claim: Claim, req: { header(name: string): string | null | undefined }): boolean;
+  begin(
+    claim: Claim,
+    req: { header(name: string): string | null | undefined },
+    traceContext?: TraceContextMode,
+  ): boolean;
   /**
    * Run `run` (the claim, the work and the saved reply, or a phases runner) inside the request's span.
    * `mode` says which: in atomic mode `work` marks where the claim ended and the saved reply begins.

@@ -1,9 +1,12 @@
 /**
- * The client's spans: one `idem.intent` span per call (kind CLIENT), with one `HTTP <method>` child per
- * attempt that carries `http.request.resend_count` (OpenTelemetry's semantic conventions ask an HTTP
- * client to set it on every resend) and whose W3C trace context is sent in the attempt's `traceparent`
- * header, so the server's spans nest under the attempt that reached it. Each wait before a retry is an
- * `idem.retry` event on the intent span with its reason; a give-up sets `idem.give_up.reason`. The
+ * The client's spans: one `idem.intent` span per call (kind INTERNAL: the logical operation), with one
+ * HTTP client span per attempt, named and described as the stable HTTP semantic conventions ask: its
+ * name the method (`POST`), `http.request.method`, `server.address`, `server.port`, `url.full` (without
+ * credentials), `http.response.status_code`, `error.type` for a 4xx, a 5xx or a network failure, and
+ * `http.request.resend_count` on every resend. Its W3C trace context is sent in the attempt's
+ * `traceparent` header, so the server's spans nest under the attempt that reached it. Each wait before
+ * a retry is an `idem.retry` event on the intent span with its reason and its delay in seconds; a
+ * give-up sets `idem.give_up.reason`. idem's own attributes are all under `idem.`. The
  * `idem.client.attempts` histogram counts attempts per intent.
  *
  * The attempt loop calls `traceIntent` once per call (undefined without `@opentelemetry/api`) and then
@@ -47,11 +50,11 @@ export class IntentTrace {
   ) {
     this.#api = api;
     const parent = api.context.active();
-    this.#span = tracer(api).startSpan("idem.intent", { kind: api.SpanKind.CLIENT }, parent);
+    this.#span = tracer(api).startSpan("idem.intent", { kind: api.SpanKind.INTERNAL }, parent);
     if (this.#span.isRecording()) {
       this.#span.setAttributes({
-        "http.request.method": call.method,
-        "url.full": call.url,
+        "http.request.method": methodOf(call.method),
+        "url.full": fullUrl(call.url),
         ...keyAttributes(undefined, call.key),
         ...(breaker && { "idem.client.breaker.state": breaker.state }),
         ...(budget && { "idem.client.budget.tokens": budget.tokens }),
@@ -63,10 +66,21 @@ export class IntentTrace {
   /** Start attempt `n` (1-based): its span, and the call's headers with its trace context. */
   attempt(n: number, call: CallLike): Record<string, string> {
     const api = this.#api;
-    const span = tracer(api).startSpan(`HTTP ${call.method}`, { kind: api.SpanKind.CLIENT }, this.#ctx);
+    const method = methodOf(call.method);
+    const span = tracer(api).startSpan(
+      method === OTHER ? "HTTP" : method,
+      { kind: api.SpanKind.CLIENT },
+      this.#ctx,
+    );
     this.#attempt = span;
     if (span.isRecording()) {
-      span.setAttributes({ "http.request.method": call.method, "url.full": call.url, "idem.attempt": n });
+      span.setAttributes({
+        "http.request.method": method,
+        ...(method === OTHER && { "http.request.method_original": call.method }),
+        ...serverOf(call.url),
+        "url.full": fullUrl(call.url),
+        "idem.attempt": n,
+      });
       if (n > 1) span.setAttribute("http.request.resend_count", n - 1);
     }
     const headers = { ...call.headers };
@@ -80,7 +94,11 @@ export class IntentTrace {
     this.#attempt = undefined;
     if (status !== undefined) {
       span.setAttribute("http.response.status_code", status);
-      if (status >= 500) span.setAttribute("error.type", String(status));
+      // A client span's 4xx and 5xx are errors (the conventions' span status for HTTP clients).
+      if (status >= 400) {
+        span.setAttribute("error.type", String(status));
+        span.setStatus({ code: this.#api.SpanStatusCode.ERROR });
+      }
     } else if (error !== undefined) {
       span.setAttribute("error.type", reasonOf(undefined, error));
       failSpan(this.#api, span, error);
@@ -120,7 +138,7 @@ export class IntentTrace {
         this.#span.addEvent("idem.retry", {
           "idem.attempt": e.attempt,
           "idem.retry.reason": reasonOf(e.status, e.error),
-          "idem.retry.delay_ms": e.delayMs,
+          "idem.retry.delay": e.delayMs / 1000, // seconds, as the conventions measure time
           "idem.retry.delay_source": e.source,
         });
         emit(user.wait, e);
@@ -135,6 +153,47 @@ export class IntentTrace {
         emit(user.done, e);
       },
     };
+  }
+}
+
+/** The methods the HTTP conventions know by name; any other is `_OTHER` (with the original beside it). */
+const METHODS = new Set(["CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"]);
+const OTHER = "_OTHER";
+
+function methodOf(method: string): string {
+  return METHODS.has(method) ? method : OTHER;
+}
+
+/** `server.address` and `server.port` of a URL (the scheme's default port when none is written). */
+function serverOf(url: string): Record<string, string | number> {
+  try {
+    const u = new URL(url);
+    const port = u.port
+      ? Number(u.port)
+      : u.protocol === "https:"
+        ? 443
+        : u.protocol === "http:"
+          ? 80
+          : undefined;
+    const address = u.hostname.replace(/^\[(.*)\]$/, "$1");
+    return port === undefined
+      ? { "server.address": address }
+      : { "server.address": address, "server.port": port };
+  } catch {
+    return {};
+  }
+}
+
+/** `url.full` without credentials (the conventions ask for user:password to be redacted). */
+function fullUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (!u.username && !u.password) return url;
+    u.username = "REDACTED";
+    u.password = "REDACTED";
+    return u.href;
+  } catch {
+    return url;
   }
 }
 

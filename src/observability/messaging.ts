@@ -11,15 +11,30 @@
  *                 carries, ended with the inbox's result (applied, duplicate, retry, parked); the
  *                 `idem.inbox.results` counter
  *
- * Semantic conventions: `messaging.system`, `messaging.destination.name`, `messaging.message.id`,
- * `messaging.operation.type` (send / process).
+ * Semantic conventions for messaging: the span named `{messaging.operation.name} {destination}`,
+ * `messaging.system`, `messaging.operation.name` (publish / process), `messaging.operation.type` (send /
+ * process), `messaging.destination.name`, `messaging.message.id`, `error.type` when it failed. idem's
+ * own attributes are under `idem.`.
  */
 import type { Delivery, OutboxMessage, PublishOutcome } from "../messaging/types.ts";
-import { extractFrom, failSpan, instrument, type OtelApi, otel, type Span, tracer } from "./otel.ts";
+import { baggageInEvents } from "./keys.ts";
+import {
+  type Context,
+  extractFrom,
+  failSpan,
+  instrument,
+  type OtelApi,
+  otel,
+  type Span,
+  tracer,
+} from "./otel.ts";
 
 const TRACE_HEADERS = ["traceparent", "tracestate"];
 
-/** The event's headers with the active trace context added (unchanged when there is none). */
+/**
+ * The event's headers with the active trace context added (unchanged when there is none): its
+ * `traceparent` and `tracestate`, never its baggage unless `baggageInEvents` is configured.
+ */
 export function outboxHeaders(
   headers: Record<string, string> | undefined,
 ): Record<string, string> | undefined {
@@ -28,8 +43,13 @@ export function outboxHeaders(
   const span = api.trace.getSpan(api.context.active());
   if (!span?.spanContext().traceId || !api.trace.isSpanContextValid(span.spanContext())) return headers;
   const out: Record<string, string> = { ...headers };
-  api.propagation.inject(api.context.active(), out);
+  api.propagation.inject(contextToCarry(api, api.context.active()), out);
   return out;
+}
+
+/** The context whose propagation fields an event carries: without its baggage, unless allowed. */
+function contextToCarry(api: OtelApi, ctx: Context): Context {
+  return baggageInEvents() ? ctx : api.propagation.deleteBaggage(ctx);
 }
 
 function hasTraceContext(headers: Record<string, string>): boolean {
@@ -57,6 +77,7 @@ export async function tracePublish(
         kind: api.SpanKind.PRODUCER,
         attributes: {
           "messaging.system": system,
+          "messaging.operation.name": "publish",
           "messaging.operation.type": "send",
           "messaging.destination.name": m.topic,
           "messaging.message.id": m.id,
@@ -70,7 +91,7 @@ export async function tracePublish(
     if (!span.isRecording()) return m;
     const headers = { ...m.headers };
     for (const h of TRACE_HEADERS) delete headers[h];
-    api.propagation.inject(api.trace.setSpan(parent, span), headers);
+    api.propagation.inject(contextToCarry(api, api.trace.setSpan(parent, span)), headers);
     return { ...m, headers };
   });
   let outcomes: PublishOutcome[] | undefined;
@@ -78,7 +99,7 @@ export async function tracePublish(
     outcomes = await publish(sent);
     return outcomes;
   } catch (err) {
-    for (const span of spans) failSpan(api, span, err);
+    for (const span of spans) failed(api, span, err);
     throw err;
   } finally {
     const lag = instrument(api, "relay.lag", (m) =>
@@ -95,7 +116,7 @@ export async function tracePublish(
         lag.record(Math.max(0, now - messages[i]!.createdAt.getTime()) / 1000, {
           "messaging.system": system,
         });
-      } else if (o) failSpan(api, span, o.error);
+      } else if (o) failed(api, span, o.error);
       span.end();
     });
   }
@@ -125,6 +146,7 @@ export function deliveryStarted(d: Delivery, system?: string): void {
       kind: api.SpanKind.CONSUMER,
       attributes: {
         ...(system && { "messaging.system": system }),
+        "messaging.operation.name": "process",
         "messaging.operation.type": "process",
         "messaging.destination.name": d.topic,
         "messaging.message.id": d.id,
@@ -146,8 +168,14 @@ export function deliveryEnded(d: Delivery, result: string, err?: unknown): void 
   recordResult(api, result);
   if (!span) return;
   span.setAttribute("idem.inbox.result", result);
-  if (err !== undefined) failSpan(api, span, err);
+  if (err !== undefined) failed(api, span, err);
   span.end();
+}
+
+/** A failed messaging operation: the error recorded, and `error.type` (its class: low cardinality). */
+function failed(api: OtelApi, span: Span, err: unknown): void {
+  span.setAttribute("error.type", err instanceof Error ? err.name : "_OTHER");
+  failSpan(api, span, err);
 }
 
 function recordResult(api: OtelApi, result: string): void {

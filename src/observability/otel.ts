@@ -13,6 +13,7 @@ import type * as Api from "@opentelemetry/api";
 
 export type OtelApi = typeof Api;
 export type Span = Api.Span;
+export type SpanContext = Api.SpanContext;
 export type Context = Api.Context;
 export type Attributes = Api.Attributes;
 

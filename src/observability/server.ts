@@ -6,6 +6,9 @@
  * The request span's parent is the active span (the application's HTTP server span, when it has HTTP
  * instrumentation), else the W3C trace context of the request's own `traceparent` header, so a client
  * that sends one (idem's client does) sees the server's spans in its trace with nothing else set up.
+ * A route with `traceContext: "link"` (one open to the internet) starts a new trace for each request
+ * instead, linked to that span, and drops the caller's baggage: nothing of the caller's context flows
+ * into the request's spans, nor into the events its work writes (messaging.ts).
  *
  * Installed into the core's lifecycle by the HTTP adapters (`installServerTelemetry`); it does nothing
  * until `@opentelemetry/api` is found, and nothing but a map lookup until a provider records.
@@ -23,6 +26,7 @@ import {
   type OtelApi,
   otel,
   type Span,
+  type SpanContext,
   tracer,
 } from "./otel.ts";
 
@@ -38,6 +42,8 @@ export const ClaimOutcome = {
 
 interface RequestState {
   parent: Context;
+  /** `traceContext: "link"`: the caller's span, linked from a new trace. */
+  links?: Array<{ context: SpanContext }>;
   span?: Span;
   ctx?: Context;
   claim?: Span;
@@ -62,7 +68,7 @@ function endClaim(api: OtelApi, s: RequestState, outcome: string): void {
   s.claim = undefined;
   const seconds = (performance.now() - s.claimStart) / 1000;
   span.setAttribute("idem.claim.outcome", outcome);
-  span.setAttribute("idem.claim.wait_ms", Math.round(seconds * 1000));
+  span.setAttribute("idem.claim.wait_duration", seconds); // seconds, as the conventions measure time
   span.end();
   instrument(api, "claim", (m) =>
     m.createHistogram("idem.claim.duration", {
@@ -73,14 +79,15 @@ function endClaim(api: OtelApi, s: RequestState, outcome: string): void {
 }
 
 function startRequest(api: OtelApi, claim: Claim, s: RequestState, mode: string): void {
-  const span = tracer(api).startSpan("idem.request", undefined, s.parent);
+  const options = s.links ? { root: true, links: s.links } : undefined;
+  const span = tracer(api).startSpan("idem.request", options, s.parent);
   if (span.isRecording()) span.setAttributes({ "idem.mode": mode, ...keyAttributes(claim.scope, claim.key) });
   s.span = span;
   s.ctx = api.trace.setSpan(s.parent, span);
 }
 
 export const serverObserver: LifecycleObserver = {
-  begin(claim, req) {
+  begin(claim, req, traceContext) {
     const api = otel();
     if (!api) return false;
     let parent = api.context.active();
@@ -91,7 +98,15 @@ export const serverObserver: LifecycleObserver = {
         parent = extractFrom(api, tracestate ? { traceparent, tracestate } : { traceparent });
       }
     }
-    states.set(claim, { parent, claimStart: 0, ended: false });
+    if (traceContext !== "link") {
+      states.set(claim, { parent, claimStart: 0, ended: false });
+      return true;
+    }
+    // A trace of its own: the caller's span only linked, its baggage dropped.
+    const caller = api.trace.getSpanContext(parent);
+    const links = caller && api.trace.isSpanContextValid(caller) ? [{ context: caller }] : [];
+    const own = api.propagation.deleteBaggage(api.trace.deleteSpan(parent));
+    states.set(claim, { parent: own, links, claimStart: 0, ended: false });
     return true;
   },
 
@@ -155,7 +170,7 @@ export const serverObserver: LifecycleObserver = {
   settled(claim: Claim, settled: Settled) {
     const api = otel();
     if (!api) return;
-    const attrs = { "idempotency.outcome": settled.outcome };
+    const attrs = { "idem.outcome": settled.outcome };
     instrument(api, "requests", (m) =>
       m.createCounter("idem.requests", { description: "Keyed requests answered, by outcome" }),
     ).add(1, attrs);
@@ -172,7 +187,7 @@ export const serverObserver: LifecycleObserver = {
     if (!s) return;
     if (!s.span) startRequest(api, claim, s, "atomic"); // refused before anything ran
     const span = s.span!;
-    span.setAttribute("idempotency.outcome", settled.outcome);
+    span.setAttribute("idem.outcome", settled.outcome);
     span.setAttribute("http.response.status_code", settled.response.status);
     if (settled.response.status >= 500) span.setStatus({ code: api.SpanStatusCode.ERROR });
     endRequest(s);

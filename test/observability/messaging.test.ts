@@ -93,7 +93,7 @@ describe.skipIf(!backend)("a payment's trace through the outbox, a broker and th
       const spans = await run(queue, new AmqpPublisher({ url: AMQP_URL }), consumer, true);
       expect(tree(spans, label)).toEqual([
         "idem.intent",
-        "  HTTP POST",
+        "  POST",
         "    idem.request",
         "      idem.claim [new]",
         "      idem.work",
@@ -102,7 +102,7 @@ describe.skipIf(!backend)("a payment's trace through the outbox, a broker and th
         `        publish ${queue}`,
         `          process ${queue} [duplicate]`,
         "      idem.save",
-        "  HTTP POST [1]",
+        "  POST [1]",
         "    idem.request",
         "      idem.claim [replayed]",
       ]);

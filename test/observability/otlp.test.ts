@@ -83,7 +83,7 @@ it("exports the client's intent and attempt spans over OTLP/HTTP to a receiver",
   expect(received[0]!.type).toMatch(/application\/json/);
   const spans = received.flatMap((r) => r.spans);
   const intent = spans.find((s) => s.name === "idem.intent")!;
-  const attempts = spans.filter((s) => s.name === "HTTP POST");
+  const attempts = spans.filter((s) => s.name === "POST");
   expect(attempts).toHaveLength(2);
   expect(attempts.every((a) => a.parentSpanId === intent.spanId && a.traceId === intent.traceId)).toBe(true);
   const resend = attempts[1]!.attributes.find((a) => a.key === "http.request.resend_count");
