@@ -170,10 +170,27 @@ function renderStory(s) {
     <ol class="timeline" data-testid="timeline">${timeline}</ol>
     <details><summary>not recorded</summary><ul class="note">${s.notRecorded.map((n) => `<li>${esc(n)}</li>`).join("")}</ul></details>`;
   $("settle").hidden = k.state !== "needs_review";
-  $("forget").hidden = k.state === "needs_review";
+  showForget(s.forget);
   const review = s.reviews.find((r) => !r.settledAt);
   if (review) $("resume-phase").value = review.recoveryPoint;
 }
+
+/** Whether the key may be forgotten, and why not (the API's verdict): the form follows it. */
+function showForget(verdict) {
+  $("forget").hidden = false;
+  $("forget").dataset.allowed = String(verdict.allowed);
+  $("forget-verdict").textContent = verdict.allowed
+    ? `It may be forgotten: ${verdict.why}.`
+    : `It cannot be forgotten: ${verdict.why}.`;
+  $("forget-verdict").classList.toggle("bad", !verdict.allowed);
+  $("reversed-row").hidden = verdict.allowed || !verdict.overridable;
+  $("effect-reversed").checked = false;
+  $("forget-button").disabled = !verdict.allowed;
+}
+
+$("effect-reversed").addEventListener("change", () => {
+  $("forget-button").disabled = $("forget").dataset.allowed !== "true" && !$("effect-reversed").checked;
+});
 
 async function openKey(query) {
   say("");
@@ -263,7 +280,12 @@ $("forget").addEventListener("submit", (ev) => {
   ev.preventDefault();
   attempt(async () => {
     const gone = current;
-    await api("POST", "/keys/forget", { ...gone, reason: $("forget-reason").value });
+    const reversed = $("effect-reversed").checked;
+    await api("POST", "/keys/forget", {
+      ...gone,
+      reason: $("forget-reason").value,
+      ...(reversed ? { effect_reversed: true } : {}),
+    });
     $("forget-reason").value = "";
     await openKey(gone);
     say(`Forgot ${gone.key}: the same key is new again. Recorded with your name.`);

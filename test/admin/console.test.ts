@@ -102,10 +102,11 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
     if (profile) rmSync(profile, { recursive: true, force: true });
   });
 
+  /** What people did (failed sign-ins, recorded too, are nobody's: actor "-"). */
   const actions = async () =>
     (
       await svc.open.db.query<{ actor: string; action: string; key: string | null }>(
-        "SELECT actor, action, key FROM idem.admin_actions ORDER BY id",
+        "SELECT actor, action, key FROM idem.admin_actions WHERE actor <> '-' ORDER BY id",
       )
     ).rows;
 
@@ -131,6 +132,11 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
     await page.getByTestId("token").fill(TOKEN);
     await page.getByTestId("sign-in").click();
     await expect.poll(() => page.getByTestId("who").textContent()).toBe("signed in as alice");
+    // The failed sign-in is on the record, with where it came from.
+    const { rows } = await svc.open.db.query<{ action: string; target: string }>(
+      "SELECT action, target FROM idem.admin_actions WHERE actor = '-'",
+    );
+    expect(rows).toEqual([{ action: "admin.auth-failed", target: "127.0.0.1" }]);
   });
 
   it("opens the key waiting for review from the queue, shows its timeline, and settles it", async () => {
@@ -171,6 +177,31 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
     await expect.poll(() => page.getByTestId("not-found").count()).toBe(1);
   });
 
+  it("says why a paid key cannot be forgotten, and forgets it only for a person who reversed it", async () => {
+    await page.getByTestId("ref").fill(svc.store.refs.encode(ACCOUNT.id, paidKey));
+    await page.getByTestId("find").click();
+    await expect.poll(() => page.getByTestId("forget-verdict").textContent()).toMatch(/cannot be forgotten/);
+    const verdict = await page.getByTestId("forget-verdict").textContent();
+    expect(verdict).toContain("saved answer (201) says the operation took effect");
+    const button = page.getByTestId("forget");
+    expect(await button.isDisabled()).toBe(true);
+    await page
+      .getByTestId("forget-reason")
+      .fill("refunded at the provider (re_123); the customer pays again");
+    await page.getByTestId("effect-reversed").check();
+    expect(await button.isDisabled()).toBe(false);
+    await button.click();
+    await expect.poll(() => page.getByTestId("not-found").count()).toBe(1);
+    expect(await svc.open.db.query("SELECT 1 FROM idem.keys WHERE key = $1", [paidKey])).toMatchObject({
+      rows: [],
+    });
+    expect((await actions()).at(-1)).toEqual({
+      actor: "alice",
+      action: "key.forget.effect-reversed",
+      key: paidKey,
+    });
+  });
+
   it("requeues a parked outbox event and runs the audit, both recorded", async () => {
     const row = page.locator(`[data-testid="parked-event"][data-id="${parkedId}"]`);
     expect(await row.textContent()).toContain("smtp: 554 rejected");
@@ -185,7 +216,12 @@ describe.skipIf(!haveChromium)("the operations console in Chromium", () => {
     await page.getByTestId("run-audit").click();
     await expect.poll(() => page.getByTestId("audit-when").textContent()).toContain("by alice");
     expect(await page.getByTestId("audit").locator("li").count()).toBe(3);
-    expect((await actions()).map((a) => a.action)).toEqual(["key.settle", "outbox.requeue", "audit.run"]);
+    expect((await actions()).map((a) => a.action)).toEqual([
+      "key.settle",
+      "key.forget.effect-reversed",
+      "outbox.requeue",
+      "audit.run",
+    ]);
   });
 
   it("fits a 390 px phone screen, and leaves screenshots at desktop and phone sizes", async () => {
