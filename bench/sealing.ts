@@ -4,7 +4,9 @@
  *   npx tsx --conditions=source bench/sealing.ts     (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/test)
  *
  * 1. The sealer alone: µs per seal and per open of a 1 KB reply and of a small JSON input (AES-256-GCM,
- *    node:crypto).
+ *    node:crypto); and the operation references every keyed answer carries, sealed (operation-ref.ts),
+ *    against the readable base64 JSON they replaced, with this process's CPU per reference
+ *    (docs/decisions/sealed-operation-refs.md).
  * 2. The atomic store on the real PostgreSQL, with and without a sealer, in alternating rounds in one
  *    database of its own: keyed first-time requests (claim, work, save a 1 KB reply) and keyed replays
  *    of the same keys, BENCH_SEALING_KEYS (default 3,000) keys per mode and round, 3 rounds, 16 at a
@@ -14,6 +16,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import {
   AesGcmSealer,
   type Claim,
+  OperationRefs,
   openJson,
   type Sealer,
   type StoredResponse,
@@ -32,6 +35,7 @@ const MICRO_OPS = 20_000;
 
 export interface SealingResult {
   micro: { sealUs: number; openUs: number; sealJsonUs: number; openJsonUs: number };
+  refs: Record<"readable" | "sealed", { encodeUs: number; decodeUs: number; encodeCpuUs: number }>;
   store: Record<
     "clear" | "sealed",
     { firstRps: number; replayRps: number; firstCpuUs: number; replayCpuUs: number }
@@ -75,9 +79,46 @@ function micro(sealer: Sealer): SealingResult["micro"] {
   };
 }
 
+/** The operation references of one claim: sealed, and the readable form they replaced. */
+function refsMicro(): SealingResult["refs"] {
+  const sealed = new OperationRefs([{ id: "db-0123456789ab", secret: randomBytes(32) }]);
+  const readable = {
+    encode: (scope: string, key: string, claim: string) =>
+      `op_${Buffer.from(JSON.stringify([scope, key, claim])).toString("base64url")}`,
+    decode: (ref: string) => JSON.parse(Buffer.from(ref.slice(3), "base64url").toString("utf8")),
+  };
+  const keys = Array.from({ length: 1000 }, () => randomUUID());
+  const claim = "0190f5b2-7c1e-7a8e-9a51-3c2d1e0f9a7b";
+  const out = {} as SealingResult["refs"];
+  for (const [name, codec] of [
+    ["readable", readable],
+    ["sealed", sealed],
+  ] as const) {
+    const made = keys.map((k) => codec.encode("acct_demo_1", k, claim));
+    const cpu = process.cpuUsage();
+    const encodeUs = perOp(MICRO_OPS * 5, (i) => codec.encode("acct_demo_1", keys[i % 1000]!, claim));
+    const used = process.cpuUsage(cpu);
+    out[name] = {
+      encodeUs,
+      encodeCpuUs: (used.user + used.system) / (MICRO_OPS * 5 + 2000),
+      decodeUs: perOp(MICRO_OPS * 5, (i) => codec.decode(made[i % 1000]!)),
+    };
+  }
+  return out;
+}
+
 export async function sealingBench(): Promise<SealingResult> {
   const sealer = new AesGcmSealer([{ id: "k1", key: randomBytes(32) }]);
   const m = micro(sealer);
+  const r = refsMicro();
+  console.log("Operation references (one per keyed answer), per reference:");
+  console.log("| form | encode µs | encode CPU µs | decode µs |\n|---|---:|---:|---:|");
+  for (const [name, v] of Object.entries(r)) {
+    console.log(
+      `| ${name} | ${v.encodeUs.toFixed(2)} | ${v.encodeCpuUs.toFixed(2)} | ${v.decodeUs.toFixed(2)} |`,
+    );
+  }
+  console.log(`sealed / readable encode time: ${(r.sealed.encodeUs / r.readable.encodeUs).toFixed(1)}`);
   console.log("Sealer alone (AES-256-GCM, node:crypto):");
   console.log("| value | seal µs | open µs |\n|---|---:|---:|");
   console.log(`| 1 KB reply body | ${m.sealUs.toFixed(2)} | ${m.openUs.toFixed(2)} |`);
@@ -172,7 +213,7 @@ export async function sealingBench(): Promise<SealingResult> {
       `CPU per request +${(store.sealed.firstCpuUs - store.clear.firstCpuUs).toFixed(0)} µs first-time, ` +
       `+${(store.sealed.replayCpuUs - store.clear.replayCpuUs).toFixed(0)} µs replay`,
   );
-  return { micro: m, store };
+  return { micro: m, refs: r, store };
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

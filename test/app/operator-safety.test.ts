@@ -11,10 +11,10 @@
  * - a stored reply no key can open is a definite, non-retryable problem that says so
  */
 import { randomBytes, randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DEMO_ACCOUNTS } from "../../app/accounts.ts";
-import { main } from "../../src/cli/main.ts";
 import { AesGcmSealer } from "../../src/core/index.ts";
+import { idem } from "../helpers/cli.ts";
 import { backends } from "../helpers/db.ts";
 import { claimOf, paymentsRunner } from "../phases/helpers.ts";
 import { KEY_1, KEY_2, pay, type RunningService, startService } from "./service.ts";
@@ -40,19 +40,6 @@ const lookup = (svc: RunningService, ref: string, apiKey = KEY_1) =>
     headers: { authorization: `Bearer ${apiKey}` },
   });
 
-async function idem(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  const log = vi.spyOn(console, "log").mockImplementation(() => {});
-  const error = vi.spyOn(console, "error").mockImplementation(() => {});
-  try {
-    const code = await main(argv);
-    const text = (m: typeof log) => m.mock.calls.map((c) => c.map(String).join(" ")).join("\n");
-    return { code, out: text(log), err: text(error) };
-  } finally {
-    log.mockRestore();
-    error.mockRestore();
-  }
-}
-
 describe(`operator actions and references on the service (${backend.name})`, () => {
   let svc: RunningService;
   beforeAll(async () => {
@@ -65,6 +52,16 @@ describe(`operator actions and references on the service (${backend.name})`, () 
   afterAll(async () => {
     await svc?.stop();
   });
+  /** A charge at a provider without idempotency keys whose answer never came: only a person can tell. */
+  const toReview = async (key: string) => {
+    svc.provider!.failNext("late");
+    await expect(
+      paymentsRunner(svc.store, svc.providerUrl!, { noIdempotency: "none", timeoutMs: 300 }).run(
+        claimOf(ACCOUNT.id, key, PAY),
+        PAY,
+      ),
+    ).rejects.toMatchObject({ code: "operation-uncertain" });
+  };
   const payments = () =>
     svc.count("SELECT count(*)::int AS n FROM payments WHERE account_id = $1", [ACCOUNT.id]);
 
@@ -208,14 +205,7 @@ describe(`operator actions and references on the service (${backend.name})`, () 
 
   it("a settlement without what its phase needs is refused, changing nothing; the key never answers 500", async () => {
     const key = `order-${randomUUID()}`;
-    // A charge at a provider without idempotency keys whose answer never came: only a person can tell.
-    svc.provider!.failNext("late");
-    await expect(
-      paymentsRunner(svc.store, svc.providerUrl!, { noIdempotency: "none", timeoutMs: 300 }).run(
-        claimOf(ACCOUNT.id, key, PAY),
-        PAY,
-      ),
-    ).rejects.toMatchObject({ code: "operation-uncertain" });
+    await toReview(key);
     const state = async () => (await svc.store.inspect(ACCOUNT.id, key))?.state;
     expect(await state()).toBe("needs_review");
 
@@ -269,13 +259,7 @@ describe(`operator actions and references on the service (${backend.name})`, () 
 
   it("a review recorded before its phases' needs: a bad settlement sends the key back to review, not to 500", async () => {
     const key = `order-${randomUUID()}`;
-    svc.provider!.failNext("late");
-    await expect(
-      paymentsRunner(svc.store, svc.providerUrl!, { noIdempotency: "none", timeoutMs: 300 }).run(
-        claimOf(ACCOUNT.id, key, PAY),
-        PAY,
-      ),
-    ).rejects.toMatchObject({ code: "operation-uncertain" });
+    await toReview(key);
     await svc.open.db.query("UPDATE idem.reviews SET phases = NULL WHERE key = $1", [key]);
     const settled = await admin(svc, "POST", "/keys/settle", {
       scope: ACCOUNT.id,

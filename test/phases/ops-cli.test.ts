@@ -2,29 +2,16 @@
 import { mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { main } from "../../src/cli/main.ts";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
+import { idem } from "../helpers/cli.ts";
 import { sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { claimOf, openWorld, type World } from "./helpers.ts";
 
 sayWhySkippedWithoutServer();
 
 const PAY = { amount_cents: 1_100, currency: "eur" };
-
-async function idem(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  const log = vi.spyOn(console, "log").mockImplementation(() => {});
-  const error = vi.spyOn(console, "error").mockImplementation(() => {});
-  try {
-    const code = await main(argv);
-    const text = (m: typeof log) => m.mock.calls.map((c) => c.map(String).join(" ")).join("\n");
-    return { code, out: text(log), err: text(error) };
-  } finally {
-    log.mockRestore();
-    error.mockRestore();
-  }
-}
 
 describe.each(serverBackends.slice(0, 1))("idem keys and idem audit on $name", (backend) => {
   let w: World;

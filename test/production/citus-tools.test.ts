@@ -5,8 +5,7 @@
  * operator's commands `idem sweep`, `idem keys list` and `idem audit` against the coordinator.
  */
 import { randomBytes } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { main } from "../../src/cli/main.ts";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Inbox } from "../../src/messaging/inbox.ts";
 import { MemoryBroker } from "../../src/messaging/memory.ts";
 import { Relay } from "../../src/messaging/relay.ts";
@@ -21,23 +20,11 @@ import { definePhases, SimulatedCrashError } from "../../src/postgres/phases/ind
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { paymentClaim } from "../helpers/claim.ts";
+import { idem } from "../helpers/cli.ts";
 import { DATABASE_URL } from "../helpers/db.ts";
 import { type CitusCluster, type CitusDatabase, citusUnavailable, startCitus } from "../infra/citus.ts";
 
 const why = DATABASE_URL && process.env.CI ? citusUnavailable() : "needs CI=true and DATABASE_URL";
-
-async function idem(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  const log = vi.spyOn(console, "log").mockImplementation(() => {});
-  const error = vi.spyOn(console, "error").mockImplementation(() => {});
-  try {
-    const code = await main(argv);
-    const text = (m: typeof log) => m.mock.calls.map((c) => c.map(String).join(" ")).join("\n");
-    return { code, out: text(log), err: text(error) };
-  } finally {
-    log.mockRestore();
-    error.mockRestore();
-  }
-}
 
 async function until(check: () => boolean, ms: number, what: string): Promise<void> {
   const end = Date.now() + ms;
