@@ -1,6 +1,6 @@
 /**
  * The secrets a store seals its operation references with (core/operation-ref.ts): the database's own
- * (`settings.ref_secret`, made by sql/0016 from the server's random source), and, when the store has
+ * (`settings.ref_secret`, made by sql/0017 from the server's random source), and, when the store has
  * encryption keys (`IDEM_ENCRYPTION_KEYS`, a keyed sealer), one derived from each of them. New
  * references are sealed with the promoted encryption key's (sealing-keys.ts: a key every running
  * instance opens), else with the database's; every one of them opens the references it sealed. So a
@@ -22,7 +22,7 @@ export function storeRefs(db: RefKey, sealer: Sealer | undefined): OperationRefs
   return new OperationRefs([...derived, db], () => promoted.sealingId);
 }
 
-/** The database's own secret from its settings row (undefined before sql/0016). */
+/** The database's own secret from its settings row (undefined before sql/0017). */
 export function dbRefKey(settings: { ref_key_id?: unknown; ref_secret?: unknown }): RefKey | undefined {
   const id = settings.ref_key_id;
   const secret = settings.ref_secret;

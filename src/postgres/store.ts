@@ -238,7 +238,7 @@ export class PostgresStore implements AtomicStore<Tx> {
       sealer = promoted;
     }
     const refKey = dbRefKey(settings);
-    if (!refKey) throw new SchemaBehindError(schema, ["0016_operation_ref_key.sql"]);
+    if (!refKey) throw new SchemaBehindError(schema, ["0017_operation_ref_key.sql"]);
     const store = new PostgresStore(db, options, seconds * 1000, sealer, storeRefs(refKey, sealer));
     store.onCitus = await placedOnCitus(db, schema);
     await store.ensurePartitions(true);

@@ -9,7 +9,7 @@
  *              phase its runner does not have) goes back to review: 409 operation-uncertain, for a person
  */
 
-/** Each phase's needs, by phase: what a review records (`reviews.phases`, sql/0017). */
+/** Each phase's needs, by phase: what a review records (`reviews.phases`, sql/0018). */
 export type PhaseNeeds = Record<string, string[]>;
 
 /** The needs of a runner's phases. */
@@ -38,7 +38,7 @@ export function notRunnable(
 /**
  * Why resuming at `phase` with `data` (the key's data with the settlement's merged in) cannot work,
  * or undefined when it can. `needs`: the review's record of its runner's phases (null for a review
- * opened before sql/0017: only the phase's name is checked then).
+ * opened before sql/0018: only the phase's name is checked then).
  */
 export function resumeProblem(
   needs: PhaseNeeds | null,

@@ -85,7 +85,7 @@ export interface Review {
   settledBy: string | null;
   /**
    * The phases it may be resumed at, each with what it needs in its data (null for a review opened
-   * before sql/0017).
+   * before sql/0018).
    */
   phases: PhaseNeeds | null;
   /** The decision, with its note. */
