@@ -5,11 +5,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import {
-  InvalidBodyError,
-  OperationUncertainError,
-  type Tx,
-} from "../../src/core/index.ts";
+import { InvalidBodyError, OperationUncertainError, type Tx } from "../../src/core/index.ts";
 import { definePhases, jsonResponse, type PhasesRunner } from "../../src/postgres/index.ts";
 import type { PostgresStore } from "../../src/postgres/store.ts";
 
