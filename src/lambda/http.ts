@@ -249,7 +249,7 @@ export function idempotentPhases<
   Ctx extends LambdaContextLike = LambdaContextLike,
 >(options: LambdaPhasesOptions<I, E, Ctx>): LambdaHttpHandler<E, Ctx> {
   checkRouteOptions("idempotentPhases()", options, "phases");
-  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs);
+  const lifecycle = Lifecycle.forPhases<Tx>(options, options.answerWithinMs, options.runner.store);
   const runner = options.runner;
   return route(lifecycle, options, async (event, lambda, begun, _raw, deadline) => {
     if (begun.kind !== "keyed") throw new Error("unreachable: phases routes require a key");

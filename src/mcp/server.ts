@@ -373,7 +373,11 @@ export class IdempotentTools<Tx> {
     phases: PhasesToolOptions<unknown, unknown>,
     argument: string | false,
   ) {
-    const lifecycle = Lifecycle.forPhases<Tx>({ onOutcome: this.options.onOutcome }, phases.answerWithinMs);
+    const lifecycle = Lifecycle.forPhases<Tx>(
+      { onOutcome: this.options.onOutcome },
+      phases.answerWithinMs,
+      phases.runner.store,
+    );
     return async (raw: Record<string, unknown> | undefined, extra: ToolExtra): Promise<CallToolResult> => {
       let begun: Begun | undefined;
       let key: string | undefined;
