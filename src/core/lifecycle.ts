@@ -87,9 +87,9 @@ export class Lifecycle<Tx> {
   /** A phases route's lifecycle: the runner does the work, so there is no atomic store. */
   static forPhases<Tx>(
     options: PhasesLifecycleOptions,
-    answerWithinMs?: number,
-    /** The runner's store, whose secret seals the operation references (`store.refs`). */
-    store?: unknown,
+    answerWithinMs: number | undefined,
+    /** The runner's store (`runner.store`), whose secret seals the operation references (`store.refs`). */
+    store: unknown,
   ): Lifecycle<Tx> {
     // Never called: phases() uses the runner. It carries the runner's references.
     const noStore = { retentionMs: 0, refs: refsOf(store) } as AtomicStore<Tx>;
