@@ -21,3 +21,4 @@ export * from "./response.ts";
 export * from "./sealing.ts";
 export * from "./sqlstate.ts";
 export * from "./store.ts";
+export * from "./stored-errors.ts";

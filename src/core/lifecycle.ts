@@ -15,14 +15,7 @@
  * lifecycle-options.ts, bodies, problems and outcomes in their own files.
  */
 import { NO_BODY, type RequestBody, readRequestBody } from "./body.ts";
-import {
-  IdemError,
-  isIdemError,
-  KeyInFlightError,
-  KeyMissingError,
-  ProblemCode,
-  RetryableError,
-} from "./errors.ts";
+import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
 import type {
@@ -43,10 +36,10 @@ import {
   OUTCOME_UNKNOWN_RETRY,
   problemResponse,
 } from "./problem.ts";
-import { DamagedReplyError, DEFAULT_REPLAYED_HEADERS, isSaved, type StoredResponse } from "./response.ts";
-import { SealedValueError } from "./sealing.ts";
+import { DEFAULT_REPLAYED_HEADERS, isSaved, type StoredResponse } from "./response.ts";
 import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp, WorkResult } from "./store.ts";
+import { storedValueError } from "./stored-errors.ts";
 
 type Inspectable = { inspect(scope: string, key: string): Promise<unknown> };
 const canInspect = (store: unknown): store is Inspectable =>
@@ -272,34 +265,12 @@ export class Lifecycle<Tx> {
       // COMMIT) may have committed the claim: then say in_progress, and never that a new key is safe.
       const claimed = this.phasesMode || !isConnectFailure(err);
       response = errorResponse(unavailable(err), this.errorContext(keyed, claimed));
-    } else if (err instanceof DamagedReplyError) {
-      // A finished key whose saved reply is unusable (a row altered): the work is done, never run again.
-      const retry = new RetryableError(
-        `The saved answer of this key is damaged (${err.message}) and is not sent; the work is not run again.`,
-        { cause: err, retryAfterSeconds: 60 },
-      );
-      response = errorResponse(retry, this.errorContext(keyed, true));
-    } else if (err instanceof SealedValueError && err.reason === "altered") {
-      // A stored value no key can ever open (it fails authentication: altered, truncated, moved from
-      // another row): no retry can help, with this key or any other, and none is asked for. A person
-      // looks (the operation_ref); the key is left as it is, never run again.
-      const definite = new IdemError(
-        ProblemCode.StoredValueUnreadable,
-        500,
-        "A stored value of this key was altered and no encryption key can open it: do not retry, with this key or another; give the operation_ref to support.",
-        { cause: err },
-      );
-      response = errorResponse(definite, this.errorContext(keyed, true, claimId));
-    } else if (err instanceof SealedValueError) {
-      // A stored value this instance cannot open: sealed with a key it does not have (yet: a rotation
-      // rolling out). Another instance, or this one once configured, may open it: 503 with
-      // Retry-After, the key untouched (a phases key is not leased before its input opens), never a 500.
-      const retry = new RetryableError(
-        "A saved value of this key cannot be opened here (an encryption key this instance lacks); retry with the same key.",
-        { cause: err, retryAfterSeconds: 1 },
-      );
-      response = errorResponse(retry, this.errorContext(keyed, true));
-    } else return undefined;
+    } else {
+      // A stored value that cannot be used (stored-errors.ts): the key is left as it is, never run again.
+      const stored = storedValueError(err);
+      if (!stored) return undefined;
+      response = errorResponse(stored, this.errorContext(keyed, true, claimId));
+    }
     if (begun?.kind !== "unkeyed") response.headers.push(this.answerWithin);
     if (keyed) response.headers.push(this.refHeader(keyed, claimId));
     return response;

@@ -25,6 +25,7 @@
  */
 import {
   EXPIRES_HEADER,
+  errorResponse,
   isDatabaseUnavailable,
   OPERATION_REF_HEADER,
   OPERATION_STATE_HEADER,
@@ -36,8 +37,8 @@ import {
   problemResponse,
   REPLAYED_HEADER,
   refsOf,
-  SealedValueError,
   type StoredResponse,
+  storedValueError,
 } from "../core/index.ts";
 
 /** Options of the operation lookup route (`GET /v1/operations/{ref}`). */
@@ -139,7 +140,10 @@ export function operationLookup<C = unknown>(
       const named = refs.encode(scope, key, op.claimId);
       return send(await answerOf(op, named, request, context, options), request);
     } catch (err) {
-      if (err instanceof SealedValueError) return send(unreadable(err, refs.encode(scope, key)), request);
+      // A saved answer that cannot be opened or used: as the keyed route answers it (stored-errors.ts).
+      const stored = storedValueError(err);
+      if (stored)
+        return send(errorResponse(stored, { ref: refs.encode(scope, key), claimed: true }), request);
       if (!isDatabaseUnavailable(err)) throw err;
       return send(
         problemResponse(503, "database-unavailable", "The database is unavailable; ask again.", {
@@ -149,31 +153,6 @@ export function operationLookup<C = unknown>(
       );
     }
   };
-}
-
-/**
- * The saved answer cannot be opened: altered (no key ever will: a definite problem, not retried), or
- * sealed with a key this instance lacks (503: another instance, or this one once given it, may).
- */
-function unreadable(err: SealedValueError, ref: string): StoredResponse {
-  if (err.reason === "key-missing") {
-    return problemResponse(503, "retryable-failure", "The saved answer cannot be opened here; ask again.", {
-      headers: [["retry-after", "1"]],
-    });
-  }
-  return problemResponse(
-    500,
-    "stored-value-unreadable",
-    "The saved answer of this operation was altered and no encryption key can open it: do not retry; give the operation_ref to support.",
-    {
-      operation: {
-        operation_state: "uncertain",
-        retry_same_key: false,
-        safe_new_key: false,
-        operation_ref: ref,
-      },
-    },
-  );
 }
 
 async function answerOf<C>(
