@@ -1,5 +1,5 @@
 /**
- * The chaos suite's figures in the benchmark report (issue 14). The suite (test/chaos/chaos.test.ts)
+ * The chaos suite's figures in the benchmark report (issue 14). The suite (test/chaos/chaos.slow.test.ts)
  * writes `bench/results/chaos.json` after each run: how many intents, sent with the client's default
  * options, ended with a definite answer within their deadline, and how many after `resume()`, with
  * exactly one charge each. When that file is there, `writeReport` shows its two lines among the

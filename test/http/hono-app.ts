@@ -1,7 +1,7 @@
 /**
  * The contract's payments app on Hono (the reference the other adapters mirror), served with
  * @hono/node-server: used by test/http/hono.test.ts and by the suites that run it through other parts
- * (test/production/pgbouncer.test.ts).
+ * (test/production/pgbouncer.slow.test.ts).
  */
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";

@@ -178,7 +178,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
    * a storm of duplicates queued on the first claim's row, each holding a pooled connection meanwhile;
    * on Citus, where a claim is a distributed transaction, the queue held every worker connection it
    * needed to commit, and duplicates were answered 503 after the pool's connection wait
-   * (test/production/citus.test.ts).
+   * (test/production/citus.slow.test.ts).
    */
   private async claimOnce<T>(id: string, claim: (waited: boolean) => Promise<T>): Promise<T> {
     if (this.claiming.has(id)) {

@@ -266,7 +266,7 @@ describe("the packed tarball, installed in a fresh project", () => {
   it.skipIf(!DATABASE_URL)(
     "runs a keyed request and its replay with plain node on the real PostgreSQL",
     async () => {
-      const db = await freshDatabase("idem_consumer");
+      const db = await freshDatabase("consumer");
       try {
         const { stdout } = await run(process.execPath, ["run.mjs"], {
           cwd: full,
@@ -302,7 +302,7 @@ describe("the packed tarball, installed in a fresh project", () => {
     const version = await run("npx", ["idem", "--version"], { cwd: full });
     expect(version.stdout.trim()).toBe(pkg.version);
     if (DATABASE_URL) {
-      const db = await freshDatabase("idem_consumer");
+      const db = await freshDatabase("consumer");
       try {
         const migrated = await run("npx", ["idem", "migrate"], {
           cwd: full,

@@ -25,7 +25,7 @@ import { type Cluster, freePort, postgresBinDir, startCluster } from "../helpers
 const bin = postgresBinDir();
 if (!bin) {
   console.warn(
-    "test/regions/replication.test.ts skipped: PostgreSQL's server binaries (initdb, pg_ctl) were not found " +
+    "test/regions/replication.slow.test.ts skipped: PostgreSQL's server binaries (initdb, pg_ctl) were not found " +
       "(install postgresql, or set PG_BINDIR)",
   );
 }

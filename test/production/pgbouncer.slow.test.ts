@@ -52,7 +52,7 @@ function through(name: "pg" | "postgres"): TestBackend {
   return {
     name,
     async open() {
-      const fresh = await freshDatabase("idem_bouncer");
+      const fresh = await freshDatabase("bouncer");
       const url = bouncer.url(new URL(fresh.url).pathname.slice(1));
       let db: Awaited<ReturnType<TestBackend["open"]>>["db"];
       if (name === "pg") {
@@ -88,7 +88,7 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
     // and PostgreSQL answers it with ROLLBACK and no error, so `sql.begin` resolves and nothing was
     // written. Seen as the protocol suite's flaky 201s whose rows were missing. fromPostgresJs runs its
     // transactions on a reserved connection with BEGIN and COMMIT as simple queries instead.
-    const fresh = await freshDatabase("idem_bouncer");
+    const fresh = await freshDatabase("bouncer");
     const url = bouncer.url(new URL(fresh.url).pathname.slice(1));
     const sql = postgres(url, { max: 1, onnotice: () => {} }); // prepare: true, the default
     const db = fromPostgresJs(sql, { owned: false });
@@ -138,7 +138,7 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
   });
 
   it("refuses to report a postgres.js transaction committed that PostgreSQL rolled back", async () => {
-    const fresh = await freshDatabase("idem_bouncer");
+    const fresh = await freshDatabase("bouncer");
     const db = fromPostgresJs(
       postgres(bouncer.url(new URL(fresh.url).pathname.slice(1)), { onnotice: () => {} }),
     );
@@ -225,7 +225,7 @@ describe.skipIf(why)("through PgBouncer in transaction mode", () => {
   });
 
   it("relays the outbox through it, saying LISTEN is unavailable and polling", async () => {
-    const fresh = await freshDatabase("idem_bouncer");
+    const fresh = await freshDatabase("bouncer");
     const url = bouncer.url(new URL(fresh.url).pathname.slice(1));
     const opened = await openDatabaseUrl(url);
     const errors: Error[] = [];
