@@ -105,7 +105,7 @@ export async function citusBench(): Promise<CitusResult | { skipped: string }> {
   try {
     const cdb = await cluster.database("idem_bench_citus");
     cleanup.unshift(() => cdb.drop());
-    const plainDb = await freshDatabase("idem_bench_plain");
+    const plainDb = await freshDatabase("bench_plain");
     cleanup.unshift(() => plainDb.drop());
     const citusOpen = await openDatabaseUrl(cdb.url("coordinator"));
     cleanup.unshift(() => citusOpen.db.close());

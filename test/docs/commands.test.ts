@@ -139,7 +139,7 @@ describe.skipIf(!DATABASE_URL).each(docs.filter((d) => blocks.some((b) => b.doc 
   (doc) => {
     it("every unmarked shell block runs as written", async () => {
       const own = blocks.filter((b) => b.doc === doc && !b.notRun);
-      const main = await freshDatabase("idem_docs");
+      const main = await freshDatabase("docs");
       const named = new Map<string, Awaited<ReturnType<typeof freshDatabase>>>();
       const { port, provider } = ports();
       const env: NodeJS.ProcessEnv = {
@@ -156,7 +156,7 @@ describe.skipIf(!DATABASE_URL).each(docs.filter((d) => blocks.some((b) => b.doc 
           // The block's own database names become fresh databases; its port 3000 becomes ours.
           let code = b.code.replaceAll(":3000", `:${port}`);
           for (const [, name = ""] of code.matchAll(/(?:-U postgres |127\.0\.0\.1:5432\/)(idem\w*)\b/g)) {
-            if (!named.has(name)) named.set(name, await freshDatabase("idem_docs"));
+            if (!named.has(name)) named.set(name, await freshDatabase("docs"));
           }
           for (const [name, db] of named) {
             const fresh = new URL(db.url).pathname.slice(1);

@@ -45,10 +45,27 @@ export interface TestBackend {
   open(): Promise<OpenDb>;
 }
 
-/** Create an empty database on the real server; `drop()` removes it. */
-export async function freshDatabase(prefix = "idem_test"): Promise<{ url: string; drop(): Promise<void> }> {
+/**
+ * What every test database's name starts with: DATABASE_URL's own database name (`.../test` gives
+ * `test_...`), so that runs beside each other on one server, each with a DATABASE_URL of its own, can
+ * tell their databases apart (and an operator can find a killed run's leftovers by that prefix).
+ */
+export const DATABASE_PREFIX = (() => {
+  const name = DATABASE_URL ? decodeURIComponent(new URL(DATABASE_URL).pathname.slice(1)) : "";
+  const safe = name
+    .toLowerCase()
+    .replace(/[^a-z0-9_]/g, "_")
+    .slice(0, 30);
+  return /^[a-z_]/.test(safe) ? safe : `idem${safe ? `_${safe}` : ""}`;
+})();
+
+/**
+ * Create an empty database on the real server, named `<DATABASE_PREFIX>_<label>_<random>`; `drop()`
+ * removes it.
+ */
+export async function freshDatabase(label = "store"): Promise<{ url: string; drop(): Promise<void> }> {
   if (!DATABASE_URL) throw new Error("freshDatabase needs DATABASE_URL");
-  const name = `${prefix}_${randomBytes(6).toString("hex")}`;
+  const name = `${DATABASE_PREFIX}_${label}_${randomBytes(6).toString("hex")}`.slice(0, 63);
   const admin = new pg.Client({ connectionString: DATABASE_URL });
   await admin.connect();
   try {

@@ -241,7 +241,7 @@ interface Backend {
 const pgPipelined: Backend = {
   name: "pg",
   async open() {
-    const fresh = await freshDatabase("idem_spec_http");
+    const fresh = await freshDatabase("spec_http");
     const pools = [0, 1].map(() => {
       const pool = new pg.Pool({ connectionString: fresh.url, max: 10, pipeline: true } as pg.PoolConfig);
       pool.on("error", () => {});

@@ -4,8 +4,12 @@
  * stopped when the test process exits.
  *
  *   IDEM_INFRA_DIR        parent folder of each cluster's directory (default: the OS temp folder)
- *   IDEM_INFRA_PORT_BASE  first loopback port tried (default 21000); ports are taken upwards from it,
- *                         below 32768 (Linux hands out ephemeral ports above), skipping busy ones
+ *   IDEM_INFRA_PORT_BASE  first loopback port of the range (default 21000)
+ *   IDEM_INFRA_PORT_COUNT how many ports the range holds (default 1000, up to port 65535); ports are
+ *                         taken upwards inside it, each test process starting at a point of its own,
+ *                         skipping busy ones. A range above 32767 works too, but Linux hands out its
+ *                         ephemeral ports there (net.ipv4.ip_local_port_range), so a client's socket
+ *                         may take a port first: such a port is skipped as busy.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
@@ -59,7 +63,21 @@ export async function giveToPostgres(path: string): Promise<void> {
   await chown(path, uid, gid);
 }
 
-let nextPort = Number(process.env.IDEM_INFRA_PORT_BASE ?? 21_000) + (process.pid % 50) * 10;
+/** The range `[first, first + count)` from the environment, checked once. */
+export function infraPortRange(env: NodeJS.ProcessEnv = process.env): { first: number; count: number } {
+  const first = Number(env.IDEM_INFRA_PORT_BASE ?? 21_000);
+  const count = Number(env.IDEM_INFRA_PORT_COUNT ?? 1_000);
+  if (!Number.isInteger(first) || first < 1024 || first > 65_535)
+    throw new Error(`IDEM_INFRA_PORT_BASE=${env.IDEM_INFRA_PORT_BASE}: a port from 1024 to 65535`);
+  if (!Number.isInteger(count) || count < 10)
+    throw new Error(`IDEM_INFRA_PORT_COUNT=${env.IDEM_INFRA_PORT_COUNT}: a whole number of at least 10`);
+  return { first, count: Math.min(count, 65_536 - first) };
+}
+
+const range = infraPortRange();
+/** Where this process starts in the range, so that test files running at once rarely probe the same ports. */
+const start = ((process.pid % 50) * 10) % range.count;
+let taken = 0;
 
 function bindable(port: number): Promise<boolean> {
   return new Promise((resolve) => {
@@ -73,8 +91,13 @@ function bindable(port: number): Promise<boolean> {
 export async function infraPorts(count: number): Promise<number[]> {
   const ports: number[] = [];
   while (ports.length < count) {
-    const port = nextPort++;
-    if (port >= 32_768) throw new Error("no free loopback port below 32768 from IDEM_INFRA_PORT_BASE");
+    if (taken >= range.count) {
+      throw new Error(
+        `no free loopback port left in ${range.first}-${range.first + range.count - 1} ` +
+          "(IDEM_INFRA_PORT_BASE, IDEM_INFRA_PORT_COUNT)",
+      );
+    }
+    const port = range.first + ((start + taken++) % range.count);
     if (await bindable(port)) ports.push(port);
   }
   return ports;

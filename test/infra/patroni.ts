@@ -2,7 +2,7 @@
  * A private high-availability PostgreSQL, as production teams run it: etcd (Debian's etcd-server),
  * PostgreSQL nodes managed by Patroni (Debian's patroni), and HAProxy (Debian's haproxy) sending
  * connections to whichever node Patroni's REST API says is the primary (`GET /primary`). Loopback ports
- * below 32768, one directory, everything stopped and deleted by `stop()`.
+ * in the IDEM_INFRA_PORT_BASE range, one directory, everything stopped and deleted by `stop()`.
  *
  * Patroni settings (short, for a test; see docs/operations.md for production): ttl 10 s, loop_wait 1 s,
  * retry_timeout 4 s: a primary that dies is replaced once its leader key expires, about 10 s later.

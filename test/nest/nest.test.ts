@@ -101,7 +101,7 @@ function scopeOf(req: IncomingMessage): string | undefined {
 
 /** A Nest app on a database of its own, listening on loopback. */
 async function startApp(adapter: FastifyAdapter | undefined, byHand = false) {
-  const fresh = await freshDatabase("idem_nest");
+  const fresh = await freshDatabase("nest");
   const pool = new pg.Pool({ connectionString: fresh.url, max: 10 });
   // The database is dropped (WITH FORCE) at the end: a connection it kills while the pool ends must
   // not become an uncaught error that fails the whole run.

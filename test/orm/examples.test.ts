@@ -25,7 +25,7 @@ describe.skipIf(!DATABASE_URL)("integration examples", () => {
   it.each(EXAMPLES)(
     "examples/%s.ts: the retry replays the same bytes and one payment exists",
     async (name) => {
-      const fresh = await freshDatabase("idem_example");
+      const fresh = await freshDatabase("example");
       try {
         if (name === "prisma") {
           await run("node_modules/.bin/prisma", ["generate", "--schema", "examples/prisma/schema.prisma"], {

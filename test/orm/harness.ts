@@ -37,7 +37,7 @@ export function ormContract(open: (url: string) => Promise<OrmUnderTest>): void 
   let base: string;
   let server: ReturnType<typeof serve>;
   beforeAll(async () => {
-    fresh = await freshDatabase("idem_orm");
+    fresh = await freshDatabase("orm");
     orm = await open(fresh.url);
     await migrate(orm.db); // through the ORM too
     await orm.db.exec(PAYMENTS_DDL);

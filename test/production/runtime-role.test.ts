@@ -40,7 +40,7 @@ describe.skipIf(!DATABASE_URL)("the service as a role without CREATE", () => {
     Number((await owner.query<{ n: number }>("SELECT count(*)::int AS n FROM payments")).rows[0]!.n);
 
   beforeAll(async () => {
-    fresh = await freshDatabase("idem_rt");
+    fresh = await freshDatabase("rt");
     owner = (await openDatabaseUrl(fresh.url)).db;
     await owner.exec(`CREATE ROLE ${role} LOGIN; REVOKE ALL ON DATABASE ${new URL(fresh.url).pathname.slice(1)} FROM PUBLIC;
       GRANT CONNECT ON DATABASE ${new URL(fresh.url).pathname.slice(1)} TO ${role}`);
