@@ -174,9 +174,8 @@ export async function startWorker(db: Db, spec: WorkerSpec, config: TransportCon
     relay,
     consumer,
     async stop() {
-      await relay.stop();
+      await relay.stop(); // closes the publisher too
       await consumer.stop();
-      await publisher.close();
     },
   };
 }

@@ -275,6 +275,8 @@ export async function consumeAmqp(options: AmqpConsumerOptions): Promise<Running
   let consumer: { channel: Channel; tag: string } | undefined;
   let reconnectTimer: NodeJS.Timeout | undefined;
   let failures = 0;
+  /** Why the last connection attempt failed (the first one's is thrown, as the cause). */
+  let lastFailure: Error | undefined;
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => {
     resolveClosed = r;
@@ -352,8 +354,10 @@ export async function consumeAmqp(options: AmqpConsumerOptions): Promise<Running
       );
       consumer = { channel, tag: consumerTag };
       failures = 0;
+      lastFailure = undefined;
     } catch (err) {
-      onError(errorOf(err));
+      lastFailure = errorOf(err);
+      onError(lastFailure);
       const m = model;
       model = undefined;
       await m?.close().catch(() => {});
@@ -380,8 +384,13 @@ export async function consumeAmqp(options: AmqpConsumerOptions): Promise<Running
   if (!model) {
     stopping = true;
     clearTimeout(reconnectTimer);
+    const cause = lastFailure;
+    // A queue that does not exist closes the channel with 404 NOT_FOUND: say how to declare it.
+    const missing = (cause as { code?: unknown } | undefined)?.code === 404;
     throw new BrokerUnavailableError(
-      `cannot consume ${options.queue} from RabbitMQ at ${redactUrl(options.url)}`,
+      `cannot consume ${options.queue} from RabbitMQ at ${redactUrl(options.url)}: ${cause?.message ?? "no channel"}` +
+        (missing ? ` (declare the queue first, e.g. setup: (ch) => ch.assertQueue("${options.queue}"))` : ""),
+      { cause },
     );
   }
   return {

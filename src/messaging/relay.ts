@@ -190,8 +190,10 @@ export class Relay {
   }
 
   /**
-   * Stop: the loops finish the batch in hand (publish and mark), then end. Rows of a batch that could
-   * not finish stay locked until their lease expires, as after a crash.
+   * Stop: the loops finish the batch in hand (publish and mark), then end; the LISTEN subscription and
+   * the publisher's connections are closed, so that nothing of the relay's keeps the process alive (the
+   * database is yours to close). Rows of a batch that could not finish stay locked until their lease
+   * expires, as after a crash. A later `start()` works again: the publishers reconnect on their next batch.
    */
   async stop(): Promise<void> {
     this.#running = false;
@@ -202,6 +204,7 @@ export class Relay {
     this.#loops = [];
     await this.#subscription?.close().catch(() => {});
     this.#subscription = undefined;
+    await this.#publisher.close().catch((e) => this.#onError(errorOf(e)));
   }
 
   /** Wake idle loops now (what a NOTIFY does). */

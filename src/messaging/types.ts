@@ -50,7 +50,10 @@ export interface Publisher {
   readonly name: string;
   /** Publish a batch; resolves with one outcome per message, in order, once the broker answered. */
   publish(messages: readonly OutboxMessage[]): Promise<PublishOutcome[]>;
-  /** Close the publisher's connections. */
+  /**
+   * Close the publisher's connections (`Relay.stop()` calls it). A `publish` after it connects again, so
+   * a publisher shared by relays, or a relay started again, goes on working.
+   */
   close(): Promise<void>;
   /**
    * True when the messages of one `publish` call reach the broker, and are stored, in the call's order

@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AmqpPublisher, consumeAmqp } from "../../src/messaging/amqp.ts";
 import { Inbox } from "../../src/messaging/inbox.ts";
 import { Relay } from "../../src/messaging/relay.ts";
+import { BrokerUnavailableError } from "../../src/messaging/types.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
@@ -132,6 +133,32 @@ describe.skipIf(!backend)("RabbitMQ", () => {
     expect((await ch.checkQueue(queue)).messageCount).toBe(0);
   });
 
+  it("consuming a queue that does not exist fails with the broker's reason as the cause, and says the fix", async () => {
+    const queue = unique("idem_missing");
+    const errors: Error[] = [];
+    const failure = await consumeAmqp({
+      url: AMQP_URL,
+      queue,
+      inbox: new Inbox(db, { consumer: queue }),
+      handler: record,
+      onError: (e) => errors.push(e),
+    }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(failure).toBeInstanceOf(BrokerUnavailableError);
+    const err = failure as BrokerUnavailableError;
+    // The broker's own words (404 NOT_FOUND, the queue's name) are in the message and kept as the cause.
+    expect(err.message).toContain(`cannot consume ${queue} from RabbitMQ`);
+    expect(err.message).toMatch(/NOT_FOUND/);
+    expect(err.message).toContain(`ch.assertQueue("${queue}")`);
+    expect(err.cause).toBeInstanceOf(Error);
+    expect((err.cause as { code?: number }).code).toBe(404);
+    // onError heard it too (the channel's close, then the refused consume), and nothing else.
+    expect(errors).toContain(err.cause);
+    for (const e of errors) expect((e as { code?: number }).code).toBe(404);
+  });
+
   describe("with the connection cut mid-batch", () => {
     let proxy: CuttableProxy;
     beforeAll(async () => {
@@ -139,6 +166,27 @@ describe.skipIf(!backend)("RabbitMQ", () => {
       proxy = await startProxy({ host: u.hostname, port: Number(u.port || 5672) });
     });
     afterAll(() => proxy?.close());
+
+    it("relay.stop() closes the publisher's connection: nothing of the relay's stays open", async () => {
+      const queue = await newQueue();
+      await writeCredits(db, 5, queue);
+      const viaProxy = new URL(AMQP_URL);
+      viaProxy.host = `127.0.0.1:${proxy.port}`;
+      const relay = new Relay({
+        db,
+        publisher: new AmqpPublisher({ url: viaProxy.toString() }),
+        topics: [queue],
+      });
+      await relay.start();
+      try {
+        await until(() => outboxDone(queue), 10_000, "the events published");
+        expect(proxy.open).toBe(1);
+      } finally {
+        await relay.stop();
+      }
+      await until(() => proxy.open === 0, 5_000, "the publisher's connection closed by relay.stop()");
+      expect((await ch.checkQueue(queue)).messageCount).toBe(5);
+    });
 
     it("loses nothing: unconfirmed messages are published again and the copies are absorbed by the inbox", async () => {
       const queue = await newQueue();

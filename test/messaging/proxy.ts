@@ -18,6 +18,8 @@ export interface CuttableProxy {
   refuse: boolean;
   /** Bytes forwarded client -> broker so far (to cut "mid-batch"). */
   readonly bytesUp: number;
+  /** Client connections open through the proxy now. */
+  readonly open: number;
   close(): Promise<void>;
 }
 
@@ -57,6 +59,9 @@ export async function startProxy(target: { host: string; port: number }): Promis
     },
     get bytesUp() {
       return bytesUp;
+    },
+    get open() {
+      return sockets.size / 2;
     },
     refuse: false,
     cut() {
