@@ -12,6 +12,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { codeBlocks } from "../../scripts/doc-blocks.mjs";
 import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
 
 interface Block {
@@ -21,34 +22,16 @@ interface Block {
   notRun?: string;
 }
 
-const NOT_RUN = /^<!--\s*not run:(.*)-->$/;
-
+/** The document's shell blocks, read by the harness that reads its TypeScript blocks too. */
 function blocksOf(doc: string): Block[] {
-  const lines = readFileSync(join("docs", doc), "utf8").split("\n");
-  const blocks: Block[] = [];
-  let open: { lang: string; line: number; above: string } | undefined;
-  let lastText = "";
-  for (const [i, text] of lines.entries()) {
-    if (!text.startsWith("```")) {
-      if (!open && text.trim() !== "") lastText = text.trim();
-      continue;
-    }
-    if (!open) {
-      open = { lang: text.slice(3).trim(), line: i + 1, above: lastText };
-      continue;
-    }
-    if (["sh", "bash", "shell"].includes(open.lang)) {
-      blocks.push({
-        doc,
-        line: open.line,
-        code: lines.slice(open.line, i).join("\n"),
-        notRun: open.above.match(NOT_RUN)?.[1]?.trim(),
-      });
-    }
-    open = undefined;
-    lastText = "";
-  }
-  return blocks;
+  return codeBlocks(`docs/${doc}`)
+    .filter((b) => ["sh", "bash", "shell"].includes(b.lang))
+    .map((b) => ({
+      doc,
+      line: b.line,
+      code: b.code,
+      ...(b.mark?.kind === "not run" ? { notRun: b.mark.reason ?? "" } : {}),
+    }));
 }
 
 const docs = readdirSync("docs")
