@@ -102,7 +102,7 @@ export class AttemptLoop {
     // sent, so nothing happened) do not count either: a service restarting for two seconds must not use
     // up the attempts of a call that has most of its deadline left. The deadline, the budget and the
     // breaker still bound them. A limit set explicitly counts every attempt.
-    const freeUnreached = opts.maxAttempts === undefined && s.retry.maxAttempts === undefined;
+    const freeUnreached = opts.maxAttempts === undefined && !s.maxAttemptsSet;
     let unreached = 0;
     // Whether an attempt may have reached the server (its reply lost, or not back before the per-try
     // timeout): from then on the outcome may be there, and a retry the budget or the breaker refuses

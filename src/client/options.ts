@@ -29,14 +29,11 @@ export const ANSWER_WITHIN_MARGIN_MS = 2_000;
 export const DEFAULT_KEY_RETENTION_MS = 24 * 60 * 60 * 1000;
 export const DEFAULT_KEY_HEADER = "Idempotency-Key";
 
-/** Which outcomes are retried, how often, and how long to wait between them. */
+/**
+ * Which outcomes are retried and how long to wait between them. (How many attempts a call makes is
+ * `maxAttempts`, beside `deadlineMs` and `perTryTimeoutMs`: the same name for the client and for a call.)
+ */
 export interface RetryOptions extends BackoffOptions {
-  /**
-   * Most attempts per call, the first included. Default 5, counting the attempts that reached a server
-   * (one refused before anything was sent, e.g. while the service restarts, is bounded by the deadline,
-   * the budget and the breaker instead); a limit set here counts every attempt.
-   */
-  maxAttempts?: number;
   /**
    * Statuses retried when the server does not say (no `retry_same_key` in a problem body). Default
    * 408, 429, 500, 502, 503, 504. A 409 is retried only when the server says the key is in flight
@@ -82,6 +79,12 @@ export interface ClientOptions {
   keyFormat?: "token" | "sf-string";
   /** Retry policy. Defaults: see {@link RetryOptions}. */
   retry?: RetryOptions;
+  /**
+   * Most attempts per call, the first included. Default 5, counting the attempts that reached a server
+   * (one refused before anything was sent, e.g. while the service restarts, is bounded by the deadline,
+   * the budget and the breaker instead); a limit set here counts every attempt.
+   */
+  maxAttempts?: number;
   /** Time for a whole call: every attempt and every wait. Default 30,000 ms. */
   deadlineMs?: number;
   /**
@@ -139,7 +142,7 @@ export interface CallOptions {
   deadlineMs?: number;
   /** This call's per-try timeout. Default: the client's `perTryTimeoutMs`. */
   perTryTimeoutMs?: number;
-  /** This call's attempt limit. Default: the client's `retry.maxAttempts`. */
+  /** This call's attempt limit (every attempt counts). Default: the client's `maxAttempts`. */
   maxAttempts?: number;
   /** Cancels the call at once, including a wait between attempts. */
   signal?: AbortSignal | null;
@@ -158,6 +161,8 @@ export class Settings {
   readonly retry: RetryOptions;
   readonly shouldRetry: RetryPredicate;
   readonly maxAttempts: number;
+  /** Whether `maxAttempts` was given (then every attempt counts, those that reached no server too). */
+  readonly maxAttemptsSet: boolean;
   readonly deadlineMs: number;
   readonly perTryMs: number;
   readonly keyRetentionMs: number;
@@ -180,7 +185,8 @@ export class Settings {
     this.retry = options.retry ?? {};
     this.shouldRetry =
       this.retry.shouldRetry ?? defaultRetryPredicate(new Set(this.retry.statuses ?? DEFAULT_RETRY_STATUSES));
-    this.maxAttempts = this.retry.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
+    this.maxAttempts = options.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
+    this.maxAttemptsSet = options.maxAttempts !== undefined;
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     this.perTryMs = options.perTryTimeoutMs ?? DEFAULT_PER_TRY_TIMEOUT_MS;
     this.keyRetentionMs = options.keyRetentionMs ?? DEFAULT_KEY_RETENTION_MS;

@@ -113,7 +113,8 @@ describe("waiting between attempts (fake timers)", () => {
       deadlineMs: 2_000,
       breaker: false,
       budget: false,
-      retry: { maxAttempts: 100, baseMs: 100, capMs: 100, random: () => 0.999 },
+      maxAttempts: 100,
+      retry: { baseMs: 100, capMs: 100, random: () => 0.999 },
     });
     const call = client.post("http://api.test/p", {}).catch((e) => e);
     await vi.advanceTimersByTimeAsync(2_000);

@@ -25,7 +25,7 @@ function oneShotClient(
   fetch: (url: string, init: RequestInit) => Promise<Response>,
   breaker: CircuitBreaker,
 ) {
-  return createClient({ fetch, breaker, budget: false, retry: { maxAttempts: 1 } });
+  return createClient({ fetch, breaker, budget: false, maxAttempts: 1 });
 }
 
 describe("circuit breaker", () => {

@@ -41,7 +41,8 @@ describe("retry budget", () => {
         throw refusedError();
       },
       breaker: false, // the budget alone, here
-      retry: { maxAttempts: 3, baseMs: 0 },
+      maxAttempts: 3,
+      retry: { baseMs: 0 },
     });
     for (let i = 0; i < 1000; i++) {
       await client.post("/payments", { i }).catch((err) => {

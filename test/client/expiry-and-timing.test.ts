@@ -24,7 +24,7 @@ describe("the key's expiry on the server", () => {
       { status: 503, headers },
       { status: 503, headers },
     ]);
-    const client = createClient({ baseUrl: server.url, retry: { maxAttempts: 2, baseMs: 1 } });
+    const client = createClient({ baseUrl: server.url, maxAttempts: 2, retry: { baseMs: 1 } });
     await client.post("/payments", { amount_cents: 1 }, { intent: "order-1" }).catch(() => {});
     const stored = await client.store.get("order-1");
     expect(stored).toMatchObject({
@@ -47,7 +47,7 @@ describe("the key's expiry on the server", () => {
 
   it("without the header, keyRetentionMs after the intent began stands in (Infinity turns it off)", async () => {
     server = await startPaymentServer([{ status: 503 }, "ok"]);
-    const client = createClient({ baseUrl: server.url, keyRetentionMs: HOUR, retry: { maxAttempts: 1 } });
+    const client = createClient({ baseUrl: server.url, keyRetentionMs: HOUR, maxAttempts: 1 });
     await client.post("/payments", {}, { intent: "order-2" }).catch(() => {});
     vi.useFakeTimers({ toFake: ["Date"] });
     vi.setSystemTime(Date.now() + 2 * HOUR);

@@ -85,7 +85,7 @@ describe(`the client asks the operation lookup before resending (service on ${ba
       baseUrl: proxy.url,
       store,
       headers: { authorization: `Bearer ${KEY_1}` },
-      retry: { maxAttempts: 1 }, // the lost reply ends the call: resume() is what follows
+      maxAttempts: 1, // the lost reply ends the call: resume() is what follows
       ...(operationsPath !== undefined && { operationsPath }),
     });
 
@@ -178,7 +178,7 @@ describe(`resume() while the payment is still being made (phases, 1.5 s charge, 
     const client = createClient({
       baseUrl: proxy.url,
       headers: { authorization: `Bearer ${KEY_1}` },
-      retry: { maxAttempts: 1 },
+      maxAttempts: 1,
       perTryTimeoutMs: 300, // the client stops waiting while the service charges
       operationsPath: "/v1/operations",
     });

@@ -186,7 +186,7 @@ describe("a payment through a server that fails on purpose", () => {
 
   it("gives up after maxAttempts with the last response, its body readable", async () => {
     server = await startPaymentServer([{ status: 503 }, { status: 502 }, { status: 500 }]);
-    const client = createClient({ baseUrl: server.url, retry: { maxAttempts: 3, baseMs: 5 } });
+    const client = createClient({ baseUrl: server.url, maxAttempts: 3, retry: { baseMs: 5 } });
     const err = await rejection(client.post("/payments", { amount_cents: 100 }));
     expect(isAttemptsExhaustedError(err)).toBe(true);
     if (!isAttemptsExhaustedError(err)) return;

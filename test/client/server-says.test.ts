@@ -143,7 +143,7 @@ describe("what the server says decides what the client does", () => {
 
   it("a give-up carries the state; retryWithNewKey sends the same request under a new key when safe", async () => {
     server = await startPaymentServer([unavailableNothingClaimed, unavailableNothingClaimed]);
-    const client = createClient({ baseUrl: server.url, retry: { maxAttempts: 2 } });
+    const client = createClient({ baseUrl: server.url, maxAttempts: 2 });
     const err = await client.post("/payments", { amount_cents: 7 }, { intent: "order-10" }).catch((e) => e);
     expect(isAttemptsExhaustedError(err)).toBe(true);
     expect(err).toMatchObject({ operationState: "none", safeNewKey: true, attempts: 2 });
@@ -179,7 +179,7 @@ describe("what the server says decides what the client does", () => {
 
   it("retryWithNewKey refuses when the server never said a new key is safe, and sends nothing", async () => {
     server = await startPaymentServer([{ status: 503 }, { status: 503 }]);
-    const client = createClient({ baseUrl: server.url, retry: { maxAttempts: 2, baseMs: 1 } });
+    const client = createClient({ baseUrl: server.url, maxAttempts: 2, retry: { baseMs: 1 } });
     await client.post("/payments", {}, { intent: "order-12" }).catch(() => {});
     const err = await client.retryWithNewKey("order-12").catch((e) => e);
     expect(isNewKeyNotSafeError(err)).toBe(true);

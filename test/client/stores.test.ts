@@ -137,7 +137,7 @@ describe.each(kinds)("$name intent store", (kind) => {
     server = await startPaymentServer(["charge-and-drop"]);
     const { store, reopen, close } = await kind.open();
     try {
-      const before = createClient({ baseUrl: server.url, store, retry: { maxAttempts: 1 } });
+      const before = createClient({ baseUrl: server.url, store, maxAttempts: 1 });
       const intent = await before.intent("checkout-42");
       const err = await before.post("/payments", { amount_cents: 5000 }, { intent }).catch((e) => e);
       expect(isAttemptsExhaustedError(err)).toBe(true); // the reply was lost: outcome unknown

@@ -174,7 +174,8 @@ export async function runIntents(options: RunOptions): Promise<IntentRun[]> {
       giveUpWith: "response",
       deadlineMs: options.leaseMs + options.requestTimeoutMs, // room for a 409 to clear
       perTryTimeoutMs: options.requestTimeoutMs,
-      retry: { maxAttempts: 8, baseMs: 50, capMs: 1_000 },
+      maxAttempts: 8,
+      retry: { baseMs: 50, capMs: 1_000 },
     });
   const viaProxy = clientFor(options.proxy.url);
   const direct = clientFor(options.url);
