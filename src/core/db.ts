@@ -42,7 +42,7 @@ export interface Tx extends Queryable {
    * Whether statements are pipelined: sent without waiting for the answers of those before them, so
    * that several leave in one write. Drivers that cannot say leave it undefined.
    */
-  readonly pipelined?: boolean;
+  readonly pipelined?: boolean | undefined;
   /**
    * Optional: send `NOTIFY channel` once this transaction has committed, from outside it (nothing if it
    * rolls back). `fromPg`, `fromPostgresJs` and the ORM integrations have it, and coalesce the NOTIFYs

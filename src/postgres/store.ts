@@ -72,7 +72,7 @@ export interface PostgresStoreOptions {
    * A keyed sealer (`AesGcmSealer`) seals with the key the database records as promoted, not merely
    * its first (`promoteSealingKey`, sealing-keys.ts).
    */
-  sealer?: Sealer;
+  sealer?: Sealer | undefined;
 }
 
 /**

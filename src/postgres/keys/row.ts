@@ -43,9 +43,9 @@ export const RECOVERY_DONE = "done";
 /** What building a replay needs of the key's table. */
 export interface ReplaySource {
   readonly retentionMs: number;
-  readonly sealer?: Sealer;
+  readonly sealer?: Sealer | undefined;
   /** Seals the operation reference a key in review is answered with. */
-  readonly refs?: OperationRefCodec;
+  readonly refs?: OperationRefCodec | undefined;
 }
 
 export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {

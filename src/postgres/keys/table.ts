@@ -27,9 +27,9 @@ export interface KeyTable {
   /** The time its statements read: the database's clock (`now()`), moved by the store's time shift. */
   readonly dbTime: DbTime;
   /** Seals saved bodies and stored inputs at rest (`PostgresStoreOptions.sealer`); none: in clear. */
-  readonly sealer?: Sealer;
+  readonly sealer?: Sealer | undefined;
   /** Seals the operation references of its keys (`PostgresStore.refs`). */
-  readonly refs?: OperationRefCodec;
+  readonly refs?: OperationRefCodec | undefined;
   /** Make sure the partitions around the database's now exist. */
   ensurePartitions(): Promise<void>;
   /**
@@ -49,7 +49,7 @@ export interface ShardedKeyTables {
   /** The shard a scope's keys live on. */
   shardOf(scope: string): KeyTable;
   /** Seals and opens the operation references of every shard's keys. */
-  readonly refs?: OperationRefCodec;
+  readonly refs?: OperationRefCodec | undefined;
 }
 
 /**
