@@ -12,7 +12,7 @@ import {
 import { CliError, EXIT, openStore, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem keys inspect <scope> <key> | --ref <operation_ref>   [--json]
-       idem keys list --state needs_review|unfinished|expiring [--limit N] [--json]
+       idem keys list [--state needs_review|unfinished|expiring] [--limit N] [--json]
        idem keys settle <scope> <key> | --ref REF --note TEXT [--by NAME]
                         (--resume PHASE [--data JSON] | --answer STATUS [--body JSON])
        idem keys forget <scope> <key> | --ref REF --reason TEXT [--by NAME] [--effect-reversed]
@@ -21,8 +21,8 @@ const USAGE = `usage: idem keys inspect <scope> <key> | --ref <operation_ref>   
 Support tooling for one key (an operation_ref from a client's problem response names one):
   inspect   state, recovery point, lease holder and expiry, fingerprint, saved status, headers and
             body size, expiry
-  list      keys waiting for a person (needs_review: their outcome is unknown), still unfinished, or
-            expiring within the hour
+  list      keys waiting for a person (needs_review, the default: their outcome is unknown), still
+            unfinished, or expiring within the hour
   settle    close a needs_review key, on the record: --resume PHASE puts it back at a phase of its
             runner (with --data merged into its phase data, e.g. '{"chargeId":"ch_..."}' found at the
             provider), after which a retry or \`idem complete\` finishes it (refused, changing nothing,
@@ -175,7 +175,8 @@ function keyOf(values: Values, args: string[]): KeyRef {
 }
 
 function checkList(values: Values): { state: string; limit: number } {
-  const state = values.state;
+  // What a person is there for by default: the keys only they can settle.
+  const state = values.state ?? "needs_review";
   if (state !== "needs_review" && state !== "unfinished" && state !== "expiring") {
     throw new CliError("--state takes needs_review, unfinished or expiring", EXIT.usage);
   }
