@@ -44,5 +44,11 @@ export function defaultDocs(): string[];
 export function codeBlocks(file: string): Block[];
 export function typescriptBlocks(files?: string[]): Block[];
 export function markProblems(blocks: Block[]): string[];
-export function typecheckBlocks(blocks: Block[]): Promise<string[]>;
+export interface TypecheckOptions {
+  /** A project where a packed idem is installed: the blocks are checked there, against its declarations. */
+  dir?: string;
+  /** With `dir`: the compiler options (tsconfig.json's `compilerOptions` form). */
+  compilerOptions?: Record<string, unknown>;
+}
+export function typecheckBlocks(blocks: Block[], options?: TypecheckOptions): Promise<string[]>;
 export function runBlock(block: Block, options?: RunOptions): Promise<RunResult>;

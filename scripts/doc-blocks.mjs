@@ -24,7 +24,7 @@
  */
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { join, relative } from "node:path";
+import { dirname, join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const ROOT = fileURLToPath(new URL("..", import.meta.url));
@@ -107,8 +107,8 @@ export function markProblems(blocks) {
 }
 
 /** The file a block is written to (a module of its own). */
-function blockPath(b) {
-  return join(OUT, `${b.file.replaceAll("/", "__")}.L${b.line}.ts`);
+function blockPath(b, dir = OUT) {
+  return join(dir, `${b.file.replaceAll("/", "__")}.L${b.line}.ts`);
 }
 
 /** The block as a module: `export {}` makes one of a block with no import or export. */
@@ -117,24 +117,57 @@ function moduleText(b) {
 }
 
 /** Write the blocks' modules to .cache/doc-blocks/ (emptied first). */
-function writeBlocks(blocks) {
-  rmSync(OUT, { recursive: true, force: true });
-  mkdirSync(OUT, { recursive: true });
-  for (const b of blocks) writeFileSync(blockPath(b), moduleText(b));
+function writeBlocks(blocks, dir = OUT) {
+  rmSync(dir, { recursive: true, force: true });
+  mkdirSync(dir, { recursive: true });
+  for (const b of blocks) writeFileSync(blockPath(b, dir), moduleText(b));
+}
+
+/** Copy a repository file into `dir` at the same relative path, with the local files it imports. */
+function copyWithLocalImports(file, dir, done = new Set()) {
+  if (done.has(file)) return;
+  done.add(file);
+  const text = readFileSync(join(ROOT, file), "utf8");
+  mkdirSync(dirname(join(dir, file)), { recursive: true });
+  writeFileSync(join(dir, file), text);
+  for (const [, spec] of text.matchAll(/from "(\.{1,2}\/[^"]+)"/g)) {
+    copyWithLocalImports(relative(ROOT, join(ROOT, dirname(file), spec ?? "")), dir, done);
+  }
 }
 
 /**
- * Type-check the blocks not marked "not checked", with the repository's compiler options (strict,
- * noUncheckedIndexedAccess) and idem resolved by its own package name. Resolves with one message per
- * error, `README.md:123: TS2345 ...` at the document's line.
+ * Type-check the blocks not marked "not checked" (and the whole files that "from" blocks are excerpts
+ * of). Resolves with one message per error, `README.md:123: TS2345 ...` at the document's line.
+ *
+ * By default in the repository, with its compiler options (strict, noUncheckedIndexedAccess) and idem
+ * resolved by its own package name (to src/ through the `source` condition). With `dir` (a project
+ * where a packed idem is installed) the blocks, the context and the example files are written there
+ * and checked with `compilerOptions` (tsconfig.json's `compilerOptions` form) against what that
+ * project resolves: the tarball's declarations.
  */
-export async function typecheckBlocks(blocks) {
+export async function typecheckBlocks(blocks, options = {}) {
   const { default: ts } = await import("typescript");
+  const dir = options.dir ?? OUT;
   const checked = blocks.filter((b) => b.mark?.kind !== "not checked" && b.mark?.kind !== "from");
-  const sources = [...new Set(blocks.filter((b) => b.mark?.kind === "from").map((b) => b.mark?.reason))]
-    .filter((f) => f && existsSync(join(ROOT, f)))
-    .map((f) => join(ROOT, f));
-  writeBlocks(checked);
+  const fromFiles = [
+    ...new Set(blocks.filter((b) => b.mark?.kind === "from").map((b) => b.mark?.reason)),
+  ].filter((f) => f && existsSync(join(ROOT, f)));
+  writeBlocks(checked, options.dir ? join(dir, ".doc-blocks") : dir);
+  const pathOf = (b) => blockPath(b, options.dir ? join(dir, ".doc-blocks") : dir);
+  let context = CONTEXT;
+  let sources = fromFiles.map((f) => join(ROOT, f));
+  if (options.dir) {
+    context = join(dir, ".doc-blocks", "context.d.ts");
+    writeFileSync(context, readFileSync(CONTEXT, "utf8"));
+    for (const f of fromFiles) copyWithLocalImports(f, dir);
+    sources = fromFiles.map((f) => join(dir, f));
+    const { options: compilerOptions, errors } = ts.convertCompilerOptionsFromJson(
+      options.compilerOptions ?? {},
+      dir,
+    );
+    if (errors.length) throw new Error(ts.flattenDiagnosticMessageText(errors[0].messageText, "\n"));
+    return diagnose(ts, [context, ...sources, ...checked.map(pathOf)], compilerOptions, checked, pathOf, dir);
+  }
   const config = ts.getParsedCommandLineOfConfigFile(
     join(ROOT, "tsconfig.json"),
     {},
@@ -146,11 +179,20 @@ export async function typecheckBlocks(blocks) {
     },
   );
   if (!config) throw new Error("tsconfig.json could not be read");
-  const program = ts.createProgram({
-    rootNames: [CONTEXT, ...sources, ...checked.map(blockPath)],
-    options: { ...config.options, noEmit: true, incremental: false },
-  });
-  const byPath = new Map(checked.map((b) => [blockPath(b), b]));
+  return diagnose(
+    ts,
+    [context, ...sources, ...checked.map(pathOf)],
+    { ...config.options, noEmit: true, incremental: false },
+    checked,
+    pathOf,
+    ROOT,
+  );
+}
+
+/** Compile `rootNames` and say each error at its document's line (or its file's, relative to `base`). */
+function diagnose(ts, rootNames, options, checked, pathOf, base) {
+  const program = ts.createProgram({ rootNames, options });
+  const byPath = new Map(checked.map((b) => [pathOf(b), b]));
   const messages = [];
   for (const d of ts.getPreEmitDiagnostics(program)) {
     const text = ts.flattenDiagnosticMessageText(d.messageText, "\n");
@@ -163,7 +205,7 @@ export async function typecheckBlocks(blocks) {
     messages.push(
       b
         ? `${b.file}:${b.line + 1 + line}: TS${d.code} ${text}`
-        : `${relative(ROOT, d.file.fileName)}:${line + 1}: TS${d.code} ${text}`,
+        : `${relative(base, d.file.fileName)}:${line + 1}: TS${d.code} ${text}`,
     );
   }
   return messages;

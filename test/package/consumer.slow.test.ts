@@ -7,9 +7,15 @@
  *   PGlite; every subpath can be require()d from CommonJS; `npx idem --help`, `--version` and `migrate`
  *   work; the integrations, each with only its own peers, at their lowest too;
  * - the same project with every peer at the newest version its range admits (type-check, run, require);
- * - the manifest: every condition of every export resolves inside the tarball, and the metadata;
- * - a project with nothing but the tarball: what a library user installs, its size, and `idem migrate`
- *   without a database or PGlite says what to install in one line and creates nothing.
+ * - the manifest: every condition of every export resolves inside the tarball, and so do `main`,
+ *   `types` and `typesVersions` (older resolvers); nothing of the repository's own (scripts,
+ *   devDependencies, workspaces, overrides); publint and @arethetypeswrong/cli find no problem;
+ * - every TypeScript block of README.md and docs/*.md (scripts/doc-blocks.mjs) and the examples the
+ *   README quotes, type-checked against the tarball's declarations with the strictest settings teams use
+ *   (strict, noUncheckedIndexedAccess, exactOptionalPropertyTypes, skipLibCheck false);
+ * - a project with nothing but the tarball: what a library user installs, its size (the README's
+ *   figures, written by scripts/package-size.mjs), and `idem migrate` without a database or PGlite says
+ *   what to install in one line and creates nothing.
  */
 import { execFile } from "node:child_process";
 import {
@@ -27,6 +33,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { typecheckBlocks, typescriptBlocks } from "../../scripts/doc-blocks.mjs";
+import { measure, readmeSizes } from "../../scripts/package-size.mjs";
 import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
 
 const run = promisify(execFile);
@@ -100,6 +108,20 @@ function duBytes(dir: string): number {
 }
 
 const mb = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(2)} MB`;
+
+/**
+ * tsc's errors, less those inside other packages' declarations (with skipLibCheck false they are
+ * checked too): under exactOptionalPropertyTypes @nats-io/nats-core's classes do not implement its own
+ * interfaces, which is the NATS client's to fix, not idem's. idem's declarations are checked in full.
+ */
+function errorsOutsideOtherPackages(output: string): string[] {
+  const errors: string[] = [];
+  for (const line of output.split("\n")) {
+    if (/^\S.*error TS\d+/.test(line)) errors.push(line);
+    else if (line.startsWith(" ") && errors.length) errors[errors.length - 1] += `\n${line}`;
+  }
+  return errors.filter((e) => !/^node_modules\/(?!idem\/)/.test(e));
+}
 
 describe("the packed tarball, installed in a fresh project", () => {
   let work: string;
@@ -176,6 +198,22 @@ describe("the packed tarball, installed in a fresh project", () => {
     }
     expect(missing).toEqual([]);
     expect(JSON.stringify(installed.exports)).not.toContain('"source"');
+    // What a user installs carries nothing of the repository's own: no install scripts (a `prepare`
+    // makes npm run, or flag, a script at every install), no devDependencies, workspaces or overrides.
+    for (const field of ["scripts", "devDependencies", "workspaces", "overrides"])
+      expect(installed[field], field).toBeUndefined();
+    // For resolvers that predate `exports` (TypeScript's node10, old bundlers): the same files.
+    const root = installed.exports["."] as Record<string, string>;
+    expect({ main: installed.main, types: installed.types }).toEqual({
+      main: root.default,
+      types: root.types,
+    });
+    for (const [subpath, [types]] of Object.entries(
+      installed.typesVersions["*"] as Record<string, string[]>,
+    )) {
+      expect(types, subpath).toBe((installed.exports[`./${subpath}`] as Record<string, string>).types);
+      expect(existsSync(join(bare, "node_modules/idem", types!)), subpath).toBe(true);
+    }
     expect(existsSync(join(bare, "node_modules/idem/LICENSE"))).toBe(true);
     for (const field of ["license", "repository", "homepage", "bugs", "keywords", "sideEffects"]) {
       expect(installed[field], field).toBeDefined();
@@ -189,6 +227,61 @@ describe("the packed tarball, installed in a fresh project", () => {
       expect(range, name).toMatch(/^\^\d+\.\d+\.\d+( \|\| \^\d+\.\d+\.\d+)*$/);
   });
 
+  it("passes publint and @arethetypeswrong/cli", async () => {
+    const bin = (name: string) => join(ROOT, "node_modules/.bin", name);
+    const publint = await run(bin("publint"), ["--strict", join(bare, "node_modules/idem")]).catch(
+      (err: { stdout?: string; stderr?: string }) => {
+        throw new Error(`publint failed:\n${err.stdout}${err.stderr}`);
+      },
+    );
+    expect(publint.stdout).toContain("All good!");
+    // Every entry point under node10 (main/types/typesVersions), node16 from ES modules and bundlers.
+    // One rule is set aside: "cjs-resolves-to-esm" (a require() that reaches an ES module), which
+    // @arethetypeswrong/cli 0.18 reports as an error; Node 20.19+ (idem's engines) require()s ES
+    // modules, and the test "require()s every subpath from CommonJS" below does it for every subpath.
+    const attw = await run(
+      bin("attw"),
+      [tarball, "--ignore-rules", "cjs-resolves-to-esm", "--format", "ascii"],
+      {
+        maxBuffer: 16 * 1024 * 1024,
+      },
+    ).catch((err: { stdout?: string; stderr?: string }) => {
+      throw new Error(`@arethetypeswrong/cli found problems:\n${err.stdout}${err.stderr}`);
+    });
+    expect(attw.stdout).toContain("No problems found");
+  }, 120_000);
+
+  it("type-checks every documented call under strict, noUncheckedIndexedAccess, exactOptionalPropertyTypes and skipLibCheck false", async () => {
+    // The README's integrations (Drizzle, Kysely, Knex, NestJS, Prisma) need peers this project does
+    // not install: each is installed in a project of its own below, and type-checked in the repository.
+    const elsewhere = ["drizzle", "kysely", "knex", "nestjs", "prisma"].map((n) => `examples/${n}.ts`);
+    const blocks = typescriptBlocks().filter(
+      (b) => !(b.mark?.kind === "from" && elsewhere.includes(b.mark.reason ?? "")),
+    );
+    const errors = await typecheckBlocks(blocks, {
+      dir: full,
+      compilerOptions: {
+        strict: true,
+        noUncheckedIndexedAccess: true,
+        exactOptionalPropertyTypes: true,
+        skipLibCheck: false,
+        module: "nodenext",
+        moduleResolution: "nodenext",
+        target: "es2022",
+        lib: ["es2023", "dom"],
+        types: ["node"],
+        noEmit: true,
+        allowImportingTsExtensions: true,
+      },
+    });
+    // idem's declarations, the blocks and the examples must be clean. Errors inside other packages'
+    // declarations are theirs: PGlite's need @types/emscripten, and @nats-io/nats-core's classes do not
+    // implement their own interfaces under exactOptionalPropertyTypes.
+    const ours = errors.filter((e) => !/^node_modules\/(?!idem\/)/.test(e));
+    expect(ours).toEqual([]);
+    expect(blocks.length).toBeGreaterThan(40);
+  }, 240_000);
+
   it("installs only what the library imports at run time", () => {
     const installed = JSON.parse(readFileSync(join(bare, "node_modules/.package-lock.json"), "utf8"));
     const names = Object.keys(installed.packages as Record<string, unknown>).map((p) =>
@@ -200,16 +293,27 @@ describe("the packed tarball, installed in a fresh project", () => {
     console.log(
       `a library user installs ${mb(duBytes(join(bare, "node_modules")))}: ${names.sort().join(", ")}`,
     );
+    // The README's figures are measured, not typed: within 10 % of this tarball and this install.
+    const sizes = measure(tarball, bare);
+    const stated = readmeSizes();
+    expect(stated, "README.md's <!-- package-size --> block").toBeDefined();
+    const off = (said: number, bytes: number) => Math.abs(said - bytes / 1024 / 1024) / (bytes / 1024 / 1024);
+    expect(off(stated!.installedMb, sizes.installedBytes), "run node scripts/package-size.mjs").toBeLessThan(
+      0.1,
+    );
+    expect(off(stated!.tarballMb, sizes.tarballBytes), "run node scripts/package-size.mjs").toBeLessThan(0.1);
   });
 
   for (const resolution of ["nodenext", "bundler"] as const) {
-    it(`type-checks every subpath with --strict and moduleResolution ${resolution} (lowest peers)`, async () => {
+    it(`type-checks every subpath with the strictest settings and moduleResolution ${resolution} (lowest peers)`, async () => {
       const module = resolution === "nodenext" ? "nodenext" : "esnext";
-      await run(
+      const failure = await run(
         join(full, "node_modules/.bin/tsc"),
         [
           "--noEmit",
           "--strict",
+          "--noUncheckedIndexedAccess",
+          "--exactOptionalPropertyTypes",
           "--skipLibCheck",
           "false",
           "--module",
@@ -223,9 +327,11 @@ describe("the packed tarball, installed in a fresh project", () => {
           "types.ts",
         ],
         { cwd: full },
-      ).catch((err: { stdout?: string }) => {
-        throw new Error(`tsc failed:\n${err.stdout}`);
-      });
+      ).then(
+        () => "",
+        (err: { stdout?: string }) => err.stdout ?? "tsc failed",
+      );
+      expect(errorsOutsideOtherPackages(failure)).toEqual([]);
     }, 120_000);
   }
 
