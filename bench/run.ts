@@ -21,6 +21,7 @@ import { clientBench } from "./client.ts";
 import { compareBench } from "./compare/index.ts";
 import { httpBench, printRows } from "./http.ts";
 import { phasesBench } from "./phases.ts";
+import { writeReadmeFigures } from "./readme.ts";
 import { describeMachine, withPrevious, writeReport } from "./report.ts";
 import type { BenchResult, Report } from "./report-types.ts";
 import { printRetention, retentionBench } from "./retention.ts";
@@ -500,9 +501,13 @@ if (wanted("retention")) {
 }
 
 report.seconds = (performance.now() - started) / 1000;
-const written = writeReport(ONLY ? withPrevious(report) : report);
+const whole = ONLY ? withPrevious(report) : report;
+const written = writeReport(whole);
+// The README's one table of figures, from the report just written (bench/readme.ts).
+const readme = writeReadmeFigures(whole);
 console.log(
   `\nreport: ${relative(process.cwd(), written.markdown)}, ${relative(process.cwd(), written.svg)}` +
+    (readme ? "; README.md's figures rewritten" : "") +
     (report.failures.length ? ` (${report.failures.length} benchmark(s) not measured)` : ""),
 );
 // Brokers' and pools' sockets may linger in benchmarks of other issues: the report is written, stop.
