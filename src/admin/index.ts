@@ -20,6 +20,7 @@ export {
   InvalidKeyRefError,
   keyStory,
 } from "../postgres/key-admin.ts";
+export { type AdminConsoleOptions, adminConsole, toNodeListener } from "./console.ts";
 export {
   CannotForgetError,
   type ForgetBy,

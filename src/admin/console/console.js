@@ -1,6 +1,10 @@
-// The operations console: no framework, no build step. Everything comes from the admin API
-// (/admin/api/*, idem/admin's adminHandler) with the admin token the person typed in (kept in this
-// tab's sessionStorage only). Every action the page takes is recorded by the API with their name.
+// The operations console (idem/admin's adminConsole): no framework, no build step. Everything comes from
+// the admin API beside this script ({base}/api/*, adminHandler) with the admin token the person typed in
+// (kept in this tab's sessionStorage only). Every action the page takes is recorded by the API with
+// their name.
+
+/** The API's URL: `api` next to this script, wherever the console is mounted. */
+const API = new URL("api", import.meta.url).pathname;
 
 const $ = (id) => document.getElementById(id);
 const esc = (s) =>
@@ -14,7 +18,7 @@ let token = sessionStorage.getItem("idem-admin-token") ?? "";
 let current = null;
 
 async function api(method, path, body) {
-  const res = await fetch(`/admin/api${path}`, {
+  const res = await fetch(`${API}${path}`, {
     method,
     headers: {
       authorization: `Bearer ${token}`,
