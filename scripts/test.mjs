@@ -79,7 +79,7 @@ function nodeFromRegistry(major) {
   return { bin, node };
 }
 
-const wanted = process.env.IDEM_TOOLS_NODE;
+const wanted = process.env.IDEM_TOOLS_NODE || undefined;
 const misfit = toolNotRunningHere();
 if (
   !process.env.IDEM_TOOLS_NODE_SWITCHED &&
