@@ -6,7 +6,6 @@
  */
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { PGlite } from "@electric-sql/pglite";
 import { serve } from "@hono/node-server";
 import express from "express";
 import Fastify from "fastify";
@@ -23,13 +22,14 @@ import type { Db } from "../../src/postgres/db.ts";
 import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
+import { newPglite } from "../helpers/db.ts";
 
 const TOKEN = "token-of-alice-0123456789";
 
 let db: Db;
 let handler: ReturnType<typeof adminConsole>;
 beforeAll(async () => {
-  db = fromPglite(await PGlite.create());
+  db = fromPglite(await newPglite());
   await migrate(db);
   const store = await PostgresStore.open(db);
   handler = adminConsole({

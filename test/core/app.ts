@@ -14,6 +14,7 @@ import { Hono } from "hono";
 import pg from "pg";
 import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";
 import { type Db, fromPg, fromPglite, migrate, PostgresStore } from "../../src/postgres/index.ts";
+import { newPglite } from "../helpers/db.ts";
 
 /** A migrated database for one test file. */
 export interface CoreDb {
@@ -28,7 +29,7 @@ export interface CoreDb {
 export async function openCoreDb(): Promise<CoreDb> {
   const url = process.env.DATABASE_URL;
   if (!url) {
-    const db = fromPglite(await PGlite.create());
+    const db = fromPglite(await newPglite());
     await migrate(db);
     let closed = false;
     const close = async () => {

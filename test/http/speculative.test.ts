@@ -33,7 +33,7 @@ import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
 import { migrate } from "../../src/postgres/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
-import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
+import { DATABASE_URL, freshDatabase, newPglite } from "../helpers/db.ts";
 import { account, type PostInit, PROBLEM, postTo, problemOf, type RunningApp } from "./contract.ts";
 
 /** What one instance counts: how often its handler was told its work was abandoned. */
@@ -261,7 +261,7 @@ const pgPipelined: Backend = {
 const pglite: Backend = {
   name: "pglite",
   async open() {
-    const db = fromPglite(await PGlite.create());
+    const db = fromPglite(await newPglite());
     return { dbs: [db, db], close: () => db.close() };
   },
 };

@@ -8,7 +8,7 @@ import pg from "pg";
 import postgres from "postgres";
 import { describe, expect, it } from "vitest";
 import { isConnectFailure, isDatabaseUnavailable, SqlState, sqlStateOf } from "../../src/core/index.ts";
-import { DATABASE_URL } from "../helpers/db.ts";
+import { DATABASE_URL, newPglite } from "../helpers/db.ts";
 
 /** A port with nothing listening on it (bound, then closed). */
 async function closedPort(): Promise<number> {
@@ -34,7 +34,7 @@ describe("isDatabaseUnavailable", () => {
   });
 
   it("recognises a closed PGlite, and not an ordinary SQL error", async () => {
-    const db = await PGlite.create();
+    const db = await newPglite();
     const dup = await db.query("SELECT 1/0").catch((e: unknown) => e);
     expect(sqlStateOf(dup)).toBe("22012");
     expect(isDatabaseUnavailable(dup)).toBe(false);

@@ -76,53 +76,59 @@ const transports: {
 ];
 
 describe.each(transports)("receipt-email worker over $name", ({ name, backend, config, cleanup }) => {
-  it.skipIf(!backend)("records one email per payment, however often its event is delivered", async () => {
-    const { db, close } = await backend!.open();
-    const ns = unique("rcpt_");
-    const quiet = { log: () => {} };
-    try {
-      await prepareSchema(db); // idem's migrations and the service's tables, sent_emails among them
-      const receipts = await startReceipts(db, { ...config(ns), ...quiet });
-      expect(receipts.transport).toBe(name);
-      const ids: string[] = [];
+  it.skipIf(!backend)(
+    "records one email per payment, however often its event is delivered",
+    async () => {
+      const { db, close } = await backend!.open();
+      const ns = unique("rcpt_");
+      const quiet = { log: () => {} };
       try {
-        for (let i = 0; i < 20; i++) {
-          await db.transaction(async (tx) => {
-            ids.push(
-              await writeOutbox(tx, {
-                topic: RECEIPT_TOPIC,
-                type: "payment.succeeded",
-                aggregateType: "payment",
-                aggregateId: `pay_${i}`,
-                payload: { payment: `pay_${i}`, account: "acct_1", amount_cents: 100 + i },
-              }),
-            );
-          });
+        await prepareSchema(db); // idem's migrations and the service's tables, sent_emails among them
+        const receipts = await startReceipts(db, { ...config(ns), ...quiet });
+        expect(receipts.transport).toBe(name);
+        const ids: string[] = [];
+        try {
+          for (let i = 0; i < 20; i++) {
+            await db.transaction(async (tx) => {
+              ids.push(
+                await writeOutbox(tx, {
+                  topic: RECEIPT_TOPIC,
+                  type: "payment.succeeded",
+                  aggregateType: "payment",
+                  aggregateId: `pay_${i}`,
+                  payload: { payment: `pay_${i}`, account: "acct_1", amount_cents: 100 + i },
+                }),
+              );
+            });
+          }
+          await until(async () => (await receiptsOf(db, "pay_19")).length === 1, 15_000, "the last receipt");
+          // A relay that died before marking: every event goes out again; no second email.
+          await db.query("UPDATE idem.outbox SET published_at = NULL");
+          receipts.relay.wake();
+          // (JetStream itself drops copies within its duplicate window and says so in the publish ack.)
+          await until(
+            () => receipts.consumer.stats.duplicates + receipts.relay.stats.duplicates >= 20,
+            15_000,
+            "the copies absorbed",
+          );
+        } finally {
+          await receipts.stop();
         }
-        await until(async () => (await receiptsOf(db, "pay_19")).length === 1, 15_000, "the last receipt");
-        // A relay that died before marking: every event goes out again; no second email.
-        await db.query("UPDATE idem.outbox SET published_at = NULL");
-        receipts.relay.wake();
-        // (JetStream itself drops copies within its duplicate window and says so in the publish ack.)
-        await until(
-          () => receipts.consumer.stats.duplicates + receipts.relay.stats.duplicates >= 20,
-          15_000,
-          "the copies absorbed",
+        const { rows } = await db.query<{ n: string; d: string }>(
+          "SELECT count(*) AS n, count(DISTINCT payment_id) AS d FROM sent_emails",
         );
+        expect({ emails: Number(rows[0]!.n), payments: Number(rows[0]!.d) }).toEqual({
+          emails: 20,
+          payments: 20,
+        });
+        expect((await receiptsOf(db, "pay_3"))[0]!.messageId).toBe(ids[3]);
       } finally {
-        await receipts.stop();
+        await close();
+        await cleanup(ns);
       }
-      const { rows } = await db.query<{ n: string; d: string }>(
-        "SELECT count(*) AS n, count(DISTINCT payment_id) AS d FROM sent_emails",
-      );
-      expect({ emails: Number(rows[0]!.n), payments: Number(rows[0]!.d) }).toEqual({
-        emails: 20,
-        payments: 20,
-      });
-      expect((await receiptsOf(db, "pay_3"))[0]!.messageId).toBe(ids[3]);
-    } finally {
-      await close();
-      await cleanup(ns);
-    }
-  });
+      // Its own bounds judge it (the schema, then 15 s for the receipts and 15 s for the copies, each
+      // failing with what it waited for); vitest's 30 s default was less than their sum.
+    },
+    90_000,
+  );
 });
