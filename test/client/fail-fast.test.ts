@@ -35,7 +35,8 @@ async function serve(handler: Handler): Promise<string> {
 async function gateway(downstream: string, options: { failFast: boolean; maxAttempts?: number }) {
   const inner = createClient({
     failFast: options.failFast,
-    retry: { maxAttempts: options.maxAttempts ?? 3, baseMs: 1, capMs: 2 },
+    maxAttempts: options.maxAttempts ?? 3,
+    retry: { baseMs: 1, capMs: 2 },
     breaker: false,
   });
   const url = await serve(async (req, res, body) => {
@@ -74,7 +75,7 @@ describe("failFast and passUp: retry at one layer", () => {
       res.end('{"paid":true}');
     });
     const gw = await gateway(bottom, { failFast: true });
-    const app = createClient({ retry: { maxAttempts: 3, baseMs: 1, capMs: 2 }, breaker: false });
+    const app = createClient({ maxAttempts: 3, retry: { baseMs: 1, capMs: 2 }, breaker: false });
     const res = await app.post(`${gw.url}/pay`, { amount: 1 });
     expect(res.status).toBe(201);
     expect(calls).toBe(3); // 3 app attempts -> 3 bottom calls (without failFast: up to 9)
@@ -91,7 +92,7 @@ describe("failFast and passUp: retry at one layer", () => {
     });
     const gw = await gateway(bottom, { failFast: false });
     const app = createClient({
-      retry: { maxAttempts: 3, baseMs: 1, capMs: 2 },
+      maxAttempts: 3, retry: { baseMs: 1, capMs: 2 },
       breaker: false,
       budget: false,
     });
@@ -158,7 +159,7 @@ describe("failFast and passUp: retry at one layer", () => {
       );
     });
     const gw = await gateway(bottom, { failFast: true });
-    const app = createClient({ retry: { maxAttempts: 3, baseMs: 1 }, breaker: false });
+    const app = createClient({ maxAttempts: 3, retry: { baseMs: 1 }, breaker: false });
     const err = await app.post(`${gw.url}/pay`, {}).catch((e: unknown) => e);
     expect(isOperationUncertainError(err)).toBe(true);
     expect(calls).toBe(1);

@@ -23,12 +23,22 @@ const SCRIPT = new URL("../../scripts/kafka.sh", import.meta.url).pathname;
 export const KAFKA = process.env.IDEM_TEST_KAFKA;
 export const SQS = process.env.IDEM_TEST_SQS;
 
+/**
+ * Whether this Node runs the Kafka client idem/messaging/kafka uses: @platformatic/kafka declares
+ * Node 22.22+ or 24.6+ (.ci/run runs the Kafka suites on Node 24; `npm test` on Node 20 skips them).
+ */
+const [major = 0, minor = 0] = process.versions.node.split(".").map(Number);
+const KAFKA_CLIENT_RUNS =
+  major > 24 || (major === 24 && minor >= 6) || (major === 22 && minor >= 22) || major === 23;
+
 /** Why Kafka tests skip here, or undefined when they can run. */
 export const NO_KAFKA = !DATABASE_URL
   ? "needs the real PostgreSQL: set DATABASE_URL"
-  : KAFKA
-    ? undefined
-    : "needs Kafka: set IDEM_TEST_KAFKA (e.g. scripts/kafka.sh start /tmp/kafka prints it)";
+  : !KAFKA_CLIENT_RUNS
+    ? `needs Node 22.22+ or 24.6+ for the Kafka client (@platformatic/kafka); this is ${process.version}`
+    : KAFKA
+      ? undefined
+      : "needs Kafka: set IDEM_TEST_KAFKA (e.g. scripts/kafka.sh start /tmp/kafka prints it)";
 export const NO_SQS = !DATABASE_URL
   ? "needs the real PostgreSQL: set DATABASE_URL"
   : SQS
