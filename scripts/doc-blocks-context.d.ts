@@ -8,7 +8,8 @@
 import type { RequestListener } from "node:http";
 import type { Handler, Hono, MiddlewareHandler } from "hono";
 import type { IdemClient } from "idem/client";
-import type { InboxHandler } from "idem/messaging";
+import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
+import type { Inbox, InboxHandler } from "idem/messaging";
 import type { Db, PhaseContext, PhaseStep, PhasesRunner, PostgresStore, Tx } from "idem/postgres";
 
 type Payment = { amount_cents: number; currency: string };
@@ -34,6 +35,22 @@ declare global {
   const auth: MiddlewareHandler<Authenticated>;
   const validate: MiddlewareHandler<Validated>;
   const handler: Handler & InboxHandler;
+  /** An inbox: `new Inbox(db, { consumer })` (docs/messaging.md). */
+  const inbox: Inbox;
+  /** An MCP client's transport, and the tool call an agent's model asked for (docs/mcp.md). */
+  function transport(): Transport;
+  const toolUse: { id: string; input: Record<string, unknown> };
+  /** An MCP server's URL, and an idempotency key (docs/mcp.md). */
+  const serverUrl: string;
+  const key: string;
+  /** Bun's server (the docs' Bun example; Deno's is alike). */
+  const Bun: { serve(options: { fetch(request: Request): Response | Promise<Response> }): unknown };
+  /** A provider's charges report as CSV text, the reconciliation's settings, its window and API key (docs/reconcile.md). */
+  const csvText: string;
+  const config: { report: string; records: string };
+  const from: Date;
+  const to: Date;
+  const apiKey: string;
   /** A node:http request listener (an Express app, or idem/node's `idempotency(...)`). */
   const listener: RequestListener;
   /** `createClient({ baseUrl, ... })` from idem/client. */
