@@ -83,7 +83,8 @@ export function stormRoutes(o: {
         const below = next;
         const client = createClient({
           fetch: (url, init) => below(new Request(url, init)),
-          maxAttempts: n, retry: { baseMs: 2, capMs: 20 },
+          maxAttempts: n,
+          retry: { baseMs: 2, capMs: 20 },
           failFast: n === 1,
           budget: withBudget ? new RetryBudget({ ratio: budget, cap: 1 }) : false,
           breaker: false,

@@ -6,9 +6,9 @@
  * or add it here with its type and a line saying what it stands for.
  */
 import type { RequestListener } from "node:http";
+import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import type { Handler, Hono, MiddlewareHandler } from "hono";
 import type { IdemClient } from "idem/client";
-import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import type { Inbox, InboxHandler } from "idem/messaging";
 import type { Db, PhaseContext, PhaseStep, PhasesRunner, PostgresStore, Tx } from "idem/postgres";
 

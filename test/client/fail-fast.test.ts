@@ -92,7 +92,8 @@ describe("failFast and passUp: retry at one layer", () => {
     });
     const gw = await gateway(bottom, { failFast: false });
     const app = createClient({
-      maxAttempts: 3, retry: { baseMs: 1, capMs: 2 },
+      maxAttempts: 3,
+      retry: { baseMs: 1, capMs: 2 },
       breaker: false,
       budget: false,
     });
