@@ -94,6 +94,16 @@ const COMMON = [
 
 const NPM_FLAGS = ["--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"];
 
+/** What the docs' TypeScript blocks and the examples they quote import besides the common peers. */
+const DOCS_PEERS = [
+  "@modelcontextprotocol/sdk",
+  "zod",
+  "@platformatic/kafka",
+  "@aws-sdk/client-sqs",
+  "stripe",
+  "@types/aws-lambda",
+];
+
 function duBytes(dir: string): number {
   let total = 0;
   const walk = (d: string) => {
@@ -255,6 +265,11 @@ describe("the packed tarball, installed in a fresh project", () => {
   }, 120_000);
 
   it("type-checks every documented call under strict, noUncheckedIndexedAccess, exactOptionalPropertyTypes and skipLibCheck false", async () => {
+    // The pages for MCP, Kafka and SQS, Lambda and webhooks use their peers (and the examples their
+    // dev tools: stripe's test signer, aws-lambda's event types): installed here for this check.
+    await run("npm", ["install", ...DOCS_PEERS.map((name) => spec(name, "lowest")), ...NPM_FLAGS], {
+      cwd: full,
+    });
     // The README's integrations (Drizzle, Kysely, Knex, NestJS, Prisma) need peers this project does
     // not install: each is installed in a project of its own below, and type-checked in the repository.
     const elsewhere = ["drizzle", "kysely", "knex", "nestjs", "prisma"].map((n) => `examples/${n}.ts`);
