@@ -58,7 +58,7 @@ export interface ToolIdempotency {
 }
 
 /** `_meta.idempotency` of a result, when it is there and looks like idem's. */
-export function idempotencyMetaOf(result: { _meta?: Record<string, unknown> } | undefined) {
+export function idempotencyMetaOf(result: { _meta?: Record<string, unknown> | undefined } | undefined) {
   const m = result?._meta?.[IDEMPOTENCY_META];
   return typeof m === "object" && m !== null && typeof (m as IdempotencyMeta).replayed === "boolean"
     ? (m as IdempotencyMeta)

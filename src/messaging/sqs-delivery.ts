@@ -13,9 +13,13 @@ export const SQS_MESSAGE_ID_ATTRIBUTE = "idem-message-id";
 export interface SqsRecordLike {
   messageId: string;
   body: string;
-  attributes?: { ApproximateReceiveCount?: string; MessageGroupId?: string };
-  messageAttributes?: Record<string, { stringValue?: string; dataType?: string } | undefined>;
-  eventSourceARN?: string;
+  attributes?:
+    | { ApproximateReceiveCount?: string | undefined; MessageGroupId?: string | undefined }
+    | undefined;
+  messageAttributes?:
+    | Record<string, { stringValue?: string | undefined; dataType?: string | undefined } | undefined>
+    | undefined;
+  eventSourceARN?: string | undefined;
 }
 
 /** The record as a `Delivery` (string message attributes become its headers). */
