@@ -20,7 +20,6 @@ export {
   InvalidKeyRefError,
   keyStory,
 } from "../postgres/key-admin.ts";
-export { type AdminConsoleOptions, adminConsole, toNodeListener } from "./console.ts";
 export {
   CannotForgetError,
   type ForgetBy,
@@ -28,6 +27,7 @@ export {
   type ForgetVerdict,
   forgetVerdict,
 } from "../postgres/key-forget.ts";
+export { type AdminConsoleOptions, adminConsole, toNodeListener } from "./console.ts";
 export {
   type AdminHandler,
   type AdminHandlerOptions,
