@@ -4,9 +4,9 @@
  * call reaches the service once it is back and gets its answer.
  */
 import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { afterEach, expect, it } from "vitest";
 import { createClient } from "../../src/client/index.ts";
+import { infraPorts } from "../infra/common.ts";
 
 let server: Server | undefined;
 afterEach(async () => {
@@ -15,11 +15,10 @@ afterEach(async () => {
 });
 
 it("a 2 s restart: the call keeps trying within its deadline and gets the answer", async () => {
-  // Find a free port, then leave it closed for two seconds (connection refused), then serve.
-  const probe = createServer();
-  await new Promise<void>((r) => probe.listen(0, "127.0.0.1", () => r()));
-  const port = (probe.address() as AddressInfo).port;
-  await new Promise<void>((r) => probe.close(() => r()));
+  // A free port, left closed for two seconds (connection refused), then served. It comes from the
+  // infrastructure range, below the kernel's ephemeral ports: a port 0 probe's port could be handed to
+  // another process's socket on a busy machine before the restart listens on it (seen: EADDRINUSE).
+  const [port] = await infraPorts(1);
   setTimeout(() => {
     server = createServer((_req, res) =>
       res.writeHead(201, { "content-type": "application/json" }).end("{}"),
