@@ -12,6 +12,7 @@
  * 2xx (backoff, at most `maxAttempts`); then, at `duplicateRate`, the same event is sent once more.
  */
 import { createHmac, randomInt } from "node:crypto";
+import { bulkhead } from "cockatiel";
 import { createRng } from "./prng.ts";
 
 /** Options of the simulator's webhooks (`startProvider({ webhooks })`). `url` and `secret` are required. */
@@ -28,6 +29,12 @@ export interface ProviderWebhookOptions {
   duplicateRate?: number;
   /** Deliveries of one event before the simulator gives up on it. Default 12. */
   maxAttempts?: number;
+  /**
+   * HTTP deliveries in flight at once; later ones wait their turn, as a provider's delivery workers
+   * do. Default 8. Without a bound a receiver that falls behind is sent more and more at once, and the
+   * requests pile up in both processes.
+   */
+  concurrency?: number;
   /** Seed of the delays, duplicates and reorderings. Default: random. */
   seed?: number;
 }
@@ -88,6 +95,9 @@ export function startWebhookSender(options: ProviderWebhookOptions): WebhookSend
   };
   const pending = new Set<Promise<void>>();
   let closed = false;
+  // The delivery slots (cockatiel's bulkhead, as the client uses cockatiel): `concurrency` posts run,
+  // the others wait their turn, first come first served.
+  const slots = bulkhead(Math.max(1, options.concurrency ?? 8), Number.POSITIVE_INFINITY);
 
   const urlOf = () => (typeof options.url === "function" ? options.url() : options.url);
   const delay = () => minDelay + rng.int(Math.max(0, maxDelay - minDelay) + 1);
@@ -99,6 +109,10 @@ export function startWebhookSender(options: ProviderWebhookOptions): WebhookSend
       url = urlOf();
     }
     if (closed || url === undefined) return false;
+    return slots.execute(() => (closed ? false : send(url, body)));
+  }
+
+  async function send(url: string, body: string): Promise<boolean> {
     const t = Math.floor(Date.now() / 1000);
     const v1 = createHmac("sha256", options.secret).update(`${t}.${body}`).digest("hex");
     stats.deliveries++;
