@@ -10,7 +10,7 @@ setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
 
 const svc = await start(process.env);
-process.send?.({ url: `http://127.0.0.1:${svc.port}`, providerUrl: svc.providerUrl });
+process.send?.({ url: `http://127.0.0.1:${svc.port}` });
 process.on("message", (m) => {
   if (m !== "memory") return;
   gc();

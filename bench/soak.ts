@@ -28,7 +28,7 @@
  * and as a least-squares slope over the samples from 10% on.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { randomUUID } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
 import http from "node:http";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
@@ -47,6 +47,7 @@ import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { migrate } from "../src/postgres/migrate.ts";
 import { uuidv7 } from "../src/postgres/uuid7.ts";
+import { startProvider } from "../src/testing/provider.ts";
 import { listCharges } from "../src/testing/provider-client.ts";
 import { orderedEffect, orderedResult, prepareOrdered } from "../test/messaging/ordered.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
@@ -359,7 +360,6 @@ export async function soakMessaging(
 /** The reference service in a process of its own that reports its heap after GC when asked (IPC). */
 async function startSoakService(env: Record<string, string>): Promise<{
   url: string;
-  providerUrl: string | undefined;
   child: ChildProcess;
   memory(): Promise<{ heapMB: number; rssMB: number }>;
 }> {
@@ -368,15 +368,12 @@ async function startSoakService(env: Record<string, string>): Promise<{
     ["--import", "tsx", "--conditions=source", new URL("./soak-service.ts", import.meta.url).pathname],
     { env: { ...process.env, ...env }, stdio: ["ignore", "inherit", "inherit", "ipc"] },
   );
-  const { url, providerUrl } = await new Promise<{ url: string; providerUrl?: string }>((resolve, reject) => {
-    child.once("message", (m: { url?: string; providerUrl?: string }) =>
-      m.url ? resolve({ url: m.url, providerUrl: m.providerUrl }) : reject(new Error("no url")),
-    );
+  const url = await new Promise<string>((resolve, reject) => {
+    child.once("message", (m: { url?: string }) => (m.url ? resolve(m.url) : reject(new Error("no url"))));
     child.once("exit", (code) => reject(new Error(`service exited (${code})`)));
   });
   return {
     url,
-    providerUrl,
     child,
     memory: () =>
       new Promise((resolve) => {
@@ -410,15 +407,28 @@ export async function soakService(options: {
     `ALTER DATABASE ${new URL(fresh.url).pathname.slice(1)} SET synchronous_commit = ${syncCommit === "on" ? "on" : "off"}`,
   );
   await admin.end();
+  // The payment provider runs here, beside the load, not inside the service: its charges and the
+  // webhooks it has yet to deliver are the provider's memory, not the service's (in process, a busy
+  // machine's backlog of charge webhooks read as the service's heap growing by kilobytes per payment).
+  const webhookSecret = `whsec_${randomBytes(24).toString("base64")}`;
+  let webhookUrl: string | undefined;
+  const provider = await startProvider({
+    retentionMs: options.providerRetentionMs ?? Number(process.env.PROVIDER_RETENTION_MS ?? 60_000),
+    webhooks: { url: () => webhookUrl, secret: webhookSecret },
+  });
   const svc = await startSoakService({
     DATABASE_URL: fresh.url,
     PORT: "0",
-    PROVIDER_PORT: "0",
+    PROVIDER_URL: provider.url,
+    PROVIDER_WEBHOOK_SECRET: webhookSecret,
     IDEM_DEMO: "1",
     LOG_LEVEL: "warn",
     IDEM_POOL_SIZE: "16",
-    PROVIDER_RETENTION_MS: String(options.providerRetentionMs ?? process.env.PROVIDER_RETENTION_MS ?? 60_000),
+  }).catch(async (err) => {
+    await provider.close();
+    throw err;
   });
+  webhookUrl = new URL("/v1/webhooks/provider", svc.url).toString();
   try {
     const samples: Sample[] = [];
     const t0 = performance.now();
@@ -468,10 +478,27 @@ export async function soakService(options: {
         req.once("error", reject);
         req.end(body);
       });
+    // A kept-alive socket the server closes as a request goes out fails with ECONNRESET (more often on
+    // a loaded machine): the request is sent again with the same key, as a client of idem does (a 409
+    // while the first attempt still runs is asked again), and the payment still counts once.
+    const postOnce = async (key: string) => {
+      let resent = false;
+      for (let attempt = 1; ; attempt++) {
+        try {
+          const status = await post(key);
+          if (status !== 409 || !resent || attempt >= 100) return status;
+        } catch (err) {
+          const code = (err as NodeJS.ErrnoException).code;
+          if (attempt >= 5 || (code !== "ECONNRESET" && code !== "EPIPE")) throw err;
+          resent = true;
+        }
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    };
     const worker = async () => {
       while (sent < options.payments && performance.now() < deadline) {
         sent++;
-        const status = await post(randomUUID());
+        const status = await postOnce(randomUUID());
         if (status === 201) created++;
         else bad++;
         if (++answered >= nextSample) {
@@ -488,13 +515,14 @@ export async function soakService(options: {
     const seconds = (performance.now() - t0) / 1000;
     if (bad > 0) log(`service: ${bad} payments answered other than 201`);
     if (samples.at(-1)!.n < answered) await sample(answered);
-    const check = await chargedOnce(fresh.url, svc.providerUrl, created, log);
+    const check = await chargedOnce(fresh.url, provider.url, created, log);
     const result = summarise("reference service", answered, seconds, samples);
     result.payments = { answered, created, ...check };
     return result;
   } finally {
     svc.child.kill("SIGTERM");
     await new Promise((r) => svc.child.once("exit", r));
+    await provider.close();
     await fresh.drop();
   }
 }
