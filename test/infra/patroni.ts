@@ -34,7 +34,7 @@ export interface PatroniCluster {
   nodes(): PatroniNode[];
   /** The node Patroni's REST API calls primary now. */
   primary(): Promise<PatroniNode>;
-  /** Start one more node (a replica cloned from the primary) and wait until it streams. */
+  /** Start one more node (a replica cloned from the primary) and wait until it streams as the synchronous standby. */
   addNode(): Promise<PatroniNode>;
   /** kill -9 the node: Patroni, its postmaster and every backend. */
   kill(node: PatroniNode): Promise<void>;
@@ -204,9 +204,12 @@ postgresql:
     },
     async addNode() {
       const node = await startNode();
+      // In synchronous mode Patroni promotes only the synchronous standby: a replica that streams but
+      // is not yet named in the cluster's sync key could not take over, and losing the primary then
+      // would leave no primary at all. So the node counts once Patroni says it is the sync standby.
       await waitFor(
-        `${node.name} streaming`,
-        async () => ((await restOk(node, "/replica")) ? true : undefined),
+        `${node.name} streaming as the synchronous standby`,
+        async () => ((await restOk(node, "/replica")) && (await restOk(node, "/sync")) ? true : undefined),
         90_000,
         300,
       );
