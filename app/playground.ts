@@ -107,6 +107,13 @@ export function playgroundRoutes(o: PlaygroundOptions): Hono<Env> {
   app.get("/", file("index.html"));
   app.get("/playground/playground.js", file("playground.js"));
   app.get("/playground/playground.css", file("playground.css"));
+  // The look the playground shares with the operations console: the console's own stylesheet.
+  app.get("/playground/look.css", async () => {
+    const body = await readFile(new URL("../src/admin/console/look.css", import.meta.url));
+    return new Response(body, {
+      headers: { "content-type": STATIC["playground.css"]!, "cache-control": "no-store" },
+    });
+  });
   app.get("/playground/favicon.svg", file("favicon.svg"));
   app.get("/playground/storm.js", file("storm.js"));
   app.get("/playground/storm-formula.js", file("storm-formula.js"));

@@ -1,10 +1,10 @@
 /**
- * The operations console: its page (console/index.html, console.js, console.css: no framework, no build
+ * The operations console: its page (console/index.html, console.js, look.css and console.css: no framework, no build
  * step) and the admin API, as one fetch handler mounted at one path. The page holds no data: it asks for
  * an admin token and calls the API beside it with it (`Authorization: Bearer`, never a cookie, so no
  * other site can act through a visitor's browser).
  *
- *   GET {base}             the page        GET {base}/console.js, {base}/console.css   its script and style
+ *   GET {base}             the page        GET {base}/console.js, {base}/look.css, {base}/console.css   its script and style
  *   {base}/api/*           adminHandler (every request passes `authorize`)
  *
  * `(request: Request) => Promise<Response>` mounts on any adapter that speaks the Fetch API (Hono's
@@ -25,6 +25,7 @@ const ASSETS: Record<string, [file: string, type: string]> = {
   "": ["index.html", "text/html; charset=utf-8"],
   "/console.js": ["console.js", "text/javascript; charset=utf-8"],
   "/console.css": ["console.css", "text/css; charset=utf-8"],
+  "/look.css": ["look.css", "text/css; charset=utf-8"],
 };
 
 const HEADERS = {

@@ -107,10 +107,14 @@ describe.each(Object.keys(adapters))("the operations console on %s", (name) => {
     const html = await page.text();
     expect(html).toContain('<script type="module" src="/ops/console/console.js"></script>');
     expect(html).toContain('href="/ops/console/console.css"');
+    expect(html).toContain('href="/ops/console/look.css"');
     const script = await fetch(`${base.url}/ops/console/console.js`);
     expect(script.headers.get("content-type")).toBe("text/javascript; charset=utf-8");
     expect(await script.text()).toContain('new URL("api", import.meta.url)');
     expect((await fetch(`${base.url}/ops/console/console.css`)).status).toBe(200);
+    const look = await fetch(`${base.url}/ops/console/look.css`);
+    expect(look.headers.get("content-type")).toBe("text/css; charset=utf-8");
+    expect(await look.text()).toContain("--line");
     // The API: a token names the person; none is refused.
     const me = await fetch(`${base.url}/ops/console/api/me`, {
       headers: { authorization: `Bearer ${TOKEN}` },

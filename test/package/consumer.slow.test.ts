@@ -186,7 +186,7 @@ describe("the packed tarball, installed in a fresh project", () => {
     expect(files).toContain("package/sql/0001_keys.sql");
     expect(files).toContain("package/bin/idem.js");
     // The operations console's page, served by idem/admin's adminConsole.
-    for (const asset of ["index.html", "console.js", "console.css"])
+    for (const asset of ["index.html", "console.js", "look.css", "console.css"])
       expect(files).toContain(`package/dist/admin/console/${asset}`);
     expect(
       files.filter((f) => /\/(src|app|test|bench)\//.test(f) || (f.endsWith(".ts") && !f.endsWith(".d.ts"))),

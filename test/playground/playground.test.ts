@@ -161,6 +161,19 @@ describe.skipIf(!haveChromium)("the playground page in Chromium", () => {
     expect(notFound).toEqual([]);
   });
 
+  it("wears the console's look: both stylesheets load and apply", async () => {
+    const sheets = await page
+      .locator('link[rel="stylesheet"]')
+      .evaluateAll((links) => links.map((l) => l.getAttribute("href")));
+    expect(sheets).toEqual(["/playground/look.css", "/playground/playground.css"]);
+    // --line comes from the shared look.css; .faults is styled by playground.css alone.
+    const line = await page.evaluate(() =>
+      getComputedStyle(document.documentElement).getPropertyValue("--line").trim(),
+    );
+    expect(line).toBe("#e3e6ec");
+    expect(notFound).toEqual([]);
+  });
+
   it("lose the reply, then retry: one charge, and the retry is a replay", async () => {
     await setFault("fault-lose-reply");
     const n = await click("pay");
