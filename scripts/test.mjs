@@ -2,7 +2,8 @@
 /**
  * `npm test` and `npm run test:slow`, on whatever Node.js the machine has.
  *
- *   npm test             lint, types, import rules, the API report, then Vitest's fast tier (every
+ *   npm test             lint, types, import rules, the API report, the docs site's build (VitePress:
+ *                        fails on a dead link), then Vitest's fast tier (every
  *                        test/**\/*.test.ts but *.slow.test.ts); `npm test -- test/core` passes the
  *                        arguments after `--` to Vitest
  *   npm run test:slow    Vitest's slow tier (test/**\/*.slow.test.ts): chaos, the packed tarball installed
@@ -115,7 +116,8 @@ const npmRun = (script) =>
     ? step(process.execPath, [npmCli, "run", "--silent", script])
     : step("npm", ["run", script]);
 
-if (!slow) for (const script of ["lint", "typecheck", "check:imports", "api:check"]) npmRun(script);
+if (!slow)
+  for (const script of ["lint", "typecheck", "check:imports", "api:check", "docs:build"]) npmRun(script);
 step(process.execPath, [
   join(ROOT, "node_modules", "vitest", "vitest.mjs"),
   "run",
