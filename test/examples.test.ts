@@ -1,4 +1,4 @@
-/** The README's examples run, and say what the README says they say. */
+/** The examples of the README and the docs run, and say what their pages say they say. */
 import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { promisify } from "node:util";
@@ -50,7 +50,7 @@ describe("examples", () => {
       expect(stdout).toContain("charges for the key: 1");
       expect(stderr).not.toContain("AbandonedWorkError");
     }
-    expect(readFileSync("README.md", "utf8")).toContain(
+    expect(readFileSync("docs/atomic.md", "utf8")).toContain(
       readFileSync("examples/effects-in-tx.ts", "utf8").trim(),
     );
   }, 300_000);

@@ -1,8 +1,8 @@
 /**
  * The integration examples (examples/web.ts, express.ts, fastify.ts, node.ts, drizzle.ts, kysely.ts,
  * knex.ts, prisma.ts, nestjs.ts) run, each twice on a fresh database (each run makes its own key and checks
- * one payment was added), and print what the README says; they refuse to run without DATABASE_URL; the
- * README shows each snippet as it is.
+ * one payment was added), and print what their docs page says; they refuse to run without DATABASE_URL;
+ * the page of each (docs/express.md, docs/orms.md, ...) shows its snippet as it is.
  */
 import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
@@ -13,7 +13,20 @@ import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
 const run = promisify(execFile);
 const EXAMPLES = ["web", "express", "fastify", "node", "drizzle", "kysely", "knex", "prisma", "nestjs"];
 
-/** The part of an example the README shows: between `// #region snippet` and `// #endregion snippet`. */
+/** The docs page that shows each example's snippet. */
+const PAGE: Record<string, string> = {
+  web: "docs/web.md",
+  express: "docs/express.md",
+  fastify: "docs/fastify.md",
+  node: "docs/node.md",
+  drizzle: "docs/orms.md",
+  kysely: "docs/orms.md",
+  knex: "docs/orms.md",
+  prisma: "docs/orms.md",
+  nestjs: "docs/nestjs.md",
+};
+
+/** The part of an example its docs page shows: between `// #region snippet` and `// #endregion snippet`. */
 function snippetOf(name: string): string {
   const text = readFileSync(`examples/${name}.ts`, "utf8");
   const match = /\/\/ #region snippet\n([\s\S]*?)\/\/ #endregion snippet/.exec(text);
@@ -75,8 +88,8 @@ describe.skipIf(!DATABASE_URL)("an integration example's own check", () => {
   }, 60_000);
 });
 
-describe("README", () => {
-  it.each(EXAMPLES)("shows the snippet of examples/%s.ts as it is in the file", (name) => {
-    expect(readFileSync("README.md", "utf8")).toContain(snippetOf(name));
+describe("the docs pages", () => {
+  it.each(EXAMPLES)("show the snippet of examples/%s.ts as it is in the file", (name) => {
+    expect(readFileSync(PAGE[name] ?? "", "utf8")).toContain(snippetOf(name));
   });
 });

@@ -1,4 +1,4 @@
-/** examples/single-statement.ts runs and says what the README says it says. */
+/** examples/single-statement.ts runs and says what docs/single-statement.md says it says. */
 import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { promisify } from "node:util";
@@ -16,7 +16,7 @@ it("single statement: the retry replays, another body is 422, one charge", async
   expect(stdout).toContain('attempt 2: 201 replayed=true {"id": 1, "amount_cents": 5000}');
   expect(stdout).toContain("another body, same key: 422");
   expect(stdout).toContain("charges in the table: 1");
-  expect(readFileSync("README.md", "utf8")).toContain(
+  expect(readFileSync("docs/single-statement.md", "utf8")).toContain(
     readFileSync("examples/single-statement.ts", "utf8").trim(),
   );
 }, 150_000);
