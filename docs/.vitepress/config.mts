@@ -25,6 +25,13 @@ function outsideDocs(href: string, page: string): string | undefined {
   return `${REPOSITORY}/${inRepo}${hash ? `#${hash}` : ""}`;
 }
 
+/** The sidebar's and the nav's pages must exist: VitePress checks links in pages, not these. */
+function page(link: string): string {
+  const file = link.endsWith("/") ? `${link}index.md` : `${link}.md`;
+  if (!existsSync(resolve(DOCS, `.${file}`))) throw new Error(`docs/.vitepress/config.mts: no page ${file}`);
+  return link;
+}
+
 export default defineConfig({
   title: "idem",
   description: "Side effects exactly once over networks that deliver at least once, on PostgreSQL.",
@@ -51,65 +58,65 @@ export default defineConfig({
     search: { provider: "local" },
     outline: [2, 3],
     nav: [
-      { text: "Getting started", link: "/getting-started" },
-      { text: "Reference", link: "/reference" },
-      { text: "Decisions", link: "/decisions/" },
+      { text: "Getting started", link: page("/getting-started") },
+      { text: "Reference", link: page("/reference") },
+      { text: "Decisions", link: page("/decisions/") },
     ],
     sidebar: [
       {
         text: "Start",
         items: [
-          { text: "Getting started", link: "/getting-started" },
-          { text: "The HTTP contract", link: "/contract" },
+          { text: "Getting started", link: page("/getting-started") },
+          { text: "The HTTP contract", link: page("/contract") },
         ],
       },
       {
         text: "Adapters",
         items: [
-          { text: "Hono", link: "/hono" },
-          { text: "Express", link: "/express" },
-          { text: "Fastify", link: "/fastify" },
-          { text: "node:http", link: "/node" },
-          { text: "Web-standard handlers", link: "/web" },
-          { text: "NestJS", link: "/nestjs" },
-          { text: "ORMs: Drizzle, Kysely, Knex, Prisma", link: "/orms" },
-          { text: "Serverless and edge", link: "/serverless" },
-          { text: "MCP tool calls", link: "/mcp" },
+          { text: "Hono", link: page("/hono") },
+          { text: "Express", link: page("/express") },
+          { text: "Fastify", link: page("/fastify") },
+          { text: "node:http", link: page("/node") },
+          { text: "Web-standard handlers", link: page("/web") },
+          { text: "NestJS", link: page("/nestjs") },
+          { text: "ORMs: Drizzle, Kysely, Knex, Prisma", link: page("/orms") },
+          { text: "Serverless and edge", link: page("/serverless") },
+          { text: "MCP tool calls", link: page("/mcp") },
         ],
       },
       {
         text: "Modes",
         items: [
-          { text: "Atomic", link: "/atomic" },
-          { text: "Single-statement", link: "/single-statement" },
-          { text: "Phases", link: "/phases" },
-          { text: "Sagas", link: "/sagas" },
+          { text: "Atomic", link: page("/atomic") },
+          { text: "Single-statement", link: page("/single-statement") },
+          { text: "Phases", link: page("/phases") },
+          { text: "Sagas", link: page("/sagas") },
         ],
       },
       {
         text: "Beyond HTTP",
         items: [
-          { text: "Messaging: outbox, relay, inbox", link: "/messaging" },
-          { text: "Webhooks", link: "/webhooks" },
-          { text: "The client", link: "/client" },
+          { text: "Messaging: outbox, relay, inbox", link: page("/messaging") },
+          { text: "Webhooks", link: page("/webhooks") },
+          { text: "The client", link: page("/client") },
         ],
       },
       {
         text: "Running it",
         items: [
-          { text: "Operations", link: "/operations" },
-          { text: "Observability", link: "/observability" },
-          { text: "Reconcile", link: "/reconcile" },
-          { text: "Verify your API", link: "/verify" },
-          { text: "The reference service", link: "/reference-service" },
-          { text: "Benchmarks", link: "/benchmarks" },
+          { text: "Operations", link: page("/operations") },
+          { text: "Observability", link: page("/observability") },
+          { text: "Reconcile", link: page("/reconcile") },
+          { text: "Verify your API", link: page("/verify") },
+          { text: "The reference service", link: page("/reference-service") },
+          { text: "Benchmarks", link: page("/benchmarks") },
         ],
       },
       {
         text: "Reference",
         items: [
-          { text: "Entry points, options, CLI", link: "/reference" },
-          { text: "Decisions and their figures", link: "/decisions/" },
+          { text: "Entry points, options, CLI", link: page("/reference") },
+          { text: "Decisions and their figures", link: page("/decisions/") },
         ],
       },
     ],
