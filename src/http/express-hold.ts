@@ -21,8 +21,8 @@ type Writers = Pick<Res, Writer>;
 /**
  * Express sets every res's prototype (`Object.setPrototypeOf(res, app.response)`), after which V8 shares
  * no hidden class between responses: each property added to `res` builds a new one, copying its forty
- * descriptors (measured: four methods added and deleted again cost 13 us per request, more garbage
- * after). So a response is held without touching `res` when it can be:
+ * descriptors (four methods added and deleted again cost microseconds per request:
+ * docs/decisions/express-answer-hold.md). So a response is held without touching `res` when it can be:
  *
  *   - by the prototype (the usual case): the four methods are defined once on Express's `response`
  *     object, which every app's `app.response` inherits from (mounted apps' too), as methods that answer

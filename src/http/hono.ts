@@ -127,9 +127,8 @@ function seedBodyCache(c: Context, bytes: Uint8Array): void {
   const cache = c.req.bodyCache as Record<string, Promise<unknown> | undefined>;
   if (cache.text) return;
   if (bytes.length <= EAGER_TEXT_MAX) {
-    // A small body is decoded now: cheaper than an accessor property (the adapter cost 4 us less a
-    // request without it, adapter-cost.ts, 3 Dec 2026), which is kept for a large body a handler may
-    // never read as text.
+    // A small body is decoded now: cheaper than an accessor property
+    // (docs/decisions/hono-body-cache.md), which is kept for a large body a handler may never read as text.
     cache.text = Promise.resolve(decoder.decode(bytes));
   } else {
     let text: Promise<string> | undefined;

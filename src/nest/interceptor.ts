@@ -250,9 +250,8 @@ const answering = new WeakSet<object>();
  *
  * Why: a web `Response` is the only result Nest sends with a status of its own choosing (a route's
  * other results get the route's status, 201 for every POST), and Nest sends it as a stream (the body's
- * ReadableStream read into a Node stream, piped, chunked). Measured on NestJS 12.5 on Express without a
- * database (bench/compare/adapter-cost.ts, 2 Dec 2026, the two builds alternately): 568-717 µs of CPU
- * per keyed request over the bare handler that way, 155-193 µs this way (idem/node's: 25-42 µs). Every
+ * ReadableStream read into a Node stream, piped, chunked), at several times the CPU of writing the answer
+ * directly (docs/decisions/nestjs-answer-path.md). Every
  * other result still takes Nest's own path; an `OwedAnswer` is written as the node adapter writes
  * (Express), or through the reply's `code`, `header` and `send` (Fastify, whose hooks then run as for
  * any reply).

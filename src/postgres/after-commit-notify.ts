@@ -3,7 +3,7 @@
  * transactions (`Tx.notifyAfterCommit`). The outbox's wake-up used to be a NOTIFY inside every
  * transaction that wrote an event, and PostgreSQL makes each notifying transaction wait for one lock,
  * for the whole cluster, through its commit: busy writers committed one at a time
- * (`bench/outbox-notify.ts`). Here the writers' transactions notify nobody; a relay is woken by one
+ * (docs/decisions/outbox-notify.md). Here the writers' transactions notify nobody; a relay is woken by one
  * NOTIFY of its own per burst of commits.
  *
  * Coalesced per database: the first commit after a quiet spell is announced at once; the commits that

@@ -19,7 +19,7 @@
 /**
  * How far past the database's now a lookup still reads partitions. Rows go to the bucket of the
  * database's now, so the partitions made ahead hold none: bounding the lookup spares their index
- * probes (7 buffers per miss -> 3 on a fresh daily-partitioned table: bench/lookup-bound.ts). The
+ * probes (docs/decisions/lookup-partition-bounds.md). The
  * margin keeps a row found if the database's clock stepped back after saving it (by less than this),
  * near a partition boundary.
  */
@@ -118,7 +118,8 @@ export class DbTime {
    * with the instants where `lo` starts and `hi` ends, not with bucket numbers: `oldestBucket >= lo`
    * exactly when `oldest` is at or after the start of `lo`, and `newestBucket <= hi` exactly when the
    * lookup's newest instant is before the start of `hi + 1` (a bucket is epoch ms over the width, floored).
-   * A bucket number is numeric arithmetic, about 2 us each time PostgreSQL works one out (3 Dec 2026).
+   * A bucket number is numeric arithmetic, which PostgreSQL would work out at every execution
+   * (docs/decisions/named-partitions.md).
    */
   covers(range: BucketRange): string {
     const from = this.instantOf(Math.trunc(range.lo));

@@ -30,11 +30,10 @@ export interface MigrateOptions {
   /**
    * The outbox's wake-up trigger, which sends a NOTIFY from inside every transaction that writes an
    * event and is not run by `fromPg`, `fromPostgresJs` or an ORM integration (those send theirs after
-   * the commit). Such a NOTIFY makes the commit wait for one lock of the whole cluster: on the 2-core
-   * bench machine, writers of a payment and an event per transaction ran 0.51-0.59 as fast as with no
-   * NOTIFY (`bench/outbox-notify.ts`). `false` drops it: relays then learn of those writers' events by polling
-   * (give them a short `pollMs`). `true` puts it back. Default: leave it as it is (created by the first
-   * migration, dropped on Citus).
+   * the commit). Such a NOTIFY makes the commit wait for one lock of the whole cluster, which slows
+   * busy writers down (docs/decisions/outbox-notify.md). `false` drops it: relays then learn of those
+   * writers' events by polling (give them a short `pollMs`). `true` puts it back. Default: leave it as
+   * it is (created by the first migration, dropped on Citus).
    */
   outboxNotify?: boolean;
 }

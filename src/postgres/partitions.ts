@@ -6,8 +6,8 @@ import type { Db } from "./db.ts";
 /**
  * The most partitions a key lookup may touch. A lookup reads every partition that can hold a live key
  * (a miss probes each one's index, and a generic plan locks each one), so its cost grows with
- * `retention / width`: measured with 171 hourly partitions (7 days) at 0.17-0.28x the throughput of one,
- * and with 10 daily ones at 0.66-1.04x (bench/scale.ts). Wider partitions keep it flat.
+ * `retention / width`, steeply with many narrow partitions; wider partitions keep it flat
+ * (docs/decisions/lookup-partition-bounds.md).
  */
 export const MAX_LIVE_PARTITIONS = 12;
 /** Partitions created ahead of the current one (an instance whose clock runs ahead finds its own). */

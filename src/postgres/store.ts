@@ -327,8 +327,7 @@ export class PostgresStore implements AtomicStore<Tx> {
    * in its filter and selects no column (the driver describes and copies every column it is sent).
    * Otherwise, and on Citus (`shardLockSql`), the same as SQL text with the lock id as a literal.
    * That text with BEGIN would be one statement fewer on the wire, but PostgreSQL parses and plans it
-   * every time: idem/node's keyed requests, the two alternately (3 Dec, 8 rounds), cost PostgreSQL 764
-   * against 667 us and the server 572 against 570 us on a slow machine.
+   * every time, which costs it more than the round trip saves (docs/decisions/atomic-lock-and-claim.md).
    */
   lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] } {
     const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));

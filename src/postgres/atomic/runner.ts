@@ -15,16 +15,11 @@
  * boundary would not meet on one index. The lock is per key whatever the partition (`lockSql`), and the
  * key row is written once, with its response, instead of inserted and then updated. The primary key
  * still backs it up: a duplicate row in one partition fails and rolls the whole transaction back.
- * Measured (issue 30, pgbench -M prepared, pipelined, 10 clients, 1 Dec, load 15): a claim with the
- * key row itself (INSERT into the current partition ON CONFLICT DO NOTHING, a lookup of the older
- * partitions, UPDATE with the reply) cost PostgreSQL 246 us per request, the lock path with its key
- * row as a plain INSERT 249 us: no cheaper, and it would need boundary markers as phases mode has.
- * The lock and the lookup stay two statements: one statement reads with the snapshot it started with,
- * taken before any wait for the lock, so it could miss the row of the transaction it waited for. A
- * PL/pgSQL function taking the lock and then reading (a new snapshot per statement inside it) was
- * tried (bench/atomic-floor.ts, 3 Dec, two forms, two runs each): the Node side 14-58 us per call
- * cheaper, PostgreSQL 20-59 us dearer, throughput / hand-tx 0.83-0.99 against 0.86-0.94 for this
- * path in the same runs. No gain worth a function in the schema.
+ * Claiming with the key row itself was no cheaper for PostgreSQL, and would need boundary markers as
+ * phases mode has. The lock and the lookup stay two statements: one statement reads with the snapshot
+ * it started with, taken before any wait for the lock, so it could miss the row of the transaction it
+ * waited for; a PL/pgSQL function doing both gained nothing worth a function in the schema. The
+ * figures: docs/decisions/atomic-lock-and-claim.md.
  *
  * With a pipelining driver the whole path is three round trips: [BEGIN, lock, lookup], the work,
  * and [INSERT key row, COMMIT]. The lock is one prepared statement when the driver takes one with

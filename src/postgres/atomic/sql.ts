@@ -15,10 +15,8 @@
  * prunes the others once, when it plans the statement, and works out no bucket number per execution.
  * Which rows are live is still decided by the database's clock (`created_at` against its now). Each
  * also says whether its partitions cover every one that clock says a live row may be in (`covers`);
- * when they do not, the caller reads the plain form, bounded by that clock alone. Per execution, looped
- * in PL/pgSQL over 20,000 saved keys (4 daily partitions, 3 Dec 2026): the replay's lookup 46-62 us
- * with its bounds as expressions, 24-30 with the partitions named (28-41 with the `covers` row); the
- * locked lookup 56-70 against 39-47.
+ * when they do not, the caller reads the plain form, bounded by that clock alone. Named partitions
+ * roughly halve a lookup's cost per execution: docs/decisions/named-partitions.md.
  */
 import { type Db, jsonColumn } from "../db.ts";
 import { DbTime } from "../db-time.ts";
@@ -36,19 +34,18 @@ export function atomicSql(s: string, t: DbTime) {
                                      body, resource_id, claim_id`;
   // One row of ONE column whatever the key has, a JSON array: [live, here, new_expires_ms, covered].
   // node-postgres describes every column of every statement it runs, building a dictionary-mode object
-  // and copying it each time (about 8,000 instructions for a three-column statement, callgrind, 2 Dec
-  // 2026), then parses every value: one JSON column is one JSON.parse. `live`: the newest live row as
+  // and copying it each time, then parses every value: one JSON column is one JSON.parse (the shapes
+  // measured: docs/decisions/atomic-lookup-shape.md). `live`: the newest live row as
   // one JSON object (`lockedRowOf`), null when there is none; `here`: a row of the key (live or not) is
   // in the bucket a row saved now goes to; `new_expires_ms`: when a key saved now expires, epoch ms.
   // A key row as JSON (`KeyRowJson`): bytes as hex, its creation as epoch ms (the driver parses a
-  // timestamp with a regular expression, 2.4 us per row in a CPU profile, 2 Dec 2026).
+  // timestamp with a regular expression per row).
   const rowJson = `'bucket', bucket, 'fingerprint', encode(fingerprint, 'hex'),
                     'created_ms', (extract(epoch FROM created_at) * 1000)::float8, 'recovery_point', recovery_point,
                     'status', status, 'headers', headers, 'resource_id', resource_id, 'claim_id', claim_id::text`;
   // A body up to INLINE_BODY_MAX bytes comes inside the JSON, as hex; a larger one is left where it is
-  // (`body_elsewhere`) and the replay reads it with `lookup`, after the transaction. Replays of keys
-  // another store instance saved (this path), inline against read after, 3 Dec 2026: 32 KiB 1.46 ms
-  // against 1.63, 64 KiB 2.56 against 1.98, 128 KiB 4.54 against 2.78, 256 KiB 8.5 against 3.3.
+  // (`body_elsewhere`) and the replay reads it with `lookup`, after the transaction: inline is faster
+  // up to 32 KiB and slower above (docs/decisions/atomic-lookup-shape.md).
   const lockedBody = `'body', CASE WHEN octet_length(body) <= ${INLINE_BODY_MAX} THEN encode(body, 'hex') END,
                     'body_elsewhere', octet_length(body) > ${INLINE_BODY_MAX}`;
   const lockedLookup = (buckets: string, covered = "") => `SELECT json_build_array(
@@ -59,8 +56,8 @@ export function atomicSql(s: string, t: DbTime) {
               WHERE scope = $1 AND key = $2 AND ${buckets}`;
   // The key's live row (`keyRowOf`), or no row: every replay of a finished key reads this. Two
   // columns, not nine: node-postgres describes each column of each result and copies a row object
-  // built field by field, which cost a replay 10 us (CPU profile, 3 Dec 2026). The body stays a
-  // bytea column: as hex inside the JSON, a 256 KiB reply took PostgreSQL 4.8 ms instead of 1.0.
+  // built field by field. The body stays a bytea column: as hex inside the JSON, a large reply costs
+  // PostgreSQL several times more (docs/decisions/atomic-lookup-shape.md).
   // `needs_review_ms`: set on a phases-mode key whose outcome waits for a person (`replayOf`).
   const lookup = (buckets: string) => `SELECT json_build_object(${rowJson},
                       'needs_review_ms', (extract(epoch FROM needs_review_at) * 1000)::float8) AS live, body
@@ -94,9 +91,8 @@ export function atomicSql(s: string, t: DbTime) {
     ),
     // The key row with its reply, when the locked lookup found no row of the key in this bucket: a plain
     // INSERT (no arbiter to look up, no subplan). A row there meanwhile fails it on the primary key
-    // (23505), which rolls the transaction back. Into the bucket's partition by name (no routing), a
-    // transaction of this INSERT alone ran 1-19% faster (pgbench -M prepared, 3 Dec, 3 runs: 8,450-8,740
-    // against 7,360-8,410 per second), 1-2% of a keyed request's CPU: the parent is named.
+    // (23505), which rolls the transaction back. The parent is named: the bucket's partition by name
+    // saved 1-2% of a keyed request's CPU, not worth it (docs/decisions/atomic-lookup-shape.md).
     insertDone: `INSERT INTO ${s}.keys (${insertColumns}) VALUES (${values})`,
     // The key row with its reply, when the locked lookup found a row of the key in this bucket that is
     // not live. One that has expired (the retention is shorter than a partition, so it is still there)

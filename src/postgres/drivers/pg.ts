@@ -79,10 +79,11 @@ function run<R>(
 
 /*
  * node-postgres' `client.query(config)` copies a config object on every call (`cloneQueryConfig`:
- * `Object.defineProperties(Object.create(...), Object.getOwnPropertyDescriptors(config))`, about 1 µs,
- * most of the driver's own CPU per statement) and wraps its callback in two promises, which `run` then
- * wrapped in a third. A query built as `new Query(text, values, callback)` takes its text path (no copy),
- * and the callback settles the one promise `run` returns, with the result already in idem's shape.
+ * `Object.defineProperties(Object.create(...), Object.getOwnPropertyDescriptors(config))`, most of the
+ * driver's own CPU per statement: docs/decisions/pg-query-path.md) and wraps its callback in two
+ * promises, which `run` then wrapped in a third. A query built as `new Query(text, values, callback)`
+ * takes its text path (no copy), and the callback settles the one promise `run` returns, with the
+ * result already in idem's shape.
  * `client.query(submittable)` and `pg.Query` (`Client.Query`, the class node-postgres' own config path
  * builds) are public; what is not is setting `name` after construction (the config path copies it from
  * the config into the same field). So `submitterOf` only takes this path when the client's Query class

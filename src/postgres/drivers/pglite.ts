@@ -117,14 +117,15 @@ export async function lockDataDir(
 /**
  * PostgreSQL settings for an embedded database: a small buffer cache (PGlite's WebAssembly memory
  * never shrinks, and the server's default 128 MB of shared buffers is sized for a dedicated machine).
- * Measured on the reference service (bench/embedded-memory.ts): see the README.
+ * About a quarter of the memory of the defaults: docs/decisions/embedded-database-memory.md.
  */
 export const EMBEDDED_POSTGRESQL_CONF = "shared_buffers = 16MB\nwork_mem = 2MB\nmaintenance_work_mem = 16MB";
 
 /**
  * Create the data directory in a short-lived child process. PGlite's initdb grows the WebAssembly
- * memory to about 800 MB, which the process keeps for as long as it lives; opening a directory that
- * already exists needs a fraction of it. So a new directory is initialised elsewhere and only opened here.
+ * memory far beyond what a running database needs, and the process keeps it for as long as it lives;
+ * opening a directory that already exists needs a fraction of it. So a new directory is initialised
+ * elsewhere and only opened here (docs/decisions/embedded-database-memory.md).
  */
 async function initializeInChild(dir: string): Promise<void> {
   const { spawn } = await import("node:child_process");

@@ -5,8 +5,8 @@
  *
  * Bounded, in two generations: when the newer holds half the capacity it becomes the older one, and the
  * older is dropped whole (the oldest go first). Not one eviction per key: `keys().next()` on a Map whose
- * front was deleted from skips the deleted entries each time (V8 keeps them until it rehashes), about
- * 4 µs per saved key once full, when every request brings a new key.
+ * front was deleted from skips the deleted entries each time (V8 keeps them until it rehashes), a cost
+ * per saved key once full, when every request brings a new key (docs/decisions/finished-key-hints.md).
  */
 export class FinishedHints {
   private newer = new Map<string, number>();

@@ -136,7 +136,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
   //
   // With `range`, the lookup reads the partitions named (`DbTime.rangeAround`): PostgreSQL prunes the
   // others when it plans the statement instead of working out two bucket numbers at every execution
-  // (pgbench -M prepared, one client, 3 Dec 2026: 158-164 us per claim round trip against 195-202).
+  // (docs/decisions/named-partitions.md).
   // The INSERT then also waits for `covered`: a lookup that may have missed a live row must not claim
   // its key.
   const lookupOrClaim = (asyncCommit: boolean, range?: BucketRange) => `WITH found AS (${found(
@@ -193,8 +193,8 @@ function buildFenced(s: string, t: DbTime, bucket: number): FencedSql {
     appended(s, t, from, kind, token, details);
   // The row's bucket twice: as $3, and as a literal that lets PostgreSQL prune the other partitions
   // when it plans the statement, so that a prepared statement keeps one generic plan per connection.
-  // With $3 alone, it planned the statement again at every call to prune by the value (pg_stat_statements
-  // on bench/phases.ts, 2 Dec 2026: 170 us of planning per advance, 147 per finish, 64 per lock).
+  // With $3 alone, it planned the statement again at every call to prune by the value
+  // (docs/decisions/named-partitions.md).
   const row = `scope = $1 AND key = $2 AND bucket = $3 AND bucket = ${Math.trunc(bucket)} AND NOT marker`;
   const fence = `${row} AND lease_token = $4::uuid`;
   /** A fenced UPDATE that appends its event to the key's history. */

@@ -127,11 +127,9 @@ function partsOf(table: StatementTable, n: number) {
  *
  * Why a second text: PostgreSQL builds the executor state of a prepared statement's whole plan at every
  * execution (and sets up the pruning of a partitioned scan whose bounds are expressions), so the plan's
- * size is paid per request. Measured with callgrind on a single-user PostgreSQL 15 (the payment INSERT of
- * bench/compare, 1,000 executions after 200, daily partitions), instructions per execution: the full
- * statement 762 K; this one 576 K with the lookup's bounds as expressions, 509 K with its partitions
- * named (the hand-written CTE of bench/compare/hand.ts: 259 K, the bare INSERT: 120 K). Of the full
- * statement's excess, the upsert of an expired row cost 89 K and the duplicate's second INSERT 58 K.
+ * size is paid per request. This text leaves out the expired row's upsert and the duplicate's second
+ * INSERT, and names its partitions: about a third fewer instructions per execution than the full
+ * statement (docs/decisions/named-partitions.md).
  */
 export function commonStatementSql(
   table: StatementTable,
