@@ -2,9 +2,10 @@
  * `npm test` on whatever Node the machine has (scripts/test.mjs): when the development tools support
  * this Node it runs them on it; when one does not (its `engines`), it runs the whole tier under Node 24
  * from the npm registry, installed into the cache outside the tree, and says so in one line. Here in a
- * copy of the script beside stand-in tools (their `engines` chosen by the test; the lint, type and
- * import steps `node -e 0`; Vitest a script that prints the Node it runs on), with the real cache that
- * .ci/run fills (on a machine without Node 24 there, the script installs it from the registry).
+ * copy of the script beside stand-in tools (their `engines` chosen by the test; the lint, type, import,
+ * API and docs-site steps each print their name; Vitest a script that prints the Node it runs on), with
+ * the real cache that .ci/run fills (on a machine without Node 24 there, the script installs it from the
+ * registry).
  */
 import { execFile } from "node:child_process";
 import { cpSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -23,6 +24,8 @@ const TOOLS = [
   "@microsoft/api-extractor",
   "tsx",
 ];
+/** The checks the fast tier runs before Vitest, in order: the docs site's build among them (CI's). */
+const STEPS = ["lint", "typecheck", "check:imports", "api:check", "docs:build"];
 const dirs: string[] = [];
 afterAll(() => {
   for (const d of dirs) rmSync(d, { recursive: true, force: true });
@@ -34,14 +37,14 @@ function project(viteEngines: string): string {
   dirs.push(dir);
   mkdirSync(join(dir, "scripts"));
   cpSync("scripts/test.mjs", join(dir, "scripts/test.mjs"));
-  const step = "node -e 0";
+  const step = `node -e "console.log('step ' + process.env.npm_lifecycle_event)"`;
   writeFileSync(
     join(dir, "package.json"),
     JSON.stringify({
       name: "p",
       private: true,
       type: "module",
-      scripts: { lint: step, typecheck: step, "check:imports": step, "api:check": step },
+      scripts: Object.fromEntries(STEPS.map((name) => [name, step])),
     }),
   );
   for (const tool of TOOLS) {
@@ -75,6 +78,8 @@ describe("npm test's Node (scripts/test.mjs)", () => {
     const { stdout } = await run(process.execPath, ["scripts/test.mjs", "test/x"], { cwd: dir, env });
     expect(stdout).toContain(`vitest on ${process.version}: run --project fast test/x`);
     expect(stdout).not.toContain("running under Node");
+    const ran = stdout.split("\n").filter((l) => l.startsWith("step ") || l.startsWith("vitest on"));
+    expect(ran.slice(0, -1)).toEqual(STEPS.map((name) => `step ${name}`));
   }, 120_000);
 
   it("runs the whole tier under Node 24 from the registry when a tool does not support this Node", async () => {
