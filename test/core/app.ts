@@ -9,7 +9,6 @@
  * uses: a PGlite instance takes 5-20 s to start on a loaded machine, once per mutant), else PGlite.
  */
 import { randomBytes } from "node:crypto";
-import { PGlite } from "@electric-sql/pglite";
 import { Hono } from "hono";
 import pg from "pg";
 import { type IdempotencyEnv, idempotency } from "../../src/http/hono.ts";

@@ -15,7 +15,6 @@ import {
 } from "node:http";
 import type { AddressInfo } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
-import { PGlite } from "@electric-sql/pglite";
 import { serve } from "@hono/node-server";
 import express, { type Request as ExRequest, type Response as ExResponse, type NextFunction } from "express";
 import Fastify, { type FastifyRequest } from "fastify";

@@ -3,7 +3,6 @@
  * throw: the adapters answer these 503 + Retry-After, anything else stays the application's error.
  */
 import { createServer } from "node:net";
-import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
 import postgres from "postgres";
 import { describe, expect, it } from "vitest";
