@@ -14,7 +14,7 @@ import pg from "pg";
 import type { Claim, StoredResponse } from "../src/core/index.ts";
 import type { AtomicSql } from "../src/postgres/atomic/sql.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { backendsCpu, backendsDelta } from "./compare/cpu.ts";
 import { PAYMENTS_DDL } from "./compare/handler.ts";

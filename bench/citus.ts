@@ -8,9 +8,9 @@
  */
 import { randomUUID } from "node:crypto";
 import { pathToFileURL } from "node:url";
-import { openDatabaseUrl } from "../src/postgres/connect.ts";
 import type { Db } from "../src/postgres/db.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { openDatabaseUrl } from "../src/postgres/drivers/connect.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { paymentClaim } from "../test/helpers/claim.ts";
 import { freshDatabase } from "../test/helpers/db.ts";

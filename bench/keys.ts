@@ -15,7 +15,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import type { Claim, StoredResponse } from "../src/core/index.ts";
 import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 

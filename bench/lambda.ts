@@ -20,7 +20,7 @@ import { promisify } from "node:util";
 import type { APIGatewayProxyEvent } from "aws-lambda";
 import { idempotency } from "../src/lambda/index.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { freeLoopbackPort } from "../test/helpers/ports.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";

@@ -9,7 +9,7 @@ import { randomUUID } from "node:crypto";
 import pg from "pg";
 import { lookupQuery } from "../src/postgres/atomic/sql.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { freshBenchDatabase } from "./http.ts";
 

@@ -22,7 +22,7 @@ import { z } from "zod";
 import { idempotentTools } from "../src/mcp/index.ts";
 import type { Tx } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { backendsCpu, backendsDelta } from "./compare/cpu.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";

@@ -34,7 +34,7 @@ import { setLifecycleObserver } from "../src/core/observe.ts";
 import { otel } from "../src/observability/otel.ts";
 import { installServerTelemetry } from "../src/observability/server.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 import { load } from "./load.ts";

@@ -20,8 +20,8 @@
  */
 import type { Db, Queryable } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
 import { writeOutbox } from "../src/postgres/outbox.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { processesCpuUs } from "./compare/cpu.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 

@@ -18,7 +18,7 @@ import type pg from "pg";
 import { atomicSql, type LockedFound } from "../src/postgres/atomic/sql.ts";
 import { jsonColumn, type QueryResult } from "../src/postgres/db.ts";
 import { fromPg, runPgStatement } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 

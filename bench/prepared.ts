@@ -16,7 +16,7 @@ import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { fromPostgresJs } from "../src/postgres/drivers/postgres-js.ts";
 import { replayOf } from "../src/postgres/keys/row.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 import { drive, f0, f2, type Slice } from "./scale-lib.ts";

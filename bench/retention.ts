@@ -15,7 +15,7 @@
  */
 import { pathToFileURL } from "node:url";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 
 export interface RetentionResult {

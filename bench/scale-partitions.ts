@@ -4,8 +4,8 @@
  */
 import { createHash, randomBytes, randomUUID } from "node:crypto";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
-import { livePartitions, MAX_LIVE_PARTITIONS } from "../src/postgres/partitions.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
+import { livePartitions, MAX_LIVE_PARTITIONS } from "../src/postgres/schema/partitions.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool } from "./http.ts";
 import {

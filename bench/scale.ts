@@ -23,7 +23,7 @@ import type { Claim } from "../src/core/index.ts";
 import { lookupQuery } from "../src/postgres/atomic/sql.ts";
 import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 import {

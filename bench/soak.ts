@@ -45,7 +45,7 @@ import { Relay } from "../src/messaging/relay.ts";
 import type { Publisher } from "../src/messaging/types.ts";
 import type { Db } from "../src/postgres/db.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { uuidv7 } from "../src/postgres/uuid7.ts";
 import { startProvider } from "../src/testing/provider.ts";
 import { listCharges } from "../src/testing/provider-client.ts";

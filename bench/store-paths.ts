@@ -12,7 +12,7 @@ import type { Claim, StoredResponse } from "../src/core/index.ts";
 import { type LookupRow, lookupQuery, lookupRowOf } from "../src/postgres/atomic/sql.ts";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
 import { replayOf } from "../src/postgres/keys/row.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../src/postgres/store.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 import { drive, f0, f2, type Slice } from "./scale-lib.ts";

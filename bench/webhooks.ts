@@ -25,7 +25,7 @@ import { once } from "node:events";
 import { Agent, request } from "node:http";
 import pg from "pg";
 import { fromPg } from "../src/postgres/drivers/pg.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { backendsCpu, backendsDelta, processCpuUs } from "./compare/cpu.ts";
 import { benchPool, freshBenchDatabase } from "./http.ts";
 

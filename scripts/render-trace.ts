@@ -9,7 +9,7 @@ import { writeFileSync } from "node:fs";
 import { PGlite } from "@electric-sql/pglite";
 import type { ReadableSpan } from "@opentelemetry/sdk-trace";
 import { fromPglite } from "../src/postgres/drivers/pglite.ts";
-import { migrate } from "../src/postgres/migrate.ts";
+import { migrate } from "../src/postgres/schema/migrate.ts";
 import { pay, startPaymentApi } from "../test/observability/payment.ts";
 import { installSdk, parentOf } from "../test/observability/sdk.ts";
 

@@ -1,4 +1,4 @@
--- Which encryption key new values are sealed with, shared by every instance (src/postgres/sealing-keys.ts).
+-- Which encryption key new values are sealed with, shared by every instance (src/postgres/secrets/sealing-keys.ts).
 -- sealing_key holds one row: the promoted key. sealing_readers lists the running instances and the key
 -- ids each can open, seen_at by the database's clock: a key is promoted only when every live reader
 -- opens it, so no instance ever seals with a key another cannot open while instances roll.

@@ -1,4 +1,4 @@
--- The secret operation references are sealed with (src/core/operation-ref.ts, src/postgres/ref-keys.ts)
+-- The secret operation references are sealed with (src/core/operation-ref.ts, src/postgres/secrets/ref-keys.ts)
 -- when the store has no encryption keys of its own: made here, once, from the server's strong random
 -- source (gen_random_uuid: 122 random bits each; two make the 32 bytes), so that references are opaque
 -- and unforgeable from the first start, and keep opening after a restart and on every instance. Kept in

@@ -23,8 +23,8 @@
  * recorded (`admin.auth-failed`, `admin.auth-limited` in the actions).
  */
 import { isValidKey, isValidScope, PROBLEM_TYPE_BASE } from "../core/index.ts";
-import { BadOperationRefError, InvalidKeyRefError, type KeyRef } from "../postgres/key-admin.ts";
-import { CannotForgetError } from "../postgres/key-forget.ts";
+import { BadOperationRefError, InvalidKeyRefError, type KeyRef } from "../postgres/admin/key-admin.ts";
+import { CannotForgetError } from "../postgres/admin/key-forget.ts";
 import { NoOpenReviewError, type Settlement, SettlementRefusedError } from "../postgres/phases/review.ts";
 import type { KeyListState, Operations } from "./operations.ts";
 import { type AuthLimitOptions, AuthThrottle } from "./throttle.ts";

@@ -9,9 +9,9 @@ export type { ConsumerParkedMessage } from "../messaging/inbox-admin.ts";
 export { parkedMessages, unparkMessage } from "../messaging/inbox-admin.ts";
 export type { ParkedEvent } from "../messaging/outbox-admin.ts";
 export { outboxLag, parkedEvents } from "../messaging/outbox-admin.ts";
-export type { AdminAction, NewAdminAction } from "../postgres/admin-actions.ts";
-export { listActions, recordAction } from "../postgres/admin-actions.ts";
-export type { KeyRef, KeyStory, TimelineEvent } from "../postgres/key-admin.ts";
+export type { AdminAction, NewAdminAction } from "../postgres/admin/admin-actions.ts";
+export { listActions, recordAction } from "../postgres/admin/admin-actions.ts";
+export type { KeyRef, KeyStory, TimelineEvent } from "../postgres/admin/key-admin.ts";
 export {
   BadOperationRefError,
   expiringKeys,
@@ -19,14 +19,14 @@ export {
   forgetKey,
   InvalidKeyRefError,
   keyStory,
-} from "../postgres/key-admin.ts";
+} from "../postgres/admin/key-admin.ts";
 export {
   CannotForgetError,
   type ForgetBy,
   type ForgetFacts,
   type ForgetVerdict,
   forgetVerdict,
-} from "../postgres/key-forget.ts";
+} from "../postgres/admin/key-forget.ts";
 export { type AdminConsoleOptions, adminConsole, toNodeListener } from "./console.ts";
 export {
   type AdminHandler,

@@ -13,9 +13,8 @@ import {
   parkedEvents,
   requeueParked,
 } from "../messaging/outbox-admin.ts";
-import { type AdminAction, listActions, recordAction } from "../postgres/admin-actions.ts";
-import { type AuditCheck, type AuditResult, audit, builtinChecks } from "../postgres/audit.ts";
-import type { Db } from "../postgres/db.ts";
+import { type AdminAction, listActions, recordAction } from "../postgres/admin/admin-actions.ts";
+import { type AuditCheck, type AuditResult, audit, builtinChecks } from "../postgres/admin/audit.ts";
 import {
   expiringKeys,
   findKey,
@@ -24,7 +23,8 @@ import {
   type KeyStory,
   keyStory,
   resolveKeyRef,
-} from "../postgres/key-admin.ts";
+} from "../postgres/admin/key-admin.ts";
+import type { Db } from "../postgres/db.ts";
 import { unfinishedKeys } from "../postgres/keys/inspect.ts";
 import { type KeyTable, type ShardedKeyTables, tableFor, tablesOf } from "../postgres/keys/table.ts";
 import { openReviews, type Review, type Settlement, settleReview } from "../postgres/phases/review.ts";

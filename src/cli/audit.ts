@@ -1,6 +1,6 @@
 import { readFile, writeFile } from "node:fs/promises";
-import { recordAction } from "../postgres/admin-actions.ts";
-import { type AuditCheck, audit, auditMetrics, builtinChecks, parseChecks } from "../postgres/audit.ts";
+import { recordAction } from "../postgres/admin/admin-actions.ts";
+import { type AuditCheck, audit, auditMetrics, builtinChecks, parseChecks } from "../postgres/admin/audit.ts";
 import { CliError, EXIT, openDb, parse, printable, printJson, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem audit [--sql FILE]... [--no-builtin] [--lease-seconds S] [--max-leases N]

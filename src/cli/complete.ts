@@ -1,6 +1,6 @@
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { type CompleteReport, complete } from "../postgres/complete.ts";
+import { type CompleteReport, complete } from "../postgres/admin/complete.ts";
 import type { Db } from "../postgres/db.ts";
 import type { PhasesRunner } from "../postgres/phases/index.ts";
 import type { PostgresStore } from "../postgres/store.ts";

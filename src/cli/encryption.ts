@@ -1,4 +1,4 @@
-import { SealingKeyPromotionError } from "../postgres/sealing-keys.ts";
+import { SealingKeyPromotionError } from "../postgres/secrets/sealing-keys.ts";
 import { CliError, EXIT, openStore, parse, printable } from "./shared.ts";
 
 const USAGE = `usage: idem encryption promote <key-id>   [--database-url URL] [--schema NAME]

@@ -1,8 +1,8 @@
 import { Operations } from "../admin/operations.ts";
 import type { KeyInspection } from "../core/index.ts";
 import { isValidKey, isValidScope } from "../core/index.ts";
-import { BadOperationRefError, type KeyRef } from "../postgres/key-admin.ts";
-import { CannotForgetError } from "../postgres/key-forget.ts";
+import { BadOperationRefError, type KeyRef } from "../postgres/admin/key-admin.ts";
+import { CannotForgetError } from "../postgres/admin/key-forget.ts";
 import {
   NoOpenReviewError,
   type Review,

@@ -1,4 +1,4 @@
-import { migrate, pendingMigrations, SchemaBehindError } from "../postgres/migrate.ts";
+import { migrate, pendingMigrations, SchemaBehindError } from "../postgres/schema/migrate.ts";
 import { CliError, EXIT, openDb, parse } from "./shared.ts";
 
 const USAGE = `usage: idem migrate [--database-url URL] [--schema NAME] [--partition-seconds N] [--runtime-role ROLE]

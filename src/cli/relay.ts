@@ -1,6 +1,6 @@
 import { redactUrl } from "../core/redact.ts";
 import type { Publisher } from "../messaging/types.ts";
-import { pendingMigrations } from "../postgres/migrate.ts";
+import { pendingMigrations } from "../postgres/schema/migrate.ts";
 import { CliError, EXIT, openDb, parse } from "./shared.ts";
 
 const USAGE = `usage: idem relay [--amqp URL | --nats URL | --kafka URL | --sqs URL | --webhook URL] [options]

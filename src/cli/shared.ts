@@ -1,6 +1,6 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import type { Listen } from "../messaging/listen.ts";
 import type { Db } from "../postgres/db.ts";
+import type { Listen } from "../postgres/drivers/listen.ts";
 import type { PostgresStore } from "../postgres/store.ts";
 
 /** Exit codes scripts can rely on. */
@@ -85,7 +85,9 @@ export async function openDb(
     }
     return { db, where: `embedded PGlite in ${dir}` };
   }
-  const { DatabaseConnectError, openDatabaseUrl, parseDatabaseUrl } = await import("../postgres/connect.ts");
+  const { DatabaseConnectError, openDatabaseUrl, parseDatabaseUrl } = await import(
+    "../postgres/drivers/connect.ts"
+  );
   for (const [u, name] of [
     [url, "DATABASE_URL"],
     [options.listenUrl, "IDEM_LISTEN_DATABASE_URL"],

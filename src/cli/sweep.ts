@@ -1,6 +1,6 @@
 import { SqlState, sqlStateOf } from "../core/sqlstate.ts";
 import { sweepInbox } from "../messaging/inbox.ts";
-import { PartitionMissingError, partitionsAhead } from "../postgres/partitions.ts";
+import { PartitionMissingError, partitionsAhead } from "../postgres/schema/partitions.ts";
 import { CliError, EXIT, openStore, parse, retentionMs } from "./shared.ts";
 
 const USAGE = `usage: idem sweep [--database-url URL] [--schema NAME] [--retention-hours H] [--inbox-retention-hours H] [--json]

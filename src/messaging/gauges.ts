@@ -8,7 +8,7 @@
  * alongside the outbox and inbox, so they live here with them.
  */
 import type { Db } from "../core/db.ts";
-import { schemaOf } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/schema/migrate.ts";
 
 /** Counts stop at this many rows (a gauge at the cap means "at least this many"). */
 export const GAUGE_COUNT_CAP = 100_000;

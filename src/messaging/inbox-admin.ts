@@ -1,6 +1,6 @@
 /** Operating the inbox by hand: every consumer's parked messages, and unparking one. */
 import type { Db } from "../core/db.ts";
-import { schemaOf } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/schema/migrate.ts";
 import { Inbox, type ParkedMessage, parkedMessageOf } from "./inbox.ts";
 
 /** A parked message and the consumer it failed in. */

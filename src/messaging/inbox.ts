@@ -32,8 +32,8 @@
 
 import type { Db, Tx } from "../core/db.ts";
 import { isMissingPartition } from "../core/index.ts";
-import { schemaOf } from "../postgres/migrate.ts";
-import { Partitions } from "../postgres/partitions.ts";
+import { schemaOf } from "../postgres/schema/migrate.ts";
+import { Partitions } from "../postgres/schema/partitions.ts";
 import { type Delivery, errorOf } from "./types.ts";
 
 /** What happened to a delivery, and so what the consumer tells the broker. */

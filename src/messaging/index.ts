@@ -4,6 +4,14 @@
  * `idem/messaging/kafka` and `idem/messaging/sqs`, so that their client libraries (optional peer
  * dependencies) are only needed by those who use them.
  */
+
+export {
+  type Listen,
+  ListenUnavailableError,
+  listenWithPg,
+  listenWithPglite,
+  listenWithPostgresJs,
+} from "../postgres/drivers/listen.ts";
 export type {
   ConsumerCrashPoint,
   ConsumerOptions,
@@ -20,13 +28,6 @@ export {
   type ParkedMessage,
   sweepInbox,
 } from "./inbox.ts";
-export {
-  type Listen,
-  ListenUnavailableError,
-  listenWithPg,
-  listenWithPglite,
-  listenWithPostgresJs,
-} from "./listen.ts";
 export { MemoryBroker, type MemoryBrokerOptions } from "./memory.ts";
 export {
   outboxCounts,

@@ -1,6 +1,6 @@
 /** Operating the outbox by hand: parked events, the relay's lag, requeue, counts by state. */
 import type { Db, Tx } from "../core/db.ts";
-import { schemaOf } from "../postgres/migrate.ts";
+import { schemaOf } from "../postgres/schema/migrate.ts";
 
 /**
  * Put parked rows back in the queue (all of them, or those of `ids` / `topic` / `aggregateId`), attempts

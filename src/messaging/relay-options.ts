@@ -3,7 +3,7 @@
  * and defaults applied to the options when a relay is made.
  */
 import type { Db } from "../core/db.ts";
-import type { Listen } from "./listen.ts";
+import type { Listen } from "../postgres/drivers/listen.ts";
 import type { Publisher } from "./types.ts";
 
 /** Points where a test can make a relay die as a killed process would: nothing is released or marked. */

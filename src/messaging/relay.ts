@@ -28,9 +28,9 @@
  */
 import type { Db } from "../core/db.ts";
 import { countParked } from "../observability/messaging.ts";
-import { placedOnCitus } from "../postgres/citus.ts";
-import { outboxNotifyTrigger, schemaOf } from "../postgres/migrate.ts";
-import type { Listen } from "./listen.ts";
+import type { Listen } from "../postgres/drivers/listen.ts";
+import { placedOnCitus } from "../postgres/schema/citus.ts";
+import { outboxNotifyTrigger, schemaOf } from "../postgres/schema/migrate.ts";
 import { Alarms, marker, publishBatch } from "./relay-batch.ts";
 import {
   POLL_WITHOUT_LISTEN_MS,

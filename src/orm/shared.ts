@@ -10,7 +10,7 @@
  */
 import type { Db, QueryResult, Tx } from "../core/db.ts";
 import { unguarded } from "../core/guarded-tx.ts";
-import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../postgres/after-commit-notify.ts";
+import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../postgres/drivers/after-commit-notify.ts";
 
 /** How one ORM runs a statement with `$1..$n` parameters on a handle (its database or a transaction). */
 export interface OrmDriver<H, T extends H> {

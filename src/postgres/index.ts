@@ -1,13 +1,18 @@
-export { isCitus } from "./citus.ts";
-export { type CompleteOptions, type CompleteReport, type CompleteResult, complete } from "./complete.ts";
+export {
+  type CompleteOptions,
+  type CompleteReport,
+  type CompleteResult,
+  complete,
+} from "./admin/complete.ts";
+export { type KeyNote, noteOnKey } from "./admin/key-notes.ts";
+export type { Db, Queryable, QueryResult, Tx } from "./db.ts";
 export {
   DatabaseConnectError,
   type DatabaseUrl,
   type OpenDatabaseUrlOptions,
   type OpenedDatabaseUrl,
   openDatabaseUrl,
-} from "./connect.ts";
-export type { Db, Queryable, QueryResult, Tx } from "./db.ts";
+} from "./drivers/connect.ts";
 export { type FromPgOptions, fromPg, type PgPoolLike } from "./drivers/pg.ts";
 export {
   DataDirInUseError,
@@ -22,25 +27,10 @@ export {
   type PostgresJsLike,
   type PostgresJsReserved,
 } from "./drivers/postgres-js.ts";
-export { type KeyNote, noteOnKey } from "./key-notes.ts";
-export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
-export {
-  type MigrateOptions,
-  type MigrateResult,
-  migrate,
-  pendingMigrations,
-  SchemaBehindError,
-} from "./migrate.ts";
 // Operation lookup (GET /v1/operations/{ref}): the store-side read.
-export { operationReader, readOperation } from "./operations.ts";
+export { operationReader, readOperation } from "./keys/operations.ts";
+export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";
-export {
-  MAX_LIVE_PARTITIONS,
-  minPartitionSeconds,
-  PartitionMissingError,
-  Partitions,
-  PartitionWidthError,
-} from "./partitions.ts";
 export {
   type CrashInfo,
   type CrashPointName,
@@ -69,7 +59,22 @@ export {
   settleKey,
   settleReview,
 } from "./phases/index.ts";
-export { SealingKeyPromotionError } from "./sealing-keys.ts";
+export { isCitus } from "./schema/citus.ts";
+export {
+  type MigrateOptions,
+  type MigrateResult,
+  migrate,
+  pendingMigrations,
+  SchemaBehindError,
+} from "./schema/migrate.ts";
+export {
+  MAX_LIVE_PARTITIONS,
+  minPartitionSeconds,
+  PartitionMissingError,
+  Partitions,
+  PartitionWidthError,
+} from "./schema/partitions.ts";
+export { SealingKeyPromotionError } from "./secrets/sealing-keys.ts";
 export { hashRoute, ShardedStore, type ShardedStoreOptions, UnknownShardError } from "./sharded.ts";
 export {
   SingleStatementStore,

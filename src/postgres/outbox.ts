@@ -11,7 +11,7 @@
 
 import { outboxHeaders } from "../observability/messaging.ts";
 import type { Queryable, Tx } from "./db.ts";
-import { checkSchemaName } from "./migrate.ts";
+import { checkSchemaName } from "./schema/migrate.ts";
 import { uuidv7 } from "./uuid7.ts";
 
 /** An event written to the outbox in the caller's transaction (`writeOutbox`), published by the relay. */

@@ -23,7 +23,7 @@ import type {
   WorkResult,
 } from "../core/index.ts";
 import type { Tx } from "./db.ts";
-import { shardedRefs } from "./ref-keys.ts";
+import { shardedRefs } from "./secrets/ref-keys.ts";
 import type { PostgresStore } from "./store.ts";
 
 /** Options of a {@link ShardedStore}. */

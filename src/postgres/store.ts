@@ -20,21 +20,21 @@ import {
 import { sha256 } from "../core/sha256.ts";
 import { AtomicRunner } from "./atomic/runner.ts";
 import { type AtomicSql, atomicSql } from "./atomic/sql.ts";
-import { placedOnCitus, shardLockSql } from "./citus.ts";
 import type { Db, Tx } from "./db.ts";
-import { DbTime, type TimeShift } from "./db-time.ts";
+import { DbTime, type TimeShift } from "./keys/db-time.ts";
 import { inspectKey } from "./keys/inspect.ts";
 import { expiryOf } from "./keys/row.ts";
-import { pendingMigrations, SchemaBehindError, schemaOf } from "./migrate.ts";
+import { placedOnCitus, shardLockSql } from "./schema/citus.ts";
+import { pendingMigrations, SchemaBehindError, schemaOf } from "./schema/migrate.ts";
 import {
   livePartitions,
   MAX_LIVE_PARTITIONS,
   PARTITIONS_AHEAD,
   Partitions,
   PartitionWidthError,
-} from "./partitions.ts";
-import { dbRefKey, storeRefs } from "./ref-keys.ts";
-import { PromotedSealer, promoteSealingKey, SealingKeyPromotionError } from "./sealing-keys.ts";
+} from "./schema/partitions.ts";
+import { dbRefKey, storeRefs } from "./secrets/ref-keys.ts";
+import { PromotedSealer, promoteSealingKey, SealingKeyPromotionError } from "./secrets/sealing-keys.ts";
 
 /** Options of a `PostgresStore`: its schema, retention, waits, clock shift (tests) and sealer. */
 export interface PostgresStoreOptions {

@@ -18,7 +18,7 @@ import {
   type StoredResponse,
 } from "../core/index.ts";
 import { sha256 } from "../core/sha256.ts";
-import { recordAction } from "../postgres/admin-actions.ts";
+import { recordAction } from "../postgres/admin/admin-actions.ts";
 import type { Db } from "../postgres/db.ts";
 import type { PostgresStore } from "../postgres/store.ts";
 import { compare, type Finding, FindingKind, type ServiceRecord } from "./compare.ts";

@@ -44,8 +44,8 @@ import {
 } from "../messaging/types.ts";
 import { versionedUpsert } from "../messaging/versioned-upsert.ts";
 import { WebhookVerificationError } from "../messaging/webhook.ts";
-import { schemaOf } from "../postgres/migrate.ts";
 import { writeOutbox } from "../postgres/outbox.ts";
+import { schemaOf } from "../postgres/schema/migrate.ts";
 import {
   BODY_PARSED_FIX,
   type FastifyLikeReply,

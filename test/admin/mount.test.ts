@@ -20,7 +20,7 @@ import {
 } from "../../src/admin/index.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { newPglite } from "../helpers/db.ts";
 

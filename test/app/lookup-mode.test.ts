@@ -8,7 +8,7 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { idemRunners, paymentPhasesRunner } from "../../app/payments-phases.ts";
-import { complete } from "../../src/postgres/complete.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { paymentClaim } from "../helpers/claim.ts";

@@ -46,7 +46,7 @@ import {
 } from "../../src/client/index.ts";
 import { DEFAULT_DEADLINE_MS } from "../../src/client/options.ts";
 import { downstreamKey } from "../../src/core/index.ts";
-import { complete } from "../../src/postgres/complete.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { createRng } from "../../src/testing/prng.ts";

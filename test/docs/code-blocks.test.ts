@@ -17,8 +17,8 @@ import { connectNats, NatsPublisher } from "../../src/messaging/nats.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { freshDatabase, NO_SERVER } from "../helpers/db.ts";
 import { AMQP_URL, NATS_URL } from "../messaging/helpers.ts";
 

@@ -4,7 +4,7 @@
  * (the database and the tests run on one machine, so `Date.now()` is the database's clock here) and
  * sets it: `now.ms += LEASE_MS` moves every store given `timeShift: now` a lease ahead.
  */
-import type { TimeShift } from "../../src/postgres/db-time.ts";
+import type { TimeShift } from "../../src/postgres/keys/db-time.ts";
 
 export class TestTime implements TimeShift {
   offsetMs = 0;

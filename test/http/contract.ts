@@ -18,7 +18,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import type { OpenDb, TestBackend } from "../helpers/db.ts";
 import { type PaymentsRunner, phasesRunner } from "./contract-app.ts";

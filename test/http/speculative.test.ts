@@ -30,7 +30,7 @@ import * as idemWeb from "../../src/http/web.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
 import { fromPglite } from "../../src/postgres/drivers/pglite.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { DATABASE_URL, freshDatabase, newPglite } from "../helpers/db.ts";
 import { account, type PostInit, PROBLEM, postTo, problemOf, type RunningApp } from "./contract.ts";

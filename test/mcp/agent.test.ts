@@ -13,7 +13,7 @@ import { OperationUncertainError } from "../../src/core/index.ts";
 import { idempotencyMetaOf, idempotentToolCalls, type ToolCaller } from "../../src/mcp/index.ts";
 import { idempotentTools } from "../../src/mcp/server.ts";
 import type { Tx } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";

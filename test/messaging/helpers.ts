@@ -1,8 +1,8 @@
 /** Shared pieces of the messaging tests: broker URLs, a migrated database, a wallet to credit. */
 import { randomBytes } from "node:crypto";
 import type { Db, Tx } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 
 export const AMQP_URL = process.env.AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672";
 export const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";

@@ -9,8 +9,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Inbox, sweepInbox } from "../../src/messaging/inbox.ts";
 import type { Delivery } from "../../src/messaging/types.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
-import { MIGRATIONS_DIR, migrate } from "../../src/postgres/migrate.ts";
-import { Partitions } from "../../src/postgres/partitions.ts";
+import { MIGRATIONS_DIR, migrate } from "../../src/postgres/schema/migrate.ts";
+import { Partitions } from "../../src/postgres/schema/partitions.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { unique } from "./helpers.ts";
 

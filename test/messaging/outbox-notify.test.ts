@@ -7,12 +7,12 @@
  */
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listenWithPg } from "../../src/messaging/listen.ts";
 import { Relay } from "../../src/messaging/relay.ts";
 import type { OutboxMessage, Publisher } from "../../src/messaging/types.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { listenWithPg } from "../../src/postgres/drivers/listen.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { prepare, unique, until, writeCredits } from "./helpers.ts";
 

@@ -5,7 +5,6 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Inbox } from "../../src/messaging/inbox.ts";
-import type { Listen } from "../../src/messaging/listen.ts";
 import { Relay, type RelayOptions } from "../../src/messaging/relay.ts";
 import {
   BrokerUnavailableError,
@@ -14,6 +13,7 @@ import {
   type PublishOutcome,
 } from "../../src/messaging/types.ts";
 import type { Db } from "../../src/postgres/db.ts";
+import type { Listen } from "../../src/postgres/drivers/listen.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 import { prepare, unique, until } from "./helpers.ts";

@@ -1,7 +1,6 @@
 /** The outbox relay: every event published at least once and marked, under concurrency, failures and crashes. */
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listenWithPg } from "../../src/messaging/listen.ts";
 import { outboxCounts, Relay, requeueParked } from "../../src/messaging/relay.ts";
 import {
   BrokerUnavailableError,
@@ -10,6 +9,7 @@ import {
   type PublishOutcome,
 } from "../../src/messaging/types.ts";
 import type { Db } from "../../src/postgres/db.ts";
+import { listenWithPg } from "../../src/postgres/drivers/listen.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";
 import { prepare, unique, until, writeCredits } from "./helpers.ts";

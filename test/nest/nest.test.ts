@@ -23,7 +23,7 @@ import {
   type NestIdempotencyContext,
 } from "../../src/nest/index.ts";
 import { fromDrizzle } from "../../src/orm/drizzle.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { DATABASE_URL, freshDatabase, sayWhySkippedWithoutServer } from "../helpers/db.ts";
 import { PAYMENTS_DDL } from "../orm/harness.ts";

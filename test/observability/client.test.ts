@@ -7,7 +7,7 @@
 import { SpanKind } from "@opentelemetry/api";
 import type { ReadableSpan } from "@opentelemetry/sdk-trace";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { backends, serverBackends } from "../helpers/db.ts";
 import { type PaymentApi, pay, startPaymentApi } from "./payment.ts";
 import { installSdk, type Sdk, tree } from "./sdk.ts";

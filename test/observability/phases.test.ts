@@ -5,7 +5,7 @@
  * the completer, and a sweep with the partitions it dropped.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { complete } from "../../src/postgres/complete.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { crashAt } from "../../src/testing/faults.ts";
 import { claimOf, LEASE_MS, openWorld, serverOrEmbedded, type World } from "../phases/helpers.ts";

@@ -13,9 +13,9 @@ import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import type { Db, Tx } from "../../src/core/index.ts";
 import { idempotency } from "../../src/http/hono.ts";
-import { NOTIFY_SQL } from "../../src/postgres/after-commit-notify.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { NOTIFY_SQL } from "../../src/postgres/drivers/after-commit-notify.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { DATABASE_URL, freshDatabase } from "../helpers/db.ts";
 

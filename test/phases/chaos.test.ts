@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError, isLeaseLostError, isRetryableError } from "../../src/core/index.ts";
-import { complete } from "../../src/postgres/complete.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
 import { randomCrashes } from "../../src/testing/faults.ts";
 import { createRng } from "../../src/testing/prng.ts";

@@ -5,7 +5,6 @@
  */
 import { type Claim, downstreamKey, RetryableError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
 import { writeOutbox } from "../../src/postgres/outbox.ts";
 import {
   definePhases,
@@ -15,6 +14,7 @@ import {
   type PhaseStore,
   type PhasesOptions,
 } from "../../src/postgres/phases/index.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Provider, type ProviderOptions, startProvider } from "../../src/testing/provider.ts";
 import { chargeProvider, findCharges } from "../../src/testing/provider-client.ts";

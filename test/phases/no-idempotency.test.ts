@@ -10,7 +10,7 @@ import {
   isRetryableError,
   type OperationUncertainError,
 } from "../../src/core/index.ts";
-import { complete } from "../../src/postgres/complete.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import {
   openReviews,
   reviewGauge,

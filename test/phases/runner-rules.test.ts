@@ -18,7 +18,6 @@ import {
   type StoredResponse,
 } from "../../src/core/index.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
 import {
   definePhases,
   jsonResponse,
@@ -28,6 +27,7 @@ import {
   type PhasesOptions,
   SimulatedCrashError,
 } from "../../src/postgres/phases/index.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import type { OpenDb } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";

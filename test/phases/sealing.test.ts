@@ -6,7 +6,7 @@
 import { randomBytes } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AesGcmSealer, isSealed, SealedValueError } from "../../src/core/index.ts";
-import { complete } from "../../src/postgres/complete.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import { openReviews, SimulatedCrashError, settleReview } from "../../src/postgres/phases/index.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";

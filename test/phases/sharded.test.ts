@@ -4,9 +4,9 @@
  * which scans every shard.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { complete } from "../../src/postgres/complete.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import { SimulatedCrashError } from "../../src/postgres/phases/index.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { ShardedStore } from "../../src/postgres/sharded.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { crashAt } from "../../src/testing/faults.ts";

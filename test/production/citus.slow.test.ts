@@ -6,12 +6,12 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isKeyInFlightError, type StoredResponse } from "../../src/core/index.ts";
-import { audit, builtinChecks } from "../../src/postgres/audit.ts";
-import { complete } from "../../src/postgres/complete.ts";
-import { openDatabaseUrl } from "../../src/postgres/connect.ts";
+import { audit, builtinChecks } from "../../src/postgres/admin/audit.ts";
+import { complete } from "../../src/postgres/admin/complete.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
-import { Partitions } from "../../src/postgres/partitions.ts";
+import { openDatabaseUrl } from "../../src/postgres/drivers/connect.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
+import { Partitions } from "../../src/postgres/schema/partitions.ts";
 import { SingleStatementStore, StatementModeError } from "../../src/postgres/statement/store.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { pay, startService } from "../app/service.ts";

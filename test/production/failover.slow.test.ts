@@ -13,7 +13,7 @@ import { ApiKeys, ensureDemoAccounts } from "../../app/accounts.ts";
 import { createApp } from "../../app/app.ts";
 import { prepareSchema } from "../../app/database.ts";
 import { createLogger } from "../../app/observability.ts";
-import { openDatabaseUrl } from "../../src/postgres/connect.ts";
+import { openDatabaseUrl } from "../../src/postgres/drivers/connect.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { KEY_1 } from "../app/service.ts";
 import { missing } from "../infra/common.ts";

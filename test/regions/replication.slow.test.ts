@@ -18,7 +18,7 @@ import { idempotency } from "../../src/http/hono.ts";
 import { homeRegion } from "../../src/http/hono-home-region.ts";
 import type { Db } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type Cluster, freePort, postgresBinDir, startCluster } from "../helpers/cluster.ts";
 

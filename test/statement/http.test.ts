@@ -14,7 +14,7 @@ import { idempotency as expressIdempotency } from "../../src/http/express.ts";
 import { idempotency as fastifyIdempotency } from "../../src/http/fastify.ts";
 import { idempotency as honoIdempotency } from "../../src/http/hono.ts";
 import { idempotency } from "../../src/http/node.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { SingleStatementStore, type StatementSpec, statement } from "../../src/postgres/statement/store.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";

@@ -6,8 +6,8 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { isKeyInFlightError, isKeyMismatchError } from "../../src/core/index.ts";
 import { AesGcmSealer } from "../../src/core/sealing.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
-import { readOperation } from "../../src/postgres/operations.ts";
+import { readOperation } from "../../src/postgres/keys/operations.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import {
   SingleStatementStore,
   StatementModeError,

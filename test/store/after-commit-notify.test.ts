@@ -1,6 +1,6 @@
 /** The NOTIFYs idem's drivers send after commits: the first at once, the rest shared, none lost. */
 import { describe, expect, it } from "vitest";
-import { AfterCommitNotifier } from "../../src/postgres/after-commit-notify.ts";
+import { AfterCommitNotifier } from "../../src/postgres/drivers/after-commit-notify.ts";
 
 describe("AfterCommitNotifier", () => {
   it("announces the first commit at once and shares one NOTIFY among the commits that come meanwhile", async () => {

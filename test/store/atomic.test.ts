@@ -7,8 +7,8 @@ import { isKeyInFlightError, isKeyMismatchError, type StoredResponse } from "../
 import { INLINE_BODY_MAX, lookupQuery } from "../../src/postgres/atomic/sql.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
-import { migrate, pendingMigrations } from "../../src/postgres/migrate.ts";
-import { MAX_LIVE_PARTITIONS, PartitionWidthError } from "../../src/postgres/partitions.ts";
+import { migrate, pendingMigrations } from "../../src/postgres/schema/migrate.ts";
+import { MAX_LIVE_PARTITIONS, PartitionWidthError } from "../../src/postgres/schema/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";

@@ -8,7 +8,7 @@ import { type CompactOptions, fingerprint, type StoredResponse } from "../../src
 import { idempotency } from "../../src/http/hono.ts";
 import type { Tx } from "../../src/postgres/db.ts";
 import { CompactWithoutRebuildError } from "../../src/postgres/keys/row.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 

@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type Claim, isKeyInFlightError, type StoredResponse } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends } from "../helpers/db.ts";

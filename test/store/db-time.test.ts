@@ -3,7 +3,7 @@
  * at the edges, where the start of `lo` and the end of `hi` are one microsecond away.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DbTime } from "../../src/postgres/db-time.ts";
+import { DbTime } from "../../src/postgres/keys/db-time.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 
 const HOUR = 3_600_000;

@@ -18,8 +18,8 @@ import {
 import { idempotency } from "../../src/http/hono.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
 import { fromPg } from "../../src/postgres/drivers/pg.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
-import { PartitionWidthError } from "../../src/postgres/partitions.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
+import { PartitionWidthError } from "../../src/postgres/schema/partitions.ts";
 import { PostgresStore, type PostgresStoreOptions } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 import { TestTime } from "../helpers/time.ts";

@@ -6,7 +6,7 @@
 import { randomBytes } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AesGcmSealer, OperationRefs, type SealingKey } from "../../src/core/index.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 

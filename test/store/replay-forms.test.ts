@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Claim, StoredResponse } from "../../src/core/index.ts";
 import type { Tx } from "../../src/postgres/db.ts";
 import { CompactWithoutRebuildError } from "../../src/postgres/keys/row.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";

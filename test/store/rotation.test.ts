@@ -10,8 +10,8 @@ import { Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AesGcmSealer, type SealingKey } from "../../src/core/index.ts";
 import { idempotency } from "../../src/http/hono.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
-import { SealingKeyPromotionError } from "../../src/postgres/sealing-keys.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
+import { SealingKeyPromotionError } from "../../src/postgres/secrets/sealing-keys.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 

@@ -14,7 +14,7 @@ import {
   SealedValueError,
   type StoredResponse,
 } from "../../src/core/index.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { backends, type OpenDb } from "../helpers/db.ts";
 

@@ -6,7 +6,7 @@ import { type Context, Hono } from "hono";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { idempotency } from "../../src/http/hono.ts";
 import type { Db } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { hashRoute, ShardedStore, UnknownShardError } from "../../src/postgres/sharded.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";

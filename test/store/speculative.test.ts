@@ -14,7 +14,7 @@ import {
   type StoredResponse,
 } from "../../src/core/index.ts";
 import type { Db, Tx } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { paymentClaim } from "../helpers/claim.ts";
 import { backends, type OpenDb, serverBackends, type TestBackend } from "../helpers/db.ts";

@@ -10,7 +10,7 @@ import { Webhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { afterAll, beforeAll } from "vitest";
 import type { Db, Tx } from "../../src/postgres/db.ts";
-import { migrate } from "../../src/postgres/migrate.ts";
+import { migrate } from "../../src/postgres/schema/migrate.ts";
 import type { TestBackend } from "../helpers/db.ts";
 
 /** A delivery as a sender makes it: headers and the body's exact text. */

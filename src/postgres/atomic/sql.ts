@@ -19,7 +19,7 @@
  * roughly halve a lookup's cost per execution: docs/decisions/named-partitions.md.
  */
 import { type Db, jsonColumn } from "../db.ts";
-import { DbTime } from "../db-time.ts";
+import { DbTime } from "../keys/db-time.ts";
 import type { KeyRow } from "../keys/row.ts";
 import type { SharedReads } from "../keys/shared-reads.ts";
 

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
-import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../after-commit-notify.ts";
 import type { Db, QueryResult, Tx } from "../db.ts";
+import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "./after-commit-notify.ts";
 
 /**
  * The slice of node-postgres this adapter uses, typed structurally so `idem/postgres` never imports `pg`

@@ -1,5 +1,5 @@
-import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "../after-commit-notify.ts";
 import type { Db, QueryResult, Tx } from "../db.ts";
+import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "./after-commit-notify.ts";
 
 /**
  * The slice of postgres.js this adapter uses, typed structurally so `idem/postgres` never imports

@@ -10,7 +10,7 @@ import {
   type Sealer,
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
-import type { DbTime } from "../db-time.ts";
+import type { DbTime } from "./db-time.ts";
 
 /** One database's keys table (a `PostgresStore` is one). */
 export interface KeyTable {

@@ -17,7 +17,7 @@
  * data-modifying CTE: a fenced write is then `WITH u AS (UPDATE ...) INSERT INTO key_events ...`, whose
  * count is the UPDATE's (1: done; 0: the fence refused it).
  */
-import { type BucketRange, DbTime } from "../db-time.ts";
+import { type BucketRange, DbTime } from "../keys/db-time.ts";
 import type { KeyRow } from "../keys/row.ts";
 import type { KeyTable } from "../keys/table.ts";
 import { appendEvents } from "./history.ts";

@@ -41,7 +41,7 @@
  * and this one answers every request of the route; so the small values come as one JSON array, and
  * the saved body as text beside it (as JSON it would be escaped and unescaped again).
  */
-import type { DbTime } from "../db-time.ts";
+import type { DbTime } from "../keys/db-time.ts";
 
 /** What the statement returns (always one row): `found` (`StatementFound`) and the saved body. */
 export interface StatementRow {

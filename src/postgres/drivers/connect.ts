@@ -10,10 +10,10 @@
  *                                                     without it a pooler is detected on the first
  *                                                     connection anyway, see `FromPgOptions.prepare`)
  */
-import { poolerError, sqlStateOf } from "../core/sqlstate.ts";
-import { type Listen, listenWithPg, listenWithPostgresJs } from "../messaging/listen.ts";
-import type { Db } from "./db.ts";
-import type { PostgresJsLike } from "./drivers/postgres-js.ts";
+import { poolerError, sqlStateOf } from "../../core/sqlstate.ts";
+import type { Db } from "../db.ts";
+import { type Listen, listenWithPg, listenWithPostgresJs } from "./listen.ts";
+import type { PostgresJsLike } from "./postgres-js.ts";
 
 /** A PostgreSQL URL taken apart (see {@link parseDatabaseUrl}). */
 export interface DatabaseUrl {
@@ -167,14 +167,14 @@ export async function openDatabaseUrl(
       pipeline: options.pipeline ?? true,
     } as import("pg").PoolConfig);
     pool.on("error", options.onIdleError ?? (() => {}));
-    const { fromPg } = await import("./drivers/pg.ts");
+    const { fromPg } = await import("./pg.ts");
     db = fromPg(pool, { prepare: parsed.prepare });
     listen = listenAt
       ? await listenOn(listenAt, connectTimeoutMs, options.onListenError)
       : listenWithPg(() => pool.connect(), { onError: options.onListenError });
   } else {
     const sql = await postgresJs(parsed, options.max ?? 10, connectTimeoutMs);
-    const { fromPostgresJs } = await import("./drivers/postgres-js.ts");
+    const { fromPostgresJs } = await import("./postgres-js.ts");
     db = fromPostgresJs(sql, { prepare: parsed.prepare });
     listen = listenAt
       ? await listenOn(listenAt, connectTimeoutMs, options.onListenError)

@@ -1,4 +1,4 @@
-import type { Db } from "./db.ts";
+import type { Db } from "../db.ts";
 
 /**
  * idem on Citus (distributed PostgreSQL for multi-tenant OLTP). `migrate` finds the `citus` extension

@@ -1,11 +1,11 @@
 import { readdir, readFile } from "node:fs/promises";
-import { SqlState, sqlStateOf } from "../core/index.ts";
+import { SqlState, sqlStateOf } from "../../core/index.ts";
+import type { Db } from "../db.ts";
 import { isCitus, placeOnCitus } from "./citus.ts";
-import type { Db } from "./db.ts";
 import { minPartitionSeconds, Partitions } from "./partitions.ts";
 
 /** Where the numbered `.sql` migrations live (the package's `sql/` folder). */
-export const MIGRATIONS_DIR = new URL("../../sql/", import.meta.url);
+export const MIGRATIONS_DIR = new URL("../../../sql/", import.meta.url);
 
 /** Options of `migrate`. */
 export interface MigrateOptions {

@@ -19,10 +19,10 @@
  * transaction (the lease by the database's clock); `keyStory` shows the same verdict to the console.
  * `forgetKey` (key-admin.ts) applies it.
  */
-import type { KeyInspection } from "../core/index.ts";
-import type { Db } from "./db.ts";
-import type { KeyTable } from "./keys/table.ts";
-import { type KeyEvent, keyEvents } from "./phases/history.ts";
+import type { KeyInspection } from "../../core/index.ts";
+import type { Db } from "../db.ts";
+import type { KeyTable } from "../keys/table.ts";
+import { type KeyEvent, keyEvents } from "../phases/history.ts";
 
 /** Thrown by `forgetKey` when forgetting the key could repeat an effect or cut a worker off. */
 export class CannotForgetError extends Error {

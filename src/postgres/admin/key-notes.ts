@@ -4,9 +4,9 @@
  * step, so the console's story of the key (key-admin.ts) shows the whole flow where a person looks for
  * it: the request, then each step as it commits. The note goes with the key when its retention ends.
  */
-import type { Tx } from "./db.ts";
-import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "./keys/table.ts";
-import { appendEvents } from "./phases/history.ts";
+import type { Tx } from "../db.ts";
+import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "../keys/table.ts";
+import { appendEvents } from "../phases/history.ts";
 
 /** A note: what happened (one line for a person), and the step's own fields. */
 export interface KeyNote {

@@ -4,8 +4,8 @@
  * still works: it polls.
  */
 
-import { isDirectPgSession } from "../postgres/drivers/pg.ts";
-import { isDirectPostgresJs } from "../postgres/drivers/postgres-js.ts";
+import { isDirectPgSession } from "./pg.ts";
+import { isDirectPostgresJs } from "./postgres-js.ts";
 
 /**
  * LISTEN was refused because the connection goes through a pooler (PgBouncer): a transaction pooler

@@ -15,9 +15,9 @@ import {
   openJson,
   type Sealer,
   sealContext,
-} from "../core/index.ts";
-import { traced } from "../observability/phases.ts";
-import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "./phases/index.ts";
+} from "../../core/index.ts";
+import { traced } from "../../observability/phases.ts";
+import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "../phases/index.ts";
 
 /** Options of {@link complete}. */
 export interface CompleteOptions {

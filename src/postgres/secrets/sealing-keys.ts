@@ -14,8 +14,8 @@
  *   3. each instance seals with k2 from its next refresh (until then with k1, which all open).
  */
 import { randomUUID } from "node:crypto";
-import type { KeyedSealer, Sealer } from "../core/index.ts";
-import type { Db } from "./db.ts";
+import type { KeyedSealer, Sealer } from "../../core/index.ts";
+import type { Db } from "../db.ts";
 
 /** How often an instance re-reads the promoted key and says it is alive (process clock: a cadence only). */
 export const SEALING_REFRESH_MS = 5_000;

@@ -1,7 +1,7 @@
-import { RetryableError, SqlState, sqlStateOf } from "../core/index.ts";
-import { traced } from "../observability/phases.ts";
+import { RetryableError, SqlState, sqlStateOf } from "../../core/index.ts";
+import { traced } from "../../observability/phases.ts";
+import type { Db } from "../db.ts";
 import { detachOnCitus, isUnsupportedOnCitus } from "./citus.ts";
-import type { Db } from "./db.ts";
 
 /**
  * The most partitions a key lookup may touch. A lookup reads every partition that can hold a live key

@@ -3,8 +3,8 @@
  * the live row of one key, its state and timestamps, and its saved answer opened exactly as a replay
  * opens it. One indexed read of the key's row, like a replay's lookup; no lock, no write.
  */
-import { type OperationReader, type OperationRecord, openReply, refsOf } from "../core/index.ts";
-import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "./keys/table.ts";
+import { type OperationReader, type OperationRecord, openReply, refsOf } from "../../core/index.ts";
+import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "./table.ts";
 
 interface OperationRow {
   created_at: Date;

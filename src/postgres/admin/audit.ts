@@ -3,8 +3,8 @@
  * violating it, so an empty result means the invariant holds. Built-in checks cover idem's own tables;
  * users add their own (e.g. "every payment has its receipt event") as SQL.
  */
-import type { Db } from "./db.ts";
-import { schemaOf } from "./migrate.ts";
+import type { Db } from "../db.ts";
+import { schemaOf } from "../schema/migrate.ts";
 
 export interface AuditCheck {
   /** A short name, e.g. `one-answer-per-key` (also the metric label). */

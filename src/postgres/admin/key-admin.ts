@@ -9,7 +9,11 @@
  * current lease, the review and its settlement, the saved answer, the expiry. A key with no history
  * (atomic mode, or claimed before sql/0014) shows its row's latest state only.
  */
-import { isValidKey, isValidScope, type KeyInspection, refsOf } from "../core/index.ts";
+import { isValidKey, isValidScope, type KeyInspection, refsOf } from "../../core/index.ts";
+import { inspectKey } from "../keys/inspect.ts";
+import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor, tablesOf } from "../keys/table.ts";
+import { type KeyEvent, keyEvents } from "../phases/history.ts";
+import { type Review, reviewsOf } from "../phases/review.ts";
 import { type AdminAction, listActions, recordAction } from "./admin-actions.ts";
 import {
   CannotForgetError,
@@ -18,10 +22,6 @@ import {
   forgetFacts,
   forgetVerdict,
 } from "./key-forget.ts";
-import { inspectKey } from "./keys/inspect.ts";
-import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor, tablesOf } from "./keys/table.ts";
-import { type KeyEvent, keyEvents } from "./phases/history.ts";
-import { type Review, reviewsOf } from "./phases/review.ts";
 
 /** A key named by its scope and key, or by the `operation_ref` a client was given. */
 export type KeyRef = { scope: string; key: string } | { ref: string };

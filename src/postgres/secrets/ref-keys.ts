@@ -7,7 +7,7 @@
  * rotation of the encryption keys rotates the references' keys with it, with the same rule: keep a key
  * until everything sealed with it has expired (a reference lives as long as its key row).
  */
-import { type OperationRefCodec, OperationRefs, type RefKey, type Sealer } from "../core/index.ts";
+import { type OperationRefCodec, OperationRefs, type RefKey, type Sealer } from "../../core/index.ts";
 import { PromotedSealer } from "./sealing-keys.ts";
 
 /** What `HKDF` is told a derived secret is for. */

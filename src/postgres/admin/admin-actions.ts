@@ -3,8 +3,8 @@
  * audit run of the admin API, the console and the CLI, with who, when, what and why. The table is
  * outside the partitioned tables (no sweep drops it) and append-only for the service's runtime role.
  */
-import { type Db, jsonColumn, type Tx } from "./db.ts";
-import { schemaOf } from "./migrate.ts";
+import { type Db, jsonColumn, type Tx } from "../db.ts";
+import { schemaOf } from "../schema/migrate.ts";
 
 /** What a person did, as recorded. */
 export interface AdminAction {
