@@ -3,7 +3,11 @@
  *   src/core       the protocol: no I/O, no driver, no framework; imports nothing else of src/
  *   src/http       framework adapters: translate to the core's lifecycle; never the PostgreSQL store
  *   src/mcp        MCP tools (a door like the adapters) and the agent-side helper: core and client only
- *   src/postgres   the store, its drivers, phases mode, migrations (drivers are typed structurally)
+ *   src/postgres   the store, its drivers, phases mode, migrations (drivers are typed structurally), in
+ *                  layers: db.ts, tx-end.ts, uuid7.ts; drivers/, schema/, secrets/; keys/ (a request
+ *                  meeting its key: row, live clause, lock, clock, gate); the modes atomic/, statement/,
+ *                  phases/ (each one attempt at the key, none importing another); admin/; then store.ts,
+ *                  sharded.ts, index.ts
  *   src/client, src/messaging, src/testing, src/cli   build on the above
  *   app/, examples/ use idem as users do: only through its public entry points (`idem/*`)
  * and no cycles anywhere (src, app, bench, examples).
@@ -52,6 +56,39 @@ module.exports = {
       comment: "The MCP door talks to the core's lifecycle and store interfaces, like the HTTP adapters.",
       from: { path: "^src/mcp" },
       to: { path: "^src/(postgres|http)" },
+    },
+    {
+      name: "postgres-modes-import-no-store",
+      severity: "error",
+      comment:
+        "A mode (atomic, single-statement, phases) is one attempt at a key: it reaches the store through keys/ interfaces, never store.ts, the sharded store, the entry or the operator tools.",
+      from: { path: "^src/postgres/(atomic|statement|phases)/" },
+      to: { path: "^src/postgres/((store|sharded|index)\\.ts$|admin/)" },
+    },
+    {
+      name: "postgres-modes-import-no-other-mode",
+      severity: "error",
+      comment:
+        "What two modes share belongs to keys/ (the key gate, the lookup, the lock), not to one of them.",
+      from: { path: "^src/postgres/(atomic|statement|phases)/" },
+      to: { path: "^src/postgres/(atomic|statement|phases)/", pathNot: "^src/postgres/$1/" },
+    },
+    {
+      name: "postgres-keys-import-no-mode",
+      severity: "error",
+      comment: "keys/ is what every mode stands on: it imports no mode, no operator tool and not the store.",
+      from: { path: "^src/postgres/keys/" },
+      to: { path: "^src/postgres/((atomic|statement|phases|admin)/|(store|sharded|index)\\.ts$)" },
+    },
+    {
+      name: "postgres-base-imports-no-keys",
+      severity: "error",
+      comment:
+        "Drivers, the schema and the secrets are below the keys: they import none of keys/, the modes, admin/ or the store.",
+      from: { path: "^src/postgres/(drivers|schema|secrets)/|^src/postgres/(db|tx-end|uuid7)\\.ts$" },
+      to: {
+        path: "^src/postgres/((keys|atomic|statement|phases|admin)/|(store|sharded|index|outbox)\\.ts$)",
+      },
     },
     {
       name: "app-and-examples-use-public-entries",

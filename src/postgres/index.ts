@@ -30,6 +30,7 @@ export {
 // Operation lookup (GET /v1/operations/{ref}): the store-side read.
 export { operationReader, readOperation } from "./keys/operations.ts";
 export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
+export type { KeyStore } from "./keys/table.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";
 export {
   type CrashInfo,

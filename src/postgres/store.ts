@@ -1,7 +1,8 @@
 /**
- * The PostgreSQL store: its options, opening it (schema and partition checks), retention, sealing-key
- * promotion and the per-key lock. Atomic mode runs in ./atomic/, phases mode in ./phases/; the key row,
- * its table and its inspection live in ./keys/.
+ * The PostgreSQL store: its options, opening it (schema and partition checks), retention and sealing-key
+ * promotion. Atomic mode runs in ./atomic/, single-statement mode in ./statement/, phases mode in
+ * ./phases/; everything about a request meeting its key (the key row, the live-row clause, the lock,
+ * the database's clock and the duplicate's gate) lives in ./keys/.
  */
 import {
   type AtomicOutcome,
@@ -17,24 +18,21 @@ import {
   type WorkResult,
   withGuardedTx,
 } from "../core/index.ts";
-import { sha256 } from "../core/sha256.ts";
 import { AtomicRunner } from "./atomic/runner.ts";
 import { type AtomicSql, atomicSql } from "./atomic/sql.ts";
 import type { Db, Tx } from "./db.ts";
-import { DbTime, type TimeShift } from "./keys/db-time.ts";
+import { KeyClock } from "./keys/clock.ts";
+import type { DbTime, TimeShift } from "./keys/db-time.ts";
 import { inspectKey } from "./keys/inspect.ts";
+import { type LockPlace, lockSql } from "./keys/lock.ts";
 import { expiryOf } from "./keys/row.ts";
-import { placedOnCitus, shardLockSql } from "./schema/citus.ts";
+import { placedOnCitus } from "./schema/citus.ts";
 import { pendingMigrations, SchemaBehindError, schemaOf } from "./schema/migrate.ts";
-import {
-  livePartitions,
-  MAX_LIVE_PARTITIONS,
-  PARTITIONS_AHEAD,
-  Partitions,
-  PartitionWidthError,
-} from "./schema/partitions.ts";
+import { livePartitions, MAX_LIVE_PARTITIONS, Partitions, PartitionWidthError } from "./schema/partitions.ts";
 import { dbRefKey, storeRefs } from "./secrets/ref-keys.ts";
 import { PromotedSealer, promoteSealingKey, SealingKeyPromotionError } from "./secrets/sealing-keys.ts";
+
+export { keyLockId } from "./keys/lock.ts";
 
 /** Options of a `PostgresStore`: its schema, retention, waits, clock shift (tests) and sealer. */
 export interface PostgresStoreOptions {
@@ -97,17 +95,14 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly refs: OperationRefs;
   /** The keys table's partitions by time (their width and the bucket of an instant). */
   readonly partitions: Partitions;
-  private readonly shift: TimeShift;
-  private time: DbTime;
+  /** The database's clock as this store reads it, and the partitions of now (keys/clock.ts). */
+  private readonly clock: KeyClock;
+  /** Atomic mode's statements, and the time they were built for. */
   private statements: AtomicSql;
-  /**
-   * The database's clock minus this process's, as last measured (`ensurePartitions`): for hints only
-   * (when to make partitions ahead, when a finished key may have expired). Every decision is a statement.
-   */
-  private skewMs = 0;
+  private builtFor: DbTime;
   private readonly runner: AtomicRunner;
-  /** The last bucket this store made sure exists: a request past it creates the partitions first. */
-  private ensuredThrough = Number.NEGATIVE_INFINITY;
+  /** Where the per-key lock is taken (keys/lock.ts). */
+  private readonly lockPlace: LockPlace;
   /** On Citus (citus.ts): the per-key lock is taken on the key's shard. */
   private onCitus = false;
   /** Whether the keys table is distributed with Citus (found when the store opened; citus.ts). */
@@ -127,13 +122,24 @@ export class PostgresStore implements AtomicStore<Tx> {
     this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.lockTimeoutMs = options.lockTimeoutMs ?? 5_000;
     this.boundaryOverlapMs = Math.min(options.boundaryOverlapMs ?? 600_000, partitionMs);
-    this.shift = options.timeShift ?? { offsetMs: 0 };
     this.sealer = sealer;
     this.refs = refs;
     this.partitions = new Partitions(db, this.schema, partitionMs);
-    this.time = new DbTime(this.shift.offsetMs, partitionMs, this.retentionMs);
-    this.statements = atomicSql(this.schema, this.time);
-    const sql = () => this.sql;
+    const clock = new KeyClock(db, options.timeShift ?? { offsetMs: 0 }, this.partitions, this.retentionMs);
+    this.clock = clock;
+    this.builtFor = clock.dbTime;
+    this.statements = atomicSql(this.schema, this.builtFor);
+    const store = this;
+    this.lockPlace = {
+      schema: this.schema,
+      lockTimeoutMs: this.lockTimeoutMs,
+      get distributed() {
+        return store.onCitus;
+      },
+      get supportsBeginParams() {
+        return db.supportsBeginParams;
+      },
+    };
     this.runner = new AtomicRunner({
       db,
       retentionMs: this.retentionMs,
@@ -141,30 +147,23 @@ export class PostgresStore implements AtomicStore<Tx> {
       sealer,
       refs,
       get sql() {
-        return sql();
+        return store.sql;
       },
       lockSql: (scope, key) => this.lockSql(scope, key),
-      estimatedNowMs: () => this.estimatedNowMs(),
-      // A hint from this process's estimate of the database's clock; a partition still missing at the
-      // insert is made then (`remakePartitions`), and the request retried.
-      ensureCurrentPartitions: () =>
-        this.partitions.bucketOf(this.estimatedNowMs()) > this.ensuredThrough
-          ? this.ensurePartitions()
-          : undefined,
-      remakePartitions: () => {
-        this.ensuredThrough = Number.NEGATIVE_INFINITY;
-        return this.ensurePartitions();
-      },
+      estimatedNowMs: () => clock.estimatedNowMs(),
+      ensureCurrentPartitions: () => clock.ensureCurrentPartitions(),
+      remakePartitions: () => clock.remakePartitions(),
     });
   }
 
   /** The time the store's statements read: the database's `now()`, moved by the time shift (db-time.ts). */
   get dbTime(): DbTime {
-    if (this.time.offsetMs !== this.shift.offsetMs) {
-      this.time = new DbTime(this.shift.offsetMs, this.partitions.widthMs, this.retentionMs);
-      this.statements = atomicSql(this.schema, this.time);
+    const t = this.clock.dbTime;
+    if (t !== this.builtFor) {
+      this.builtFor = t;
+      this.statements = atomicSql(this.schema, t);
     }
-    return this.time;
+    return t;
   }
 
   private get sql(): AtomicSql {
@@ -172,25 +171,13 @@ export class PostgresStore implements AtomicStore<Tx> {
     return this.statements;
   }
 
-  /** The database's time (moved by the time shift) in epoch ms, read now, and the skew hint with it. */
-  private async dbNowMs(): Promise<number> {
-    const before = Date.now();
-    const { rows } = await this.db.query<{ ms: number }>(
-      "SELECT (extract(epoch FROM now()) * 1000)::float8 AS ms",
-    );
-    const ms = Number(rows[0]!.ms);
-    this.skewMs = ms - (before + Date.now()) / 2;
-    return ms + this.shift.offsetMs;
-  }
-
   /**
    * This process's estimate of the database's time (moved by the shift), in epoch ms: a hint, never a
    * decision (which partitions a statement names, when to make partitions ahead); the statements decide.
    */
   estimatedNowMs(): number {
-    return Date.now() + this.skewMs + this.shift.offsetMs;
+    return this.clock.estimatedNowMs();
   }
-
   /** A plain transaction for user code, fenced: it cannot be used once `work` returned (guarded-tx.ts). */
   transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T> {
     return this.db.transaction((tx) => withGuardedTx(tx, work));
@@ -250,16 +237,8 @@ export class PostgresStore implements AtomicStore<Tx> {
    * read when `idem sweep` made them; otherwise they are created, which needs the CREATE privilege
    * (`PartitionMissingError` without it, for those needed now; with `all`, those ahead too).
    */
-  async ensurePartitions(all = false): Promise<void> {
-    // Around the database's now: every instance places its keys by that clock (db-time.ts).
-    const b = this.partitions.bucketOf(await this.dbNowMs());
-    const buckets = [b - 1];
-    for (let i = 0; i <= PARTITIONS_AHEAD; i++) buckets.push(b + i);
-    const attached = await this.partitions.ensure(buckets, all ? buckets : [b - 1, b]);
-    // Made ahead by a sweep: nothing to check until past the last of them.
-    let through = b;
-    while (attached.has(through + 1)) through++;
-    this.ensuredThrough = Math.max(this.ensuredThrough, through);
+  ensurePartitions(all = false): Promise<void> {
+    return this.clock.ensurePartitions(all);
   }
 
   /**
@@ -294,9 +273,8 @@ export class PostgresStore implements AtomicStore<Tx> {
    */
   async sweep(): Promise<{ dropped: number[] }> {
     // Past retention by the database's clock, read before the drops: never later than the real now.
-    const now = await this.dbNowMs();
-    const last = await this.partitions.makeAhead(now, this.retentionMs);
-    this.ensuredThrough = Math.max(this.ensuredThrough, last);
+    const now = await this.clock.dbNowMs();
+    this.clock.madeThrough(await this.partitions.makeAhead(now, this.retentionMs));
     return { dropped: await this.partitions.dropExpired(now, this.retentionMs) };
   }
 
@@ -314,58 +292,10 @@ export class PostgresStore implements AtomicStore<Tx> {
     return this.runner.atomic(claim, work, options);
   }
 
-  /**
-   * What serialises every request for one (scope, key), sent with BEGIN so that it costs no round trip
-   * of its own: a transaction-scoped advisory lock, waited for in the server at most `LOCK_WAIT_MS`
-   * (then 55P03, and the caller sleeps without a connection and tries again); the lock timeout is put
-   * back right after the lock, so it does not bound the work.
-   *
-   * One parameterised statement (prepared on a direct connection) when the driver takes one with
-   * BEGIN: `set_config(..., true)` is transaction-local, so nothing outlives the transaction (safe
-   * through PgBouncer's transaction mode); evaluated in order, the inner row saves the timeout, sets
-   * the wait and takes the lock (OFFSET 0 keeps that subquery whole), the outer puts the timeout back
-   * in its filter and selects no column (the driver describes and copies every column it is sent).
-   * Otherwise, and on Citus (`shardLockSql`), the same as SQL text with the lock id as a literal.
-   * That text with BEGIN would be one statement fewer on the wire, but PostgreSQL parses and plans it
-   * every time, which costs it more than the round trip saves (docs/decisions/atomic-lock-and-claim.md).
-   */
+  /** What serialises every request for one (scope, key), sent with BEGIN (keys/lock.ts). */
   lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] } {
-    const wait = Math.max(1, Math.min(LOCK_WAIT_MS, Math.floor(this.lockTimeoutMs)));
-    if (this.onCitus) return shardLockSql(this.schema, scope, keyLockId(scope, key), wait);
-    if (this.db.supportsBeginParams) return { sql: lockStatement(wait), params: [keyLockId(scope, key)] };
-    return (
-      `SET LOCAL lock_timeout = '${wait}ms'; ` +
-      `SELECT pg_advisory_xact_lock(${keyLockId(scope, key)}); SET LOCAL lock_timeout TO DEFAULT`
-    );
+    return lockSql(this.lockPlace, scope, key);
   }
 }
-
-/**
- * The per-key lock as one statement ($1: the lock id), waiting at most `waitMs` (see `lockSql`). Built
- * once per wait: the driver names prepared statements by their text, and a fresh string would be hashed
- * again on every request.
- */
-function lockStatement(waitMs: number): string {
-  let text = lockStatements.get(waitMs);
-  if (text === undefined) {
-    text =
-      "SELECT FROM (" +
-      `SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', '${waitMs}ms', true) AS wait, ` +
-      "pg_advisory_xact_lock($1::bigint) AS locked OFFSET 0) w WHERE set_config('lock_timeout', w.prev, true) IS NOT NULL";
-    lockStatements.set(waitMs, text);
-  }
-  return text;
-}
-/** The lock statements built, by wait in ms (at most LOCK_WAIT_MS of them). */
-const lockStatements = new Map<number, string>();
 
 const DEFAULT_RETENTION_MS = 24 * 3_600_000;
-
-/** How long the server waits for a key's lock before the duplicate lets its connection go and sleeps. */
-const LOCK_WAIT_MS = 10;
-
-/** A signed 64-bit lock id for (scope, key): the first 8 bytes of SHA-256, as a decimal literal. */
-export function keyLockId(scope: string, key: string): string {
-  // The same bytes as ever (UTF-8 of the three): old and new instances take the same lock.
-  return sha256(`${scope}\0${key}`).readBigInt64BE(0).toString();
-}

@@ -27,17 +27,13 @@
  * (`lookupIn`, atomic/sql.ts).
  *
  * Waiting duplicates hold no pooled connection (a hundred duplicates of one slow key would otherwise
- * take the whole pool from every other account):
- *   - in this process, a duplicate waits in memory behind the call in flight (`inFlight`): when that
- *     call finished the key, every waiter reads the replay at once, in one shared read; otherwise the
- *     key is handed to the first waiter only;
- *   - across processes, the lock is waited for in the server only briefly (LOCK_WAIT_MS); on 55P03
- *     the transaction ends, the connection goes back, and the duplicate sleeps and tries again.
- * A key known finished (`finished`) is read without a lock or a transaction, one statement, and never
- * waits behind anyone; replays of one key that come while it is being read share that read
- * (`reads`, keys/shared-reads.ts). Past `lockTimeoutMs` in all: 409 with Retry-After.
+ * take the whole pool from every other account): the key gate (keys/gate.ts) queues those of this
+ * process in memory and reads a finished key's replay without a lock; across processes, the lock is
+ * waited for in the server only briefly (LOCK_WAIT_MS, keys/lock.ts); on 55P03 the transaction ends,
+ * the connection goes back, and the attempt says "busy": the gate sleeps and tries again, and answers
+ * 409 with Retry-After past `lockTimeoutMs`.
  *
- * Every attempt ends in a value (`Attempt`), applied in one place (`atomic`); a throw is a real error.
+ * Every attempt ends in a value (`Attempt`), given to the gate as a `Pass`; a throw is a real error.
  */
 import { randomUUID } from "node:crypto";
 import {
@@ -57,8 +53,8 @@ import {
   withGuardedTx,
 } from "../../core/index.ts";
 import { type Db, jsonColumn, type Tx } from "../db.ts";
-import { FinishedHints } from "../keys/finished-hints.ts";
-import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
+import { KeyGate, type Pass } from "../keys/gate.ts";
+import { type LookupRow, readLiveRow } from "../keys/lookup.ts";
 import {
   CompactWithoutRebuildError,
   expiryOf,
@@ -70,7 +66,7 @@ import {
 import { SharedReads } from "../keys/shared-reads.ts";
 import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
-import { type AtomicSql, type LockedFound, type LookupRow, lockedRowOf, readLiveRow } from "./sql.ts";
+import { type AtomicSql, type LockedFound, lockedRowOf } from "./sql.ts";
 
 /** What the runner needs of its store. */
 export interface AtomicHost extends ReplaySource {
@@ -118,95 +114,72 @@ interface Looked {
 
 const REREAD: Attempt = { kind: "reread" };
 
+/** One call of `atomic` as it passes the key gate. */
+interface AtomicCall {
+  readonly claim: Claim;
+  readonly work: (tx: Tx) => Promise<WorkResult>;
+  readonly options: AtomicRunOptions<Tx>;
+  /** A speculative work started once lives on across attempts: its handler cannot be run twice. */
+  readonly spec: Speculation;
+  /** The partitions of now were made sure of (before the first attempt). */
+  prepared: boolean;
+}
+
 export class AtomicRunner {
-  /** This process's atomic calls in progress, by (scope, key), and the duplicates waiting behind each. */
-  private readonly inFlight = new KeysInFlight();
-  /** Keys this process saw finished: a retry of one is read first without a lock (finished-hints.ts). */
-  private readonly finished = new FinishedHints();
-  /** Those reads in flight: a replay of a key being read joins the read (shared-reads.ts). */
+  /** Reads of finished keys in flight: a replay of a key being read joins the read (shared-reads.ts). */
   private readonly reads = new SharedReads<LookupRow | undefined>();
+  /** The key gate every call passes (keys/gate.ts): this mode is its attempt. */
+  private readonly gate: KeyGate<AtomicCall, AtomicOutcome>;
 
-  constructor(private readonly host: AtomicHost) {}
+  constructor(private readonly host: AtomicHost) {
+    this.gate = new KeyGate<AtomicCall, AtomicOutcome>({
+      boundMs: () => host.lockTimeoutMs,
+      now: () => host.estimatedNowMs(),
+      replay: (call, id) => this.replayWithoutLock(id, call.claim),
+      attempt: (call) => this.pass(call),
+      leaving: (call) => this.leaving(call),
+    });
+  }
 
-  async atomic(
+  atomic(
     claim: Claim,
     work: (tx: Tx) => Promise<WorkResult>,
     options: AtomicRunOptions<Tx> = {},
   ): Promise<AtomicOutcome> {
-    const id = keyIdOf(claim);
-    if (this.knownFinished(id)) {
-      const answer = await this.replayWithoutLock(id, claim);
-      if (answer) return answer;
-    }
-    const deadline = Date.now() + this.host.lockTimeoutMs;
-    let waited = false;
-    let ours = false;
-    while (this.inFlight.has(id)) {
-      waited = true;
-      const woken = await this.inFlight.wait(id, deadline);
-      if (woken === "timeout") throw new KeyInFlightError(RETRY_AFTER_S);
-      if (woken === "yours") {
-        ours = true; // handed over: the key is this call's now
-        break;
-      }
-      const answer = await this.replayWithoutLock(id, claim);
-      if (answer) return answer;
-    }
-    if (!ours) this.inFlight.enter(id);
-    let finished = false;
-    // A speculative work started once lives on across attempts: its handler cannot be run twice.
-    const spec: Speculation = {};
-    try {
-      // Past the partitions made so far (no sweep ran lately): make them before the work runs, so the
-      // key row has somewhere to go (else the request would be answered 503 after its work had run).
-      const due = this.host.ensureCurrentPartitions();
-      if (due) await due;
-      for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
-        if (waited) {
-          const answer = await this.replayWithoutLock(id, claim);
-          if (answer) {
-            finished = true;
-            return answer;
-          }
-        }
-        const attempt = await this.attempt(claim, work, options, spec);
-        if (attempt.kind === "failed") throw attempt.error;
-        if (attempt.kind === "reread") {
-          // A finished key never changes until it expires: its large body is read without the lock. Not
-          // answered so (it expired meanwhile): the next attempt, after the pause below, decides.
-          const answer = await this.replayWithoutLock(id, claim);
-          if (answer) {
-            finished = true;
-            return answer;
-          }
-        } else if (attempt.kind === "answer") {
-          const out = attempt.outcome;
-          finished = out.kind === "replayed" || out.saved;
-          if (finished && !options.rebuild) this.finished.remember(id, out.expiresAt.getTime());
-          return out;
-        }
-        waited = true;
-        const left = deadline - Date.now();
-        if (left <= 0) throw new KeyInFlightError(RETRY_AFTER_S);
-        await new Promise((r) => setTimeout(r, Math.min(left, pause * (0.5 + Math.random()))));
-      }
-    } finally {
-      if (spec.gate?.abandon()) {
-        // Answered otherwise (409, a replay read after a wait, an error) while the work still waited for
-        // its key: it has been told, and its adapter's error path ends before the answer is written
-        // (bounded: an error handler that never answers must not hold this request).
-        await settlesBefore(spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS);
-      }
-      this.inFlight.leave(id, finished);
-    }
+    return this.gate.pass({ claim, work, options, spec: {}, prepared: false });
   }
 
-  private knownFinished(id: string): boolean {
-    const until = this.finished.get(id);
-    if (until === undefined) return false;
-    if (until > this.host.estimatedNowMs()) return true; // a hint: the lookup decides whether it expired
-    this.finished.forget(id);
-    return false;
+  /** One attempt, as the gate sees it. */
+  private async pass(call: AtomicCall): Promise<Pass<AtomicOutcome>> {
+    if (!call.prepared) {
+      // Past the partitions made so far (no sweep ran lately): make them before the work runs, so the
+      // key row has somewhere to go (else the request would be answered 503 after its work had run).
+      call.prepared = true;
+      const due = this.host.ensureCurrentPartitions();
+      if (due) await due;
+    }
+    const attempt = await this.attempt(call.claim, call.work, call.options, call.spec);
+    if (attempt.kind === "failed") throw attempt.error;
+    if (attempt.kind === "reread") return { kind: "read" };
+    if (attempt.kind === "busy") return attempt;
+    const out = attempt.outcome;
+    const finished = out.kind === "replayed" || out.saved;
+    const remember = finished && !call.options.rebuild;
+    return {
+      kind: "answer",
+      value: out,
+      finished,
+      expiresAtMs: remember ? out.expiresAt.getTime() : undefined,
+    };
+  }
+
+  /** The call leaves the gate: a speculative work abandoned while it waited for its key is told first. */
+  private leaving(call: AtomicCall): Promise<void> | undefined {
+    // Answered otherwise (409, a replay read after a wait, an error) while the work still waited for
+    // its key: it has been told, and its adapter's error path ends before the answer is written
+    // (bounded: an error handler that never answers must not hold this request).
+    if (!call.spec.gate?.abandon()) return undefined;
+    return settlesBefore(call.spec.running ?? Promise.resolve(), Date.now() + ABANDON_WAIT_MS).then(() => {});
   }
 
   /**
@@ -217,10 +190,7 @@ export class AtomicRunner {
   private async replayWithoutLock(id: string, claim: Claim): Promise<AtomicOutcome | undefined> {
     const host = this.host;
     const row = await readLiveRow(this.reads, host.db, host.sql, host.estimatedNowMs(), id, claim);
-    const answer = row === undefined || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
-    if (answer) this.finished.remember(id, answer.expiresAt.getTime());
-    else this.finished.forget(id);
-    return answer;
+    return row === undefined || row.resource_id != null ? undefined : replayOf(this.host, claim, row);
   }
 
   /** One locked attempt (a promise chain, not an async function: one layer fewer per request). */

@@ -1,7 +1,6 @@
 /**
  * This process's calls in progress by key, and the duplicates waiting behind each one in memory
- * (holding no pooled connection). Shared by atomic mode (atomic/runner.ts), single-statement mode
- * (statement/store.ts) and the phases runner's claims (phases/runner.ts).
+ * (holding no pooled connection): the key gate's in-process queue (gate.ts), which every mode passes.
  *
  * A call alone allocates nothing (its entry is null); the first duplicate makes the waiting list. When
  * the call ends, a finished key wakes every waiter at once (each reads the replay, side by side);
@@ -35,8 +34,8 @@ export class KeysInFlight {
     this.calls.set(id, null);
   }
 
-  /** Wait behind the call in progress for `id`, until `deadline` (epoch ms). */
-  wait(id: string, deadline: number): Promise<Woken> {
+  /** Wait behind the call in progress for `id`, at most `ms`. */
+  wait(id: string, ms: number): Promise<Woken> {
     let waiters = this.calls.get(id);
     if (!waiters) {
       waiters = [];
@@ -54,7 +53,7 @@ export class KeysInFlight {
           if (i >= 0) list.splice(i, 1);
           resolve("timeout");
         },
-        Math.max(0, deadline - Date.now()),
+        Math.max(0, ms),
       );
       list.push(wake);
     });

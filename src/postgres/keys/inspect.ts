@@ -10,7 +10,8 @@ import {
   refsOf,
   SealedValueError,
 } from "../../core/index.ts";
-import { type KeyTable, liveKeyRow } from "./table.ts";
+import { keyFacts } from "./row.ts";
+import { type KeyTable, readLiveKey } from "./table.ts";
 
 interface InspectRow {
   created_at: Date;
@@ -36,27 +37,27 @@ export async function inspectKey(
   scope: string,
   key: string,
 ): Promise<KeyInspection | undefined> {
-  const { rows } = await table.db.query<InspectRow>(
-    `SELECT created_at, updated_at, recovery_point, status, headers, octet_length(body) AS body_bytes,
+  const r = await readLiveKey<InspectRow>(
+    table,
+    `created_at, updated_at, recovery_point, status, headers, octet_length(body) AS body_bytes,
             substring(body FROM 1 FOR 6) AS body_head,
             fingerprint, lease_token::text AS lease_token, lease_until, runner, phase_data, needs_review_at,
-            claim_id::text AS claim_id
-       ${liveKeyRow(table)}`,
-    [scope, key],
+            claim_id::text AS claim_id`,
+    scope,
+    key,
   );
-  const r = rows[0];
   if (!r) return undefined;
-  const createdAt = new Date(r.created_at);
+  const facts = keyFacts(table, r);
   return {
     scope,
     key,
     ref: refsOf(table).encode(scope, key, r.claim_id),
-    claimId: r.claim_id ?? null,
-    state: r.needs_review_at ? "needs_review" : r.recovery_point === "done" ? "done" : "in_progress",
+    claimId: facts.claimId,
+    state: facts.state,
     recoveryPoint: r.recovery_point,
-    createdAt,
-    expiresAt: new Date(createdAt.getTime() + table.retentionMs),
-    updatedAt: r.updated_at ? new Date(r.updated_at) : null,
+    createdAt: facts.createdAt,
+    expiresAt: facts.expiresAt,
+    updatedAt: facts.updatedAt,
     lease: r.lease_token && r.lease_until ? { token: r.lease_token, until: new Date(r.lease_until) } : null,
     fingerprint: Buffer.from(r.fingerprint).toString("hex"),
     saved:

@@ -4,7 +4,8 @@
  * opens it. One indexed read of the key's row, like a replay's lookup; no lock, no write.
  */
 import { type OperationReader, type OperationRecord, openReply, refsOf } from "../../core/index.ts";
-import { type KeyTable, liveKeyRow, type ShardedKeyTables, tableFor } from "./table.ts";
+import { keyFacts } from "./row.ts";
+import { type KeyTable, readLiveKey, type ShardedKeyTables, tableFor } from "./table.ts";
 
 interface OperationRow {
   created_at: Date;
@@ -34,18 +35,17 @@ export async function readOperation(
   key: string,
 ): Promise<OperationRecord | undefined> {
   // The body is read only once the row is finished (a CASE, so an unfinished row sends none).
-  const { rows } = await table.db.query<OperationRow>(
-    `SELECT created_at, updated_at, recovery_point, status, headers,
+  const r = await readLiveKey<OperationRow>(
+    table,
+    `created_at, updated_at, recovery_point, status, headers,
             CASE WHEN recovery_point = 'done' THEN body END AS body, resource_id, needs_review_at,
-            claim_id::text AS claim_id
-       ${liveKeyRow(table)}`,
-    [scope, key],
+            claim_id::text AS claim_id`,
+    scope,
+    key,
   );
-  const r = rows[0];
   if (!r) return undefined;
-  const createdAt = new Date(r.created_at);
-  const done = r.recovery_point === "done" && r.status !== null;
-  const state = r.needs_review_at ? "needs_review" : done ? "done" : "in_progress";
+  const facts = keyFacts(table, r);
+  const state = facts.state;
   let answer: OperationRecord["answer"] = null;
   if (state === "done") {
     answer =
@@ -53,12 +53,5 @@ export async function readOperation(
         ? { kind: "compact", saved: { status: Number(r.status), id: r.resource_id } }
         : { kind: "reply", response: openReply(table.sealer, r, scope, key) };
   }
-  return {
-    claimId: r.claim_id ?? null,
-    state,
-    createdAt,
-    updatedAt: r.updated_at ? new Date(r.updated_at) : null,
-    expiresAt: new Date(createdAt.getTime() + table.retentionMs),
-    answer,
-  };
+  return { ...facts, answer };
 }

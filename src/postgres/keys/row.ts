@@ -1,6 +1,7 @@
 /**
- * The key row: its type as read back, and the one place that decides what a row means for a claim
- * (another request's 422, a replay, a review's 409, or "not finished yet"), for both modes.
+ * The key row: its type as read back, its state and expiry, and the one place that decides what a row
+ * means for a claim (another request's 422, a replay, a review's 409, or "not finished yet"), for
+ * every mode.
  */
 import {
   type AtomicOutcome,
@@ -60,6 +61,19 @@ export function sameRequest(claim: Claim, row: KeyRow): boolean {
   return sameBytes(fp instanceof Uint8Array ? fp : new Uint8Array(fp), claim.fingerprint);
 }
 
+/** Where a key stands: waiting for a person, finished (its reply saved), or in progress. */
+export type KeyState = "needs_review" | "done" | "in_progress";
+
+/** The state of a key row: the one place that says it, for the modes, inspection and the operation lookup. */
+export function stateOf(row: {
+  needs_review_at?: Date | null | undefined;
+  recovery_point: string;
+  status: number | null;
+}): KeyState {
+  if (row.needs_review_at) return "needs_review";
+  return row.recovery_point === RECOVERY_DONE && row.status !== null ? "done" : "in_progress";
+}
+
 /** When a key row expires: its creation (by the database's clock) plus the retention. */
 export function expiryOf(table: ReplaySource, row: { created_at: Date }): Date {
   return new Date(new Date(row.created_at).getTime() + table.retentionMs);
@@ -74,15 +88,37 @@ export function expiryOf(table: ReplaySource, row: { created_at: Date }): Date {
  */
 export function replayOf(table: ReplaySource, claim: Claim, row: KeyRow): AtomicOutcome | undefined {
   if (!sameRequest(claim, row)) throw new KeyMismatchError();
-  if (row.needs_review_at)
+  const state = stateOf(row);
+  if (state === "needs_review")
     throw new OperationUncertainError(refsOf(table).encode(claim.scope, claim.key, row.claim_id));
-  if (row.recovery_point !== RECOVERY_DONE || row.status === null) return undefined;
+  if (state !== "done") return undefined;
   if (row.resource_id != null) throw new CompactWithoutRebuildError();
   return {
     kind: "replayed",
     expiresAt: expiryOf(table, row),
     response: openReply(table.sealer, row, claim.scope, claim.key),
     claimId: row.claim_id ?? null,
+  };
+}
+
+/** What every reader of a key says of it: its claim, state and times (inspection, the operation lookup). */
+export function keyFacts(
+  table: ReplaySource,
+  row: {
+    claim_id?: string | null;
+    created_at: Date;
+    updated_at: Date | null;
+    needs_review_at?: Date | null;
+    recovery_point: string;
+    status: number | null;
+  },
+): { claimId: string | null; state: KeyState; createdAt: Date; updatedAt: Date | null; expiresAt: Date } {
+  return {
+    claimId: row.claim_id ?? null,
+    state: stateOf(row),
+    createdAt: new Date(row.created_at),
+    updatedAt: row.updated_at ? new Date(row.updated_at) : null,
+    expiresAt: expiryOf(table, row),
   };
 }
 

@@ -6,11 +6,13 @@
 import {
   type AtomicStore,
   isMissingPartition,
+  type KeyInspection,
   type OperationRefCodec,
   type Sealer,
 } from "../../core/index.ts";
 import type { Db, Tx } from "../db.ts";
 import type { DbTime } from "./db-time.ts";
+import { liveRow } from "./live.ts";
 
 /** One database's keys table (a `PostgresStore` is one). */
 export interface KeyTable {
@@ -38,6 +40,23 @@ export interface KeyTable {
    * out its partitions from the database's clock.
    */
   estimatedNowMs?(): number;
+}
+
+/**
+ * A store of keys in one table, as the modes built on it see it (a `PostgresStore` is one): its table,
+ * its clock and the requests it serves. Modes take this, never the store's class.
+ */
+export interface KeyStore extends KeyTable {
+  /** Seals the operation references of its keys. */
+  readonly refs: OperationRefCodec;
+  /** Whether the keys table is distributed with Citus (its lock is taken on the key's shard). */
+  readonly distributed: boolean;
+  /** This process's estimate of the database's time, in epoch ms (keys/clock.ts): a hint. */
+  estimatedNowMs(): number;
+  /** One key as an operator sees it, or undefined when it is not live. */
+  inspect(scope: string, key: string): Promise<KeyInspection | undefined>;
+  /** A plain transaction for user code. */
+  transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T>;
 }
 
 /** Several keys tables, one per shard, with the scope's route (a `ShardedStore` is one). */
@@ -89,13 +108,22 @@ export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): 
 }
 
 /**
- * The clause that selects the live row of ($1 scope, $2 key): not a boundary marker, within retention by
- * the table's time (the database's now), the newest bucket first. For readers (inspection, the operation
- * lookup, the console); the runners' statements carry their own (atomic/sql.ts, phases/sql.ts).
+ * The live row of ($1 scope, $2 key) (live.ts), the newest bucket first, as a FROM clause: for readers
+ * (inspection, the operation lookup, the console).
  */
 export function liveKeyRow(table: Pick<KeyTable, "schema" | "dbTime">): string {
-  const t = table.dbTime;
   return `FROM ${table.schema}.keys
-      WHERE scope = $1 AND key = $2 AND NOT marker AND bucket >= ${t.oldestBucket} AND created_at > ${t.oldest}
+      WHERE ${liveRow(table.dbTime, "$1", "$2")}
       ORDER BY bucket DESC LIMIT 1`;
+}
+
+/** The live row of (`scope`, `key`) in one keys table, its `columns` (SQL), or undefined when none. */
+export async function readLiveKey<R>(
+  table: Pick<KeyTable, "db" | "schema" | "dbTime">,
+  columns: string,
+  scope: string,
+  key: string,
+): Promise<R | undefined> {
+  const { rows } = await table.db.query<R>(`SELECT ${columns} ${liveKeyRow(table)}`, [scope, key]);
+  return rows[0];
 }

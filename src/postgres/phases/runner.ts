@@ -21,9 +21,9 @@ import {
   withGuardedTx,
 } from "../../core/index.ts";
 import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../observability/phases.ts";
-import { KeysInFlight, keyIdOf } from "../keys/in-flight.ts";
+import { KeyGate } from "../keys/gate.ts";
 import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
-import { type PhaseStore, tableFor } from "../keys/table.ts";
+import { type KeyTable, type PhaseStore, tableFor } from "../keys/table.ts";
 import { commit, endTx, rollback } from "../tx-end.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
@@ -48,6 +48,14 @@ import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesO
 export const DEFAULT_LEASE_MS = 10_000;
 /** How long a duplicate's claim waits for this process's claim of its key in progress, at most. */
 const CLAIM_WAIT_MS = 5_000;
+
+/** One claim of a key as it passes the key gate. */
+interface ClaimCall<I> {
+  readonly claim: Claim;
+  readonly table: KeyTable;
+  readonly input: I;
+  readonly signal: AbortSignal | undefined;
+}
 
 /** How a local phase's transaction ended. */
 type LocalEnd<D> =
@@ -96,8 +104,17 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   private readonly options: PhasesOptions<I, D>;
   private readonly claimSettings: ClaimSettings;
   private readonly maxLookupFailures: number;
-  /** This process's claims in progress, by (scope, key): a duplicate's claim waits for the first. */
-  private readonly claiming = new KeysInFlight();
+  /**
+   * The key gate every claim passes (keys/gate.ts), whose attempt is the claim (claim.ts). A claim of a
+   * key whose claim is in progress in this process waits for that one to settle first (bounded by
+   * CLAIM_WAIT_MS, then it claims anyway), then reads the key before claiming it: it meets a committed
+   * row (a replay, or 409 while the lease is live) instead of queueing on an uncommitted one. Without
+   * this, a storm of duplicates queued on the first claim's row, each holding a pooled connection
+   * meanwhile; on Citus, where a claim is a distributed transaction, the queue held every worker
+   * connection it needed to commit, and duplicates were answered 503 after the pool's connection wait
+   * (test/production/citus.slow.test.ts). A claim never says busy: a live lease is answered 409 at once.
+   */
+  private readonly gate: KeyGate<ClaimCall<I>, AtomicOutcome | Lease<I, D>>;
 
   constructor(options: PhasesOptions<I, D>) {
     const names = Object.keys(options.phases);
@@ -129,6 +146,18 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       asyncRecoveryPoints: options.asyncRecoveryPoints ?? true,
       onLeaseTakeover: options.onLeaseTakeover,
     };
+    this.gate = new KeyGate<ClaimCall<I>, AtomicOutcome | Lease<I, D>>({
+      boundMs: () => CLAIM_WAIT_MS,
+      // The database's clock as the key's table estimates it (a store without an estimate: this process's).
+      now: (call) => call.table.estimatedNowMs?.() ?? Date.now(),
+      attemptPastQueue: true,
+      attempt: async (call, waited) => {
+        const value = await traceClaim(() =>
+          acquire<I, D>(this.claimSettings, call.table, call.claim, call.input, call.signal, waited),
+        );
+        return { kind: "answer", value, finished: true };
+      },
+    });
   }
 
   /**
@@ -144,9 +173,7 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
   async run(claim: Claim, input: I, options: RunOptions = {}): Promise<AtomicOutcome> {
     const started = performance.now();
     const table = tableFor(this.store, claim.scope);
-    const acquired = await this.claimOnce(keyIdOf(claim), (waited) =>
-      traceClaim(() => acquire<I, D>(this.claimSettings, table, claim, input, options.signal, waited)),
-    );
+    const acquired = await this.gate.pass({ claim, table, input, signal: options.signal });
     if ("kind" in acquired) return acquired;
     const driving = this.drive(acquired);
     const bound = options.answerWithinMs ?? this.answerWithinMs;
@@ -168,28 +195,6 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
       return await Promise.race([driving, early]);
     } finally {
       clearTimeout(timer);
-    }
-  }
-
-  /**
-   * A claim of a key whose claim is in progress in this process waits for that one to settle first
-   * (bounded by CLAIM_WAIT_MS), then reads the key before claiming it: it meets a committed row (a
-   * replay, or 409 while the lease is live) instead of queueing on an uncommitted one. Without this,
-   * a storm of duplicates queued on the first claim's row, each holding a pooled connection meanwhile;
-   * on Citus, where a claim is a distributed transaction, the queue held every worker connection it
-   * needed to commit, and duplicates were answered 503 after the pool's connection wait
-   * (test/production/citus.slow.test.ts).
-   */
-  private async claimOnce<T>(id: string, claim: (waited: boolean) => Promise<T>): Promise<T> {
-    if (this.claiming.has(id)) {
-      await this.claiming.wait(id, Date.now() + CLAIM_WAIT_MS); // whatever it ended in: claim now
-      return claim(true);
-    }
-    this.claiming.enter(id);
-    try {
-      return await claim(false);
-    } finally {
-      this.claiming.leave(id, true);
     }
   }
 

@@ -18,6 +18,7 @@
  * count is the UPDATE's (1: done; 0: the fence refused it).
  */
 import { type BucketRange, DbTime } from "../keys/db-time.ts";
+import { liveRow } from "../keys/live.ts";
 import type { KeyRow } from "../keys/row.ts";
 import type { KeyTable } from "../keys/table.ts";
 import { appendEvents } from "./history.ts";
@@ -98,8 +99,7 @@ function build(s: string, t: DbTime, overlapMs: number): PhaseSql {
    * not in the partitions made ahead (no row goes there: db-time.ts, LOOKUP_AHEAD_MS), as atomic mode
    * reads it. On a daily-partitioned table, 3 buffers for a miss instead of 7.
    */
-  const live = (scope: string, key: string, buckets = t.window) =>
-    `scope = ${scope} AND key = ${key} AND NOT marker AND ${buckets} AND created_at > ${t.oldest}`;
+  const live = (scope: string, key: string, buckets = t.window) => liveRow(t, scope, key, buckets);
   const found = (where: string) => `SELECT ${ROW} FROM ${s}.keys WHERE ${where} ORDER BY bucket DESC LIMIT 1`;
   /**
    * Where a claim made now goes, and whether it also marks the previous bucket: claims in the first

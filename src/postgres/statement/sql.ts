@@ -41,7 +41,8 @@
  * and this one answers every request of the route; so the small values come as one JSON array, and
  * the saved body as text beside it (as JSON it would be escaped and unescaped again).
  */
-import type { DbTime } from "../keys/db-time.ts";
+import { DbTime } from "../keys/db-time.ts";
+import { liveRow } from "../keys/live.ts";
 
 /** What the statement returns (always one row): `found` (`StatementFound`) and the saved body. */
 export interface StatementRow {
@@ -94,12 +95,11 @@ function partsOf(table: StatementTable, n: number) {
     status,
     headers,
     /**
-     * A live (not expired, not marker) row of the key in buckets `lo`..`hi`: SQL expressions (every
-     * partition a live row can be in, by the database's clock), or constants (PostgreSQL prunes the
-     * other partitions when it plans the statement).
+     * A live row of the key (keys/live.ts) in `buckets`: every partition a live row can be in, by the
+     * database's clock (`DbTime.window`), or those named as constants (PostgreSQL prunes the other
+     * partitions when it plans the statement).
      */
-    liveIn: (lo: string | number, hi: string | number) => `scope = ${scope}::text AND key = ${key}::text
-       AND NOT marker AND bucket >= ${lo} AND bucket <= ${hi} AND created_at > ${t.oldest}`,
+    liveIn: (buckets: string) => liveRow(t, `${scope}::text`, `${key}::text`, buckets),
     /** Whether a row made now is in the first `boundaryOverlapMs` of its partition (a marker is due). */
     markerDue: `extract(epoch FROM ${t.now})::float8 * 1000 - ${t.bucket}::float8 * ${width} < ${overlap}`,
     /**
@@ -143,7 +143,7 @@ export function commonStatementSql(
   const q = partsOf(table, n);
   return `WITH idem_gate AS MATERIALIZED (
     SELECT ${t.bucket} AS bucket, (${q.markerDue}) OR NOT ${t.covers(range)} AS declined,
-           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveIn(Math.trunc(range.lo), Math.trunc(range.hi))}) AS live
+           EXISTS (SELECT 1 FROM ${s}.keys WHERE ${q.liveIn(DbTime.named(range))}) AS live
   ),
   ${CLAIM_RELATION} AS MATERIALIZED (
     SELECT ${q.scope}::text AS scope, ${q.key}::text AS key, gen_random_uuid() AS claim_id
@@ -181,7 +181,7 @@ export function statementSql(table: StatementTable, sql: string, n: number, body
   const q = partsOf(table, n);
   const expired = t.expiredAgainst("k.created_at", "excluded.created_at");
   return `WITH idem_live AS MATERIALIZED (
-    SELECT 1 FROM ${s}.keys WHERE ${q.liveIn(t.oldestBucket, t.newestBucket)}
+    SELECT 1 FROM ${s}.keys WHERE ${q.liveIn(t.window)}
      ORDER BY bucket DESC LIMIT 1
   ),
   idem_gate AS MATERIALIZED (
