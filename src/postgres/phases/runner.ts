@@ -18,13 +18,11 @@ import {
   SqlState,
   type StoredResponse,
   sqlStateOf,
-  withGuardedTx,
 } from "../../core/index.ts";
 import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../observability/phases.ts";
 import { KeyGate } from "../keys/gate.ts";
 import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
 import { type KeyTable, type PhaseStore, tableFor } from "../keys/table.ts";
-import { commit, endTx, rollback } from "../tx-end.ts";
 import { acquire, type ClaimSettings } from "./claim.ts";
 import {
   type CrashInfo,
@@ -33,9 +31,9 @@ import {
   type PhaseFaults,
   SimulatedCrashError,
 } from "./faults.ts";
-import { FencedTx } from "./fenced-tx.ts";
 import { noteFencingRefused, noteLookup } from "./history.ts";
 import { advanceParams, fence, finishParams, heartbeat, type Lease, release, retryAfter } from "./lease.ts";
+import { localTransaction } from "./local.ts";
 import { notRunnable, type PhaseNeeds, phaseNeeds } from "./needs.ts";
 import { markForReview } from "./review.ts";
 import type { ExternalPhase, LocalPhase, Phase, PhaseContext, PhaseStep, PhasesOptions } from "./types.ts";
@@ -56,15 +54,6 @@ interface ClaimCall<I> {
   readonly input: I;
   readonly signal: AbortSignal | undefined;
 }
-
-/** How a local phase's transaction ended. */
-type LocalEnd<D> =
-  /** Committed at the next phase, with the data it recorded. */
-  | { kind: "advanced"; next: string; data: Partial<D> | undefined }
-  /** Committed with the key's final answer, saved. */
-  | { kind: "finished"; response: StoredResponse }
-  /** Rolled back: the answer is not final (the save policy), and is given to this caller only. */
-  | { kind: "unsaved"; response: StoredResponse };
 
 /** Options of one `run`. */
 export interface RunOptions {
@@ -377,53 +366,14 @@ export class PhasesRunner<I = unknown, D extends Record<string, unknown> = Recor
     lease: Lease<I, D>,
     ctx: PhaseContext<I, D>,
   ): Promise<AtomicOutcome | undefined> {
-    const { table, sql } = lease;
-    // The recovery point an external phase left to go out with this transaction (see `record`).
-    const before = lease.unrecorded;
-    lease.unrecorded = undefined;
-    const result = await endTx<LocalEnd<D>>(
-      table.db,
-      async (tx) => {
-        // The fence: lock our key row only if the token is still ours. A stale worker stops here,
-        // before its business writes count; a takeover that comes later waits for this commit.
-        const held = tx.query(sql.lock, fence(lease)).then((locked) => {
-          if (locked.rows.length === 0) throw new LeaseLostError();
-        });
-        let step: PhaseStep<D> | undefined;
-        if (tx.pipelined) {
-          // The phase's first statement leaves with BEGIN and the lock; it is answered only once the
-          // fence held (FencedTx), and the fence's error wins over whatever the phase made of it.
-          const running = withGuardedTx(new FencedTx(tx, held), (fenced) => phase.local(ctx, fenced));
-          running.catch(() => {});
-          await held;
-          step = await running;
-        } else {
-          await held;
-          // Fenced: what the phase keeps past its return fails at once (guarded-tx.ts).
-          step = await withGuardedTx(tx, (guarded) => phase.local(ctx, guarded));
-        }
-        if (step?.review) throw new Error(`phases "${this.name}": only an external phase can ask for review`);
-        // The row is locked with our token, so the last write cannot miss: it goes out with COMMIT
-        // (one round trip on a pipelining driver), still fenced by the token.
-        if (step?.response) {
-          // Not a final answer: the phase's writes roll back.
-          if (!isSaved(step.response.status, this.policy))
-            return rollback({ kind: "unsaved", response: step.response });
-          await this.crashPoint("before-commit", lease);
-          tx.final(sql.finish, finishParams(lease, step, this.replayHeaders));
-          return commit({ kind: "finished", response: step.response });
-        }
-        const next = this.nextOf(lease.point, phase, step);
-        await this.crashPoint("before-commit", lease);
-        tx.final(sql.advance, advanceParams(lease, next, step?.data, this.leaseMs));
-        return commit({ kind: "advanced", next, data: step?.data });
-      },
-      {
-        begin: `SET LOCAL lock_timeout = '${Math.max(1, Math.floor(table.lockTimeoutMs))}ms'`,
-        batch: true,
-        before,
-      },
-    );
+    const result = await localTransaction(phase, lease, ctx, {
+      name: this.name,
+      policy: this.policy,
+      replayHeaders: this.replayHeaders,
+      leaseMs: this.leaseMs,
+      crashPoint: (point) => this.crashPoint(point, lease),
+      nextOf: (step) => this.nextOf(lease.point, phase, step),
+    });
     lease.calling = false; // an external call before it is recorded now (`before` committed first)
     if (result.kind === "unsaved") {
       // Free the lease and answer this caller only.
