@@ -15,7 +15,7 @@
  * lifecycle-options.ts, bodies, problems and outcomes in their own files.
  */
 import { NO_BODY, type RequestBody, readRequestBody } from "./body.ts";
-import { IdemError, isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
+import { isIdemError, KeyInFlightError, KeyMissingError, RetryableError } from "./errors.ts";
 import { fieldsFingerprint, fingerprintRequest } from "./fingerprint.ts";
 import { parseIdempotencyKey } from "./key.ts";
 import type {
@@ -27,7 +27,14 @@ import type {
 } from "./lifecycle-options.ts";
 import { lifecycleObserver } from "./observe.ts";
 import { OPERATION_REF_HEADER, type OperationRefCodec, refsOf } from "./operation-ref.ts";
-import { ANSWER_WITHIN_HEADER, EXPIRES_HEADER, Outcome, REPLAYED_HEADER, type Settled } from "./outcome.ts";
+import {
+  ANSWER_WITHIN_HEADER,
+  EXPIRES_HEADER,
+  Outcome,
+  outcomeOfError,
+  REPLAYED_HEADER,
+  type Settled,
+} from "./outcome.ts";
 import {
   type ErrorContext,
   errorResponse,
@@ -40,6 +47,7 @@ import { DEFAULT_REPLAYED_HEADERS, isSaved, type StoredResponse } from "./respon
 import { isConnectFailure, isDatabaseUnavailable } from "./sqlstate.ts";
 import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp, WorkResult } from "./store.ts";
 import { storedValueError } from "./stored-errors.ts";
+import { commit, endTx, rollback } from "./tx-end.ts";
 
 type Inspectable = { inspect(scope: string, key: string): Promise<unknown> };
 const canInspect = (store: unknown): store is Inspectable =>
@@ -232,22 +240,16 @@ export class Lifecycle<Tx> {
    * `saveStatuses`, 5xx with `saveServerErrors`); otherwise they roll back and the answer is still sent.
    */
   async unkeyed<R extends { status: number }>(begun: Unkeyed, work: (tx: Tx) => Promise<R>): Promise<R> {
-    let response: R | undefined;
-    try {
-      response = await this.options.store.transaction(
-        async (tx) => {
-          const r = await work(tx);
-          if (isSaved(r.status, this.options)) return r;
-          response = r;
-          throw ROLLBACK;
-        },
-        { scope: begun.scope },
-      );
-    } catch (err) {
-      if (err !== ROLLBACK) throw err;
-    }
-    this.options.onOutcome?.({ outcome: Outcome.Unkeyed, status: response!.status, scope: begun.scope });
-    return response!;
+    const response = await endTx(
+      this.options.store,
+      async (tx) => {
+        const r = await work(tx);
+        return isSaved(r.status, this.options) ? commit(r) : rollback(r);
+      },
+      { scope: begun.scope },
+    );
+    this.options.onOutcome?.({ outcome: Outcome.Unkeyed, status: response.status, scope: begun.scope });
+    return response;
   }
 
   /**
@@ -350,18 +352,7 @@ export class Lifecycle<Tx> {
     } catch (err) {
       const response = this.failure(err, { kind: "keyed", claim, body: NO_BODY });
       if (!response) throw err;
-      const code = (err as IdemError).code;
-      const kind =
-        !(err instanceof IdemError) || err instanceof RetryableError || code === "idempotency-lease-lost"
-          ? Outcome.Retryable
-          : code === "operation-uncertain"
-            ? Outcome.Uncertain
-            : err.status === 409
-              ? Outcome.InFlight
-              : err.status === 422
-                ? Outcome.Mismatch
-                : Outcome.Retryable;
-      return this.report(claim, { response, outcome: kind, replayed: false, executed: false });
+      return this.report(claim, { response, outcome: outcomeOfError(err), replayed: false, executed: false });
     }
     const r = outcome.response;
     if (outcome.kind === "replayed") {
@@ -419,8 +410,6 @@ function httpDate(date: Date): string {
   }
   return lastDate;
 }
-
-const ROLLBACK = Symbol("idem: roll back an unkeyed request whose answer is not final");
 
 function unavailable(cause: unknown): RetryableError {
   return new RetryableError("The database is unavailable; nothing was done. Retry with the same key.", {

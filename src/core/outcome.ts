@@ -1,3 +1,4 @@
+import { IdemError, ProblemCode, RetryableError } from "./errors.ts";
 import type { StoredResponse } from "./response.ts";
 
 /** How a request ended, for logs and metrics (`onOutcome`). */
@@ -23,6 +24,21 @@ export const Outcome = {
 } as const;
 /** One of the outcomes of {@link Outcome}. */
 export type Outcome = (typeof Outcome)[keyof typeof Outcome];
+
+/**
+ * How a keyed request ends when its claim or work threw `err`: the one mapping from an error to an
+ * {@link Outcome}, used by the lifecycle, the telemetry and the reconciliation. Anything that is not
+ * idem's own error (the database, the handler), a retryable failure and a lost lease are retryable;
+ * an unknown outcome is uncertain; a 409 is a key in flight and a 422 a key used for another request.
+ */
+export function outcomeOfError(err: unknown): Outcome {
+  if (!(err instanceof IdemError) || err instanceof RetryableError) return Outcome.Retryable;
+  if (err.code === ProblemCode.LeaseLost) return Outcome.Retryable;
+  if (err.code === ProblemCode.OperationUncertain) return Outcome.Uncertain;
+  if (err.status === 409) return Outcome.InFlight;
+  if (err.status === 422) return Outcome.Mismatch;
+  return Outcome.Retryable;
+}
 
 /** What `onOutcome` is called with once per request: how it ended, its status, scope and key. */
 export interface OutcomeEvent {

@@ -23,7 +23,7 @@ import type {
   StoredResponse,
   Tx,
 } from "../core/index.ts";
-import { checkRouteOptions, Lifecycle, Outcome } from "../core/index.ts";
+import { checkRouteOptions, Lifecycle, Outcome, outcomeOfError } from "../core/index.ts";
 import { SignalHangUp, toResponse } from "./fetch.ts";
 import { SocketHangUp } from "./shared.ts";
 
@@ -247,7 +247,7 @@ export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions
     } catch (err) {
       const owed = lifecycle.failure(err, begun); // e.g. 503 when the database is down
       if (owed) {
-        c.set("idempotencyOutcome", Outcome.Retryable);
+        c.set("idempotencyOutcome", outcomeOfError(err));
         setResponse(c, owed);
       } else if (err !== c.error) throw err;
     }
@@ -305,7 +305,7 @@ export function idempotentPhases<I, E extends Env = any>(
     } catch (err) {
       const owed = lifecycle.failure(err, begun);
       if (!owed) throw err;
-      c.set("idempotencyOutcome", Outcome.Retryable);
+      c.set("idempotencyOutcome", outcomeOfError(err));
       setResponse(c, owed);
     }
     return c.res;

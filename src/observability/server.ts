@@ -15,7 +15,7 @@
  */
 import { isIdemError } from "../core/errors.ts";
 import { type LifecycleObserver, setLifecycleObserver } from "../core/observe.ts";
-import { Outcome, type Settled } from "../core/outcome.ts";
+import { Outcome, outcomeOfError, type Settled } from "../core/outcome.ts";
 import type { AtomicOutcome, Claim } from "../core/store.ts";
 import { keyAttributes } from "./keys.ts";
 import {
@@ -54,12 +54,18 @@ interface RequestState {
 
 const states = new WeakMap<Claim, RequestState>();
 
+/** What a claim that threw `err` found: its request's outcome, where it names one the claim can have. */
 function claimOutcomeOf(err: unknown): string {
-  if (!isIdemError(err)) return ClaimOutcome.failed;
-  if (err.code === "operation-uncertain") return ClaimOutcome.uncertain;
-  if (err.status === 409) return ClaimOutcome.inFlight;
-  if (err.status === 422) return ClaimOutcome.mismatch;
-  return ClaimOutcome.failed;
+  switch (outcomeOfError(err)) {
+    case Outcome.Uncertain:
+      return ClaimOutcome.uncertain;
+    case Outcome.InFlight:
+      return ClaimOutcome.inFlight;
+    case Outcome.Mismatch:
+      return ClaimOutcome.mismatch;
+    default:
+      return ClaimOutcome.failed;
+  }
 }
 
 function endClaim(api: OtelApi, s: RequestState, outcome: string): void {

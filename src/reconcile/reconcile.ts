@@ -11,12 +11,7 @@
  *     review: true,                        // everything else goes to the console's queue
  *   });
  */
-import {
-  KeyInFlightError,
-  OperationUncertainError,
-  RetryableError,
-  type StoredResponse,
-} from "../core/index.ts";
+import { isIdemError, Outcome, outcomeOfError, type StoredResponse } from "../core/index.ts";
 import { sha256 } from "../core/sha256.ts";
 import { recordAction } from "../postgres/admin/admin-actions.ts";
 import type { Db } from "../postgres/db.ts";
@@ -215,13 +210,18 @@ async function drive(
     const outcome = await runner.run(claim, input, { answerWithinMs: Number.POSITIVE_INFINITY });
     return refundOf(outcome.response) ? FindingState.refunded : FindingState.settled;
   } catch (err) {
-    if (err instanceof OperationUncertainError) return FindingState.review;
-    if (err instanceof KeyInFlightError) return FindingState.refunding;
-    if (err instanceof RetryableError) {
-      errors.push({ finding: f.id, message: err.message });
-      return f.action === "refund" ? FindingState.refunding : f.state;
+    if (!isIdemError(err)) throw err;
+    switch (outcomeOfError(err)) {
+      case Outcome.Uncertain:
+        return FindingState.review;
+      case Outcome.InFlight:
+        return FindingState.refunding;
+      case Outcome.Retryable:
+        errors.push({ finding: f.id, message: err.message });
+        return f.action === "refund" ? FindingState.refunding : f.state;
+      default:
+        throw err;
     }
-    throw err;
   }
 }
 

@@ -52,6 +52,7 @@ import {
   type WorkResult,
   withGuardedTx,
 } from "../../core/index.ts";
+import { commit, endTx, rollback, type TxEnd } from "../../core/tx-end.ts";
 import { type Db, jsonColumn, type Tx } from "../db.ts";
 import { KeyGate, type Pass } from "../keys/gate.ts";
 import { type LookupRow, readLiveRow } from "../keys/lookup.ts";
@@ -64,7 +65,6 @@ import {
   sameRequest,
 } from "../keys/row.ts";
 import { SharedReads } from "../keys/shared-reads.ts";
-import { commit, endTx, rollback, type TxEnd } from "../tx-end.ts";
 import { type Speculation, SpeculativeTx } from "./speculative-tx.ts";
 import { type AtomicSql, type LockedFound, lockedRowOf } from "./sql.ts";
 

@@ -21,10 +21,10 @@ import {
   sealContext,
   sealJson,
 } from "../../core/index.ts";
+import { commit, endTx, rollback } from "../../core/tx-end.ts";
 import { leaseTakenOver } from "../../observability/phases.ts";
 import { replayOf } from "../keys/row.ts";
 import { type KeyTable, withPartitions } from "../keys/table.ts";
-import { commit, endTx, rollback } from "../tx-end.ts";
 import { uuidv7 } from "../uuid7.ts";
 import { type Lease, retryAfter } from "./lease.ts";
 import { fencedSql, type PhaseRow, type PhaseSql, phaseSql } from "./sql.ts";

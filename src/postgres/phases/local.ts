@@ -10,7 +10,7 @@ import {
   type StoredResponse,
   withGuardedTx,
 } from "../../core/index.ts";
-import { commit, endTx, rollback } from "../tx-end.ts";
+import { commit, endTx, rollback } from "../../core/tx-end.ts";
 import type { CrashPointName } from "./faults.ts";
 import { FencedTx } from "./fenced-tx.ts";
 import { advanceParams, fence, finishParams, type Lease } from "./lease.ts";

@@ -1,9 +1,16 @@
 /**
- * How a transaction's function says how it ends, as a value: `commit(v)` or `rollback(v)`. `Db` rolls a
- * transaction back only when its function throws, so `endTx` throws one private carrier for
- * `rollback` and unwraps it at once: the caller gets its value either way, and a throw is a real error.
+ * How a transaction's function says how it ends, as a value: `commit(v)` or `rollback(v)`. A transaction
+ * (`Db.transaction`, `AtomicStore.transaction`) rolls back only when its function throws, so `endTx`
+ * throws one private carrier for `rollback` and unwraps it at once: the caller gets its value either
+ * way, and a throw is a real error. The one way idem rolls a transaction back on purpose (atomic and
+ * phases modes, and the lifecycle's unkeyed requests).
  */
 import type { Db, Tx } from "./db.ts";
+
+/** Whatever runs a function in a transaction: a `Db`, or a store's `transaction`. */
+interface Transactional<X, O> {
+  transaction<R>(fn: (tx: X) => Promise<R>, options?: O): Promise<R>;
+}
 
 /** A transaction's end: its value, committed or rolled back. */
 export type TxEnd<T> = { end: "commit"; value: T } | { end: "rollback"; value: T };
@@ -16,14 +23,15 @@ class RolledBack<T> {
 }
 
 /**
- * Run `fn` in a transaction of `db` (`Db.transaction`'s options) and return its value, however it ended.
+ * Run `fn` in a transaction of `db` (with its `transaction`'s options) and return its value, however it
+ * ended.
  * Promise chains, not async functions: this runs once per keyed request, and each async layer that
  * awaits another costs promises and jobs of its own.
  */
-export function endTx<T>(
-  db: Db,
-  fn: (tx: Tx) => Promise<TxEnd<T>>,
-  options?: Parameters<Db["transaction"]>[1],
+export function endTx<T, X = Tx, O = Parameters<Db["transaction"]>[1]>(
+  db: Transactional<X, O>,
+  fn: (tx: X) => Promise<TxEnd<T>>,
+  options?: O,
 ): Promise<T> {
   return db.transaction((tx) => fn(tx).then(valueOrRollback), options).catch(rolledBackValue) as Promise<T>;
 }
