@@ -2,7 +2,11 @@
  * `idem`: the command line. Each command lives in its own file and is loaded only when called.
  */
 import { readFileSync } from "node:fs";
+import { installTelemetry } from "../observability/install.ts";
 import { CliError, EXIT, printable } from "./shared.ts";
+
+// The relay, the completer and the sweep report to OpenTelemetry when it is installed.
+installTelemetry();
 
 /** The installed package's version (package.json is two folders up, from src/cli and from dist/cli). */
 function version(): string {

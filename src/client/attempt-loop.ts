@@ -29,7 +29,6 @@
  * hook events built only when a hook is set.
  */
 
-import { hooksOf, traceIntent } from "../observability/client.ts";
 import {
   answerWithinMs,
   classifyNetworkError,
@@ -57,6 +56,7 @@ import { type ClientHooks, emit } from "./events.ts";
 import { FailedFastError } from "./fail-fast.ts";
 import { toHeaderMap } from "./headers.ts";
 import type { IntentLedger } from "./ledger.ts";
+import { hooksOf, observeIntent } from "./observe.ts";
 import { lookupUrlOf, readLookup } from "./operations.ts";
 import { ANSWER_WITHIN_MARGIN_MS, type Settings } from "./options.ts";
 import { retryAfterFrom } from "./retry-after.ts";
@@ -110,8 +110,8 @@ export class AttemptLoop {
     let mayHaveArrived = false;
     let perTryMs = opts.perTryTimeoutMs ?? s.perTryMs;
     const deadlineMs = opts.deadlineMs ?? s.deadlineMs;
-    const trace = traceIntent(call, s.on, s.breaker, s.budget); // undefined without OpenTelemetry
-    const on = trace ? hooksOf(call, s.on) : s.on;
+    const trace = observeIntent(call, s.on, s.breaker, s.budget); // undefined without an observer
+    const on = trace ? trace.hooks : s.on;
     const fetchFn = s.fetch ?? globalThis.fetch;
     const breaker = s.breaker;
     const startedAt = Date.now();

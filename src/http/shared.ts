@@ -7,11 +7,12 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { HangUp, IdemRequest } from "../core/index.ts";
 import { IdemError, ProblemCode, type StoredResponse } from "../core/index.ts";
-import { installServerTelemetry } from "../observability/server.ts";
+import { installTelemetry } from "../observability/install.ts";
 import { NULL_BODY_STATUSES } from "./fetch.ts";
 
-// Spans and metrics for every adapter's keyed requests, when @opentelemetry/api is installed.
-installServerTelemetry();
+// Spans and metrics for every adapter's keyed requests (and the store, client and relay of the same
+// process), when @opentelemetry/api is installed.
+installTelemetry();
 
 export const DEFAULT_BODY_LIMIT = 1024 * 1024;
 

@@ -2,8 +2,9 @@
  * What every broker's consumer shares: options, statistics, and the step from "a delivery arrived" to
  * "tell the broker ack, retry or done" through the inbox.
  */
-import { deliveryEnded, deliveryStarted } from "../observability/messaging.ts";
+
 import { type Inbox, type InboxBatchHandler, type InboxHandler, InboxResult } from "./inbox.ts";
+import { deliveryEnded, deliveryStarted } from "./observe.ts";
 import { type Delivery, errorOf } from "./types.ts";
 
 /** Points where a test can make a consumer die as a killed process would (no ack, nothing closed cleanly). */

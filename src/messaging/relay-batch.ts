@@ -16,7 +16,7 @@
  * held behind the failed event. When the broker cannot be reached at all, nothing more is sent; what
  * was not sent is put back at once.
  */
-import { tracePublish } from "../observability/messaging.ts";
+import { tracePublish } from "./observe.ts";
 import {
   type BrokerUnavailableError,
   errorOf,

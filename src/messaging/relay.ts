@@ -27,10 +27,10 @@
  * within its window and every inbox drops for good. That is the whole of "at least once".
  */
 import type { Db } from "../core/db.ts";
-import { countParked } from "../observability/messaging.ts";
 import type { Listen } from "../postgres/drivers/listen.ts";
 import { placedOnCitus } from "../postgres/schema/citus.ts";
 import { outboxNotifyTrigger, schemaOf } from "../postgres/schema/migrate.ts";
+import { countParked } from "./observe.ts";
 import { Alarms, marker, publishBatch } from "./relay-batch.ts";
 import {
   POLL_WITHOUT_LISTEN_MS,

@@ -9,23 +9,17 @@
  * give-up sets `idem.give_up.reason`. idem's own attributes are all under `idem.`. The
  * `idem.client.attempts` histogram counts attempts per intent.
  *
- * The attempt loop calls `traceIntent` once per call (undefined without `@opentelemetry/api`) and then
- * takes its hooks through `hooks`, which feed the spans from the events the loop already emits.
+ * The attempt loop asks the client's hook (`clientObserver`, installed into `src/client/observe.ts`)
+ * once per call (undefined without `@opentelemetry/api`) and then takes its hooks, which feed the spans
+ * from the events the loop already emits.
  */
 import { classifyNetworkError } from "../client/answer.ts";
 import type { CircuitBreaker } from "../client/breaker.ts";
 import type { RetryBudget } from "../client/budget.ts";
 import { type ClientHooks, emit } from "../client/events.ts";
+import type { ClientObserver, ObservedCall } from "../client/observe.ts";
 import { keyAttributes } from "./keys.ts";
 import { type Context, failSpan, instrument, type OtelApi, otel, type Span, tracer } from "./otel.ts";
-
-interface CallLike {
-  method: string;
-  url: string;
-  key: string | undefined;
-  intentId: string | undefined;
-  headers: Record<string, string>;
-}
 
 /** Why an attempt is retried: its status, or what the network did. */
 function reasonOf(status: number | undefined, error: unknown): string {
@@ -44,7 +38,7 @@ export class IntentTrace {
 
   constructor(
     api: OtelApi,
-    call: CallLike,
+    call: ObservedCall,
     breaker: CircuitBreaker | undefined,
     budget: RetryBudget | undefined,
   ) {
@@ -64,7 +58,7 @@ export class IntentTrace {
   }
 
   /** Start attempt `n` (1-based): its span, and the call's headers with its trace context. */
-  attempt(n: number, call: CallLike): Record<string, string> {
+  attempt(n: number, call: ObservedCall): Record<string, string> {
     const api = this.#api;
     const method = methodOf(call.method);
     const span = tracer(api).startSpan(
@@ -197,23 +191,12 @@ function fullUrl(url: string): string {
   }
 }
 
-const traces = new WeakMap<object, { trace: IntentTrace; hooks: Required<ClientHooks> }>();
-
-/** Start tracing `call` (undefined when OpenTelemetry is not installed). */
-export function traceIntent(
-  call: CallLike,
-  user: ClientHooks,
-  breaker: CircuitBreaker | undefined,
-  budget: RetryBudget | undefined,
-): IntentTrace | undefined {
-  const api = otel();
-  if (!api) return undefined;
-  const trace = new IntentTrace(api, call, breaker, budget);
-  traces.set(call, { trace, hooks: trace.hooks(user) });
-  return trace;
-}
-
-/** The hooks to emit `call`'s events to: the traced ones when it is traced, else the user's. */
-export function hooksOf(call: object, user: ClientHooks): ClientHooks {
-  return traces.get(call)?.hooks ?? user;
-}
+/** The client's observer: an `idem.intent` span per call when `@opentelemetry/api` is there. */
+export const clientObserver: ClientObserver = {
+  intent(call, user, breaker, budget) {
+    const api = otel();
+    if (!api) return undefined;
+    const trace = new IntentTrace(api, call, breaker, budget);
+    return { hooks: trace.hooks(user), attempt: (n, c) => trace.attempt(n, c) };
+  },
+};

@@ -14,8 +14,10 @@
  * Semantic conventions for messaging: the span named `{messaging.operation.name} {destination}`,
  * `messaging.system`, `messaging.operation.name` (publish / process), `messaging.operation.type` (send /
  * process), `messaging.destination.name`, `messaging.message.id`, `error.type` when it failed. idem's
- * own attributes are under `idem.`.
+ * own attributes are under `idem.`. The relay and the consumers call them through their hook
+ * (`messagingObserver`, installed into `src/messaging/observe.ts`); `writeOutbox` through the store's.
  */
+import type { MessagingObserver } from "../messaging/observe.ts";
 import type { Delivery, OutboxMessage, PublishOutcome } from "../messaging/types.ts";
 import { baggageInEvents } from "./keys.ts";
 import {
@@ -60,7 +62,7 @@ function hasTraceContext(headers: Record<string, string>): boolean {
  * Publish `messages` under one span per event. `publish` gets copies whose trace context is the
  * event's publish span, so the consumer continues from it.
  */
-export async function tracePublish(
+async function tracePublish(
   system: string,
   messages: OutboxMessage[],
   publish: (messages: OutboxMessage[]) => Promise<PublishOutcome[]>,
@@ -123,7 +125,7 @@ export async function tracePublish(
 }
 
 /** Count events parked by the relay (failed `maxAttempts` times). */
-export function countParked(n: number): void {
+function countParked(n: number): void {
   const api = otel();
   if (!api || n === 0) return;
   instrument(api, "relay.parked", (m) =>
@@ -136,7 +138,7 @@ export function countParked(n: number): void {
 const deliveries = new WeakMap<Delivery, Span>();
 
 /** A delivery reached the consumer: start its `process <topic>` span, continuing its producer's trace. */
-export function deliveryStarted(d: Delivery, system?: string): void {
+function deliveryStarted(d: Delivery, system?: string): void {
   const api = otel();
   if (!api) return;
   const parent = extractFrom(api, hasTraceContext(d.headers) ? d.headers : undefined);
@@ -160,7 +162,7 @@ export function deliveryStarted(d: Delivery, system?: string): void {
 }
 
 /** The inbox's result for a delivery: `applied`, `duplicate`, `retry` or `parked`; or the error. */
-export function deliveryEnded(d: Delivery, result: string, err?: unknown): void {
+function deliveryEnded(d: Delivery, result: string, err?: unknown): void {
   const api = otel();
   if (!api) return;
   const span = deliveries.get(d);
@@ -185,3 +187,11 @@ function recordResult(api: OtelApi, result: string): void {
     }),
   ).add(1, { "idem.inbox.result": result });
 }
+
+/** The relay's and the consumers' observer: spans and metrics through `@opentelemetry/api`. */
+export const messagingObserver: MessagingObserver = {
+  publish: tracePublish,
+  parked: countParked,
+  deliveryStarted,
+  deliveryEnded,
+};

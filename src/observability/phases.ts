@@ -11,15 +11,23 @@
  *
  * Events on the active span: `idem.lease_takeover` (another worker's expired lease taken over) and
  * `idem.needs_review` (with its reason). Counters: `idem.phases.takeovers`, `idem.phases.needs_review`.
+ * The store calls them through its hook (`StoreObserver` in `src/core/observe.ts`), which names the
+ * spans; `storeObserver` here makes them, and writes the trace context into outbox events' headers.
  */
+import { isLeaseLostError } from "../core/errors.ts";
+import type { StoreObserver } from "../core/observe.ts";
+import { Outcome, outcomeOfError } from "../core/outcome.ts";
+import { outboxHeaders } from "./messaging.ts";
 import { failSpan, instrument, otel, tracer } from "./otel.ts";
 
+type Attributes = Record<string, string | number | boolean>;
+
 /** Run `fn` under a span `name` (a child of the active span); `describe` adds attributes from its result. */
-export async function traced<T>(
+async function span<T>(
   name: string,
-  attributes: Record<string, string | number | boolean>,
+  attributes: Attributes,
   fn: () => Promise<T>,
-  describe?: (result: T) => Record<string, string | number | boolean>,
+  describe?: (result: T) => Attributes,
 ): Promise<T> {
   const api = otel();
   if (!api) return fn();
@@ -29,10 +37,8 @@ export async function traced<T>(
     if (describe && span.isRecording()) span.setAttributes(describe(result));
     return result;
   } catch (err) {
-    const name = (err as Error | undefined)?.name;
-    if (name === "LeaseLostError") span.setAttribute("idem.phase.fenced", true);
-    else if (name === "OperationUncertainError") span.setAttribute("idem.needs_review", true);
-    else if (name === "KeyInFlightError") span.setAttribute("idem.claim.outcome", "in_flight");
+    const failed = failedAttributes(err);
+    if (failed) span.setAttributes(failed);
     failSpan(api, span, err);
     throw err;
   } finally {
@@ -40,28 +46,21 @@ export async function traced<T>(
   }
 }
 
-/** Taking a phases key: `idem.phases.claim`, with what was found (`claimed`, or the key's answer). */
-export function traceClaim<T extends object>(fn: () => Promise<T>): Promise<T> {
-  return traced("idem.phases.claim", {}, fn, (g) => ({
-    "idem.claim.outcome": "kind" in g ? String(g.kind) : "claimed",
-  }));
-}
-
-/** One phase run: `idem.phase`. */
-export function tracePhase<T>(point: string, external: boolean, fn: () => Promise<T>): Promise<T> {
-  const kind = external ? "external" : "local";
-  return traced("idem.phase", { "idem.phase.name": point, "idem.phase.kind": kind }, fn);
-}
-
-/** A provider lookup: `idem.phase.lookup`, with `idem.lookup.found`. */
-export function traceLookup<T>(point: string, fn: () => Promise<T>): Promise<T> {
-  return traced("idem.phase.lookup", { "idem.phase.name": point }, fn, (f) => ({
-    "idem.lookup.found": f !== undefined && f !== null,
-  }));
+/** What a failure says on its span: a stale worker fenced off, a key sent to review, a key in flight. */
+function failedAttributes(err: unknown): Attributes | undefined {
+  if (isLeaseLostError(err)) return { "idem.phase.fenced": true };
+  switch (outcomeOfError(err)) {
+    case Outcome.Uncertain:
+      return { "idem.needs_review": true };
+    case Outcome.InFlight:
+      return { "idem.claim.outcome": "in_flight" };
+    default:
+      return undefined;
+  }
 }
 
 /** Another worker's expired lease was taken over (an event on the active span, and a count). */
-export function leaseTakenOver(point: string): void {
+function leaseTakenOver(point: string): void {
   const api = otel();
   if (!api) return;
   api.trace.getSpan(api.context.active())?.addEvent("idem.lease_takeover", { "idem.phase.name": point });
@@ -73,7 +72,7 @@ export function leaseTakenOver(point: string): void {
 }
 
 /** A key was sent to review (an event on the active span, and a count). */
-export function sentToReview(point: string, reason: string): void {
+function sentToReview(point: string, reason: string): void {
   const api = otel();
   if (!api) return;
   api.trace
@@ -83,3 +82,6 @@ export function sentToReview(point: string, reason: string): void {
     m.createCounter("idem.phases.needs_review", { description: "Keys sent to review (outcome unknown)" }),
   ).add(1);
 }
+
+/** The store's observer: spans, events and counters through `@opentelemetry/api` when it is there. */
+export const storeObserver: StoreObserver = { span, leaseTakenOver, sentToReview, outboxHeaders };

@@ -9,7 +9,7 @@
  *   });
  */
 
-import { outboxHeaders } from "../observability/messaging.ts";
+import { outboxHeaders } from "../core/observe.ts";
 import type { Queryable, Tx } from "./db.ts";
 import { checkSchemaName } from "./schema/migrate.ts";
 import { uuidv7 } from "./uuid7.ts";

@@ -1,7 +1,9 @@
 /**
  * The real OpenTelemetry SDK, registered globally as an application would: an AsyncLocalStorage
  * context manager, the W3C trace-context propagator, a tracer provider whose spans land in an
- * in-memory exporter, and a meter provider read on demand. `uninstall()` puts the globals back.
+ * in-memory exporter, and a meter provider read on demand. `uninstall()` puts the globals back. Like
+ * an application's telemetry setup, it loads `idem/observability`, which installs idem's observers
+ * into the client, the store and the relay (an HTTP adapter alone installs them too).
  */
 import { context, metrics, propagation, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
@@ -12,6 +14,7 @@ import {
   MetricReader,
   type ResourceMetrics,
 } from "@opentelemetry/sdk-metrics";
+import "../../src/observability/index.ts";
 import {
   InMemorySpanExporter,
   type ReadableSpan,

@@ -16,7 +16,7 @@ import {
   type Sealer,
   sealContext,
 } from "../../core/index.ts";
-import { traced } from "../../observability/phases.ts";
+import { traced } from "../../core/observe.ts";
 import { type KeyTable, type PhasesRunner, type ShardedKeyTables, tablesOf } from "../phases/index.ts";
 
 /** Options of {@link complete}. */

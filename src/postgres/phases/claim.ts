@@ -21,8 +21,8 @@ import {
   sealContext,
   sealJson,
 } from "../../core/index.ts";
+import { leaseTakenOver } from "../../core/observe.ts";
 import { commit, endTx, rollback } from "../../core/tx-end.ts";
-import { leaseTakenOver } from "../../observability/phases.ts";
 import { replayOf } from "../keys/row.ts";
 import { type KeyTable, withPartitions } from "../keys/table.ts";
 import { uuidv7 } from "../uuid7.ts";

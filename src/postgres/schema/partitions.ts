@@ -1,5 +1,5 @@
 import { RetryableError, SqlState, sqlStateOf } from "../../core/index.ts";
-import { traced } from "../../observability/phases.ts";
+import { traced } from "../../core/observe.ts";
 import type { Db } from "../db.ts";
 import { detachOnCitus, isUnsupportedOnCitus } from "./citus.ts";
 
