@@ -19,8 +19,7 @@
  *   POST /_sim/reset   forget every charge and key
  *
  * Like a real provider, it forgets: an idempotency key and the charge it made are kept `retentionMs`
- * (24 h by default, as Stripe keeps keys), then dropped, so a simulator that runs for months holds the
- * last day's charges, not every charge it ever made. A key reused after that is a new request.
+ * (24 h by default), then dropped (provider-charges.ts). A key reused after that is a new request.
  *
  * Faults, per request (`X-Fault: timeout|500|503|drop|decline`, `X-Latency-Ms: n`), scripted for the next
  * requests (`failNext`), or at random rates drawn from a seeded generator (same seed, same faults):
@@ -30,11 +29,23 @@
  *   late     the charge IS made, then the reply is held until the client gives up (a timeout after
  *            the provider charged)
  *   decline  the card is declined (final: 402)
+ * (provider-faults.ts). This file is the server: its options, its routes and the charge itself.
  */
 import { randomInt } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createRng, type Rng } from "./prng.ts";
+import { type Charge, ChargeBook } from "./provider-charges.ts";
+import { FAULTS, FaultPlan, type FaultRates, type ProviderFault } from "./provider-faults.ts";
+import {
+  BODY_LIMIT,
+  BodyTooLargeError,
+  errorBody,
+  holdUntilClosed,
+  readBody,
+  send,
+  sleep,
+} from "./provider-http.ts";
 import { type Refund, RefundDesk } from "./provider-refunds.ts";
 import {
   type ProviderWebhookOptions,
@@ -42,21 +53,8 @@ import {
   startWebhookSender,
 } from "./provider-webhooks.ts";
 
-/** A fault the simulator can apply to one charge request (`failNext`, or the `X-Fault` header). */
-export type ProviderFault = "timeout" | "500" | "503" | "drop" | "late" | "decline";
-const FAULTS: readonly ProviderFault[] = ["timeout", "500", "503", "drop", "late", "decline"];
-
-/** Probabilities (0..1) of each random fault per charge request. */
-export interface FaultRates {
-  /** No answer until the client gives up; nothing is charged. */
-  timeout?: number;
-  /** 500 or 503, half each. */
-  error?: number;
-  /** The connection is cut after the charge is made. */
-  drop?: number;
-  /** The card is declined. */
-  decline?: number;
-}
+export type { Charge } from "./provider-charges.ts";
+export type { FaultRates, ProviderFault } from "./provider-faults.ts";
 
 /** Options of `startProvider`. */
 export interface ProviderOptions {
@@ -96,30 +94,6 @@ export interface ProviderOptions {
   webhooks?: ProviderWebhookOptions;
 }
 
-/** A charge as the simulator stores and returns it (Stripe-like fields). */
-export interface Charge {
-  /** The charge's id, e.g. `ch_...`. */
-  id: string;
-  /** The amount in minor units (cents). */
-  amount: number;
-  /** ISO 4217 currency, lower case. */
-  currency: string;
-  /** The card (or token) charged, when one was given. */
-  card: string | null;
-  /** The `Idempotency-Key` the provider received, or null. */
-  idempotency_key: string | null;
-  /** The caller's own reference for the payment (searchable), or null. */
-  reference: string | null;
-  /** Whether it went through or was declined. */
-  status: "succeeded" | "failed";
-  /** Why it was declined (e.g. `card_declined`); null when it succeeded. */
-  failure_code: string | null;
-  /** Order of creation, from 1. */
-  seq: number;
-  /** When it was made (ISO 8601). */
-  created: string;
-}
-
 /** A running simulator (`startProvider`): its address, its charges, and its fault controls. */
 export interface Provider {
   /** Base URL, e.g. `http://127.0.0.1:43817`. */
@@ -146,122 +120,20 @@ export interface Provider {
   webhooks?: ProviderWebhooks;
 }
 
-interface Saved {
-  params: string;
-  status: number;
-  body: string;
-  /** When the key was first used (the simulator's clock). */
-  at: number;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
-
-/** The largest request body the simulator reads; a larger one is answered 413. */
-const BODY_LIMIT = 64 * 1024;
-class BodyTooLargeError extends Error {}
-
-/**
- * The request's body as text, at most `limit` bytes. Read with the stream's events rather than
- * `for await`: the async iterator costs a promise and a callback per chunk and showed in the
- * simulator's profile under the phases bench.
- */
-function readBody(req: IncomingMessage, limit = BODY_LIMIT): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on("data", (chunk: Buffer) => {
-      size += chunk.length;
-      if (size <= limit) chunks.push(chunk);
-      else reject(new BodyTooLargeError()); // the rest is read and dropped: the answer can still go out
-    });
-    req.on("end", () =>
-      resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")),
-    );
-    req.on("error", reject);
-  });
-}
-
-function send(
-  res: ServerResponse,
-  status: number,
-  body: unknown,
-  headers: Record<string, string> = {},
-): void {
-  const text = typeof body === "string" ? body : JSON.stringify(body);
-  res.writeHead(status, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(text),
-    ...headers,
-  });
-  res.end(text);
-}
-
-function errorBody(type: string, code: string, message: string, extra: Record<string, unknown> = {}) {
-  return { error: { type, code, message, ...extra } };
-}
-
 /** Start the simulator. Close it with `close()`. */
 export async function startProvider(options: ProviderOptions = {}): Promise<Provider> {
   const rng: Rng = createRng(options.seed ?? randomInt(1, 2 ** 31));
   const declineAmounts = new Set(options.declineAmounts ?? []);
   const declineCards = new Set(options.declineCards ?? []);
   const hangMs = options.hangMs ?? 60_000;
-  let rates: FaultRates = { ...options.faults };
-  let scripted: ProviderFault[] = [];
-  const retentionMs = options.retentionMs ?? 86_400_000;
-  if (!(retentionMs > 0)) throw new RangeError(`retentionMs must be a positive number, got ${retentionMs}`);
+  const faults = new FaultPlan(rng, options.faults, options.latencyMs);
   const clock = options.clock ?? Date.now;
-  // Charges in order of creation from `head` on (those before it have expired), with their times;
-  // keys in a Map, whose order is also that of creation: both expire from the front.
-  let charges: Charge[] = [];
-  let madeAt: number[] = [];
-  let head = 0;
-  let seq = 0;
-  let byKey = new Map<string, Saved>();
+  const book = new ChargeBook(options.retentionMs ?? 86_400_000, clock);
   let received = 0;
   let searchAvailable = true;
   const dedup = options.idempotency ?? true;
   const webhooks = options.webhooks ? startWebhookSender(options.webhooks) : undefined;
-
-  const latency = (req: IncomingMessage): number => {
-    const header = Number(req.headers["x-latency-ms"]);
-    if (Number.isFinite(header) && header >= 0) return header;
-    const l = options.latencyMs ?? 0;
-    if (typeof l === "number") return l;
-    return l[0] + rng.int(l[1] - l[0] + 1);
-  };
-
-  /** Forget the keys and charges past retention. */
-  const expire = (): void => {
-    const cutoff = clock() - retentionMs;
-    while (head < charges.length && madeAt[head]! <= cutoff) head++;
-    if (head > 1_024 && head * 2 > charges.length) {
-      charges = charges.slice(head);
-      madeAt = madeAt.slice(head);
-      head = 0;
-    }
-    for (const [key, saved] of byKey) {
-      if (saved.at > cutoff) break;
-      byKey.delete(key);
-    }
-  };
-  const live = (): Charge[] => (head === 0 ? charges : charges.slice(head));
-  const desk = new RefundDesk({ rng, clock, charges: live, readBody, send });
-
-  const faultFor = (req: IncomingMessage): ProviderFault | undefined => {
-    const h = String(req.headers["x-fault"] ?? "").trim();
-    if (FAULTS.includes(h as ProviderFault)) return h as ProviderFault;
-    const next = scripted.shift();
-    if (next) return next;
-    // One draw per fault kind, in a fixed order, so a seed gives the same sequence of faults.
-    if (rng.chance(rates.timeout ?? 0)) return "timeout";
-    if (rng.chance(rates.error ?? 0)) return rng.chance(0.5) ? "500" : "503";
-    if (rng.chance(rates.drop ?? 0)) return "drop";
-    if (rng.chance(rates.decline ?? 0)) return "decline";
-    return undefined;
-  };
+  const desk = new RefundDesk({ rng, clock, charges: () => book.live(), readBody, send });
 
   async function createCharge(req: IncomingMessage, res: ServerResponse): Promise<void> {
     received++;
@@ -293,19 +165,13 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     const keyHeader = req.headers["idempotency-key"];
     const key = typeof keyHeader === "string" && keyHeader.length > 0 ? keyHeader : null;
     const dedupKey = dedup ? key : null;
-    const fault = faultFor(req);
-    const wait = latency(req);
+    const fault = faults.next(req);
+    const wait = faults.latency(req);
     if (wait > 0) await sleep(wait);
 
     if (fault === "timeout") {
       // Hold the request: the client times out. Nothing is charged.
-      await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, hangMs);
-        res.once("close", () => {
-          clearTimeout(t);
-          resolve();
-        });
-      });
+      await holdUntilClosed(res, hangMs);
       res.destroy();
       return;
     }
@@ -316,8 +182,8 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     // The check and the creation run with no await in between, so concurrent repeats of a key
     // (Node runs one callback at a time) always find the first one's result.
     const params = JSON.stringify([amount, currency, card]);
-    expire();
-    const saved = dedupKey ? byKey.get(dedupKey) : undefined;
+    book.expire();
+    const saved = dedupKey ? book.saved(dedupKey) : undefined;
     if (saved) {
       if (saved.params !== params) {
         return send(
@@ -339,11 +205,10 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       reference,
       status: declined ? "failed" : "succeeded",
       failure_code: declined ? "card_declined" : null,
-      seq: ++seq,
+      seq: book.nextSeq(),
       created: new Date(clock()).toISOString(),
     };
-    charges.push(charge);
-    madeAt.push(clock());
+    book.add(charge);
     webhooks?.chargeMade(charge);
     const status = declined ? 402 : 200;
     const body = JSON.stringify(
@@ -351,20 +216,14 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
         ? errorBody("card_error", "card_declined", "Your card was declined.", { charge: charge.id })
         : charge,
     );
-    if (dedupKey) byKey.set(dedupKey, { params, status, body, at: clock() });
+    if (dedupKey) book.save(dedupKey, params, status, body);
     if (fault === "drop") {
       res.destroy(); // charged, but the reply is lost
       return;
     }
     if (fault === "late") {
       // Charged, but the reply comes after the client gave up (it never reads it).
-      await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, hangMs);
-        res.once("close", () => {
-          clearTimeout(t);
-          resolve();
-        });
-      });
+      await holdUntilClosed(res, hangMs);
       if (!res.destroyed) send(res, status, body);
       return;
     }
@@ -385,19 +244,21 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       if (reference !== null && !searchAvailable) {
         return send(res, 503, errorBody("api_error", "search_unavailable", "Search is down; retry."));
       }
-      expire();
-      const data = live().filter(
-        (c) =>
-          (!status || c.status === status) &&
-          (!scope || c.idempotency_key?.startsWith(`${scope}:`)) &&
-          (reference === null || c.reference === reference),
-      );
+      book.expire();
+      const data = book
+        .live()
+        .filter(
+          (c) =>
+            (!status || c.status === status) &&
+            (!scope || c.idempotency_key?.startsWith(`${scope}:`)) &&
+            (reference === null || c.reference === reference),
+        );
       return send(res, 200, { data });
     }
     const one = /^\/v1\/charges\/([^/]+)$/.exec(path);
     if (req.method === "GET" && one) {
-      expire();
-      const c = live().find((x) => x.id === one[1]);
+      book.expire();
+      const c = book.live().find((x) => x.id === one[1]);
       return c
         ? send(res, 200, c)
         : send(res, 404, errorBody("invalid_request_error", "not_found", "No such charge."));
@@ -407,9 +268,9 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
         rates?: FaultRates;
         next?: ProviderFault[];
       };
-      if (body.rates) rates = { ...body.rates };
-      if (body.next) scripted.push(...body.next.filter((f) => FAULTS.includes(f)));
-      return send(res, 200, { rates, next: scripted });
+      if (body.rates) faults.setRates(body.rates);
+      if (body.next) faults.script(body.next.filter((f) => FAULTS.includes(f)));
+      return send(res, 200, faults.state());
     }
     if (req.method === "POST" && path === "/_sim/reset") {
       reset();
@@ -421,12 +282,8 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
 
   function reset(): void {
     desk.reset();
-    charges = [];
-    madeAt = [];
-    head = 0;
-    seq = 0;
-    byKey = new Map();
-    scripted = [];
+    book.reset();
+    faults.reset();
     received = 0;
     searchAvailable = true;
   }
@@ -448,8 +305,8 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
     url: `http://${host}:${address.port}`,
     port: address.port,
     charges: () => {
-      expire();
-      return live().map((c) => ({ ...c }));
+      book.expire();
+      return book.live().map((c) => ({ ...c }));
     },
     requests: () => received,
     refunds: () => desk.refunds(),
@@ -457,10 +314,10 @@ export async function startProvider(options: ProviderOptions = {}): Promise<Prov
       searchAvailable = available;
     },
     setFaults(r) {
-      rates = { ...r };
+      faults.setRates(r);
     },
-    failNext(...faults) {
-      scripted.push(...faults);
+    failNext(...next) {
+      faults.script(next);
     },
     reset,
     webhooks,
