@@ -9,9 +9,6 @@
  */
 import { AmbiguousBodyError, InvalidBodyError } from "./errors.ts";
 
-/** How a request body is read: parsed as JSON, parsed as a form, or kept as bytes. */
-export type BodyKind = "json" | "form" | "raw";
-
 /** How a Content-Type is read: JSON (`application/json`, `*+json`), a form, or bytes. */
 export function bodyKind(contentType: string | null | undefined): "json" | "form" | "raw" {
   const ct = (contentType ?? "").split(";")[0]!.trim().toLowerCase();

@@ -57,9 +57,6 @@ export class SocketHangUp implements HangUp {
   }
 }
 
-/** A hang-up that never happens (when the framework gives no socket and no signal). */
-export const NEVER_HUNG_UP: HangUp = { aborted: false };
-
 /** Header pairs grouped by lower-case name, so repeated headers (Set-Cookie) are sent once per value. */
 export function groupHeaders(headers: Iterable<readonly [string, string]>): Map<string, string[]> {
   const grouped = new Map<string, string[]>();

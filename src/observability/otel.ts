@@ -126,15 +126,3 @@ export function extractFrom(api: OtelApi, headers: Record<string, string> | unde
   if (!headers) return base;
   return api.propagation.extract(base, headers);
 }
-
-/** Write the active (or given) context's trace context into `headers` (a new object when any is added). */
-export function injectInto(
-  api: OtelApi,
-  headers: Record<string, string> | undefined,
-  ctx: Context = api.context.active(),
-): Record<string, string> | undefined {
-  if (!api.trace.getSpan(ctx)?.isRecording()) return headers;
-  const out: Record<string, string> = { ...headers };
-  api.propagation.inject(ctx, out);
-  return out;
-}

@@ -25,7 +25,6 @@ import { KeyClock } from "./keys/clock.ts";
 import type { DbTime, TimeShift } from "./keys/db-time.ts";
 import { inspectKey } from "./keys/inspect.ts";
 import { type LockPlace, lockSql } from "./keys/lock.ts";
-import { expiryOf } from "./keys/row.ts";
 import { placedOnCitus } from "./schema/citus.ts";
 import { pendingMigrations, SchemaBehindError, schemaOf } from "./schema/migrate.ts";
 import { livePartitions, MAX_LIVE_PARTITIONS, Partitions, PartitionWidthError } from "./schema/partitions.ts";
@@ -276,11 +275,6 @@ export class PostgresStore implements AtomicStore<Tx> {
     const now = await this.clock.dbNowMs();
     this.clock.madeThrough(await this.partitions.makeAhead(now, this.retentionMs));
     return { dropped: await this.partitions.dropExpired(now, this.retentionMs) };
-  }
-
-  /** When a key row expires: its creation (by the database's clock) plus the retention. */
-  expiresAt(row: { created_at: Date }): Date {
-    return expiryOf(this, row);
   }
 
   /** Run `work` in the transaction that claims the key (atomic mode: ./atomic/runner.ts). */

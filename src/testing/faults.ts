@@ -96,13 +96,3 @@ export function pauseAt(
     },
   };
 }
-
-/** Ask several fault sets in turn; the first that crashes wins. */
-export function combineFaults(...all: PhaseFaults[]): PhaseFaults {
-  return {
-    async at(info) {
-      for (const f of all) if (await f.at(info)) return true;
-      return false;
-    },
-  };
-}
