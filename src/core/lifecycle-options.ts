@@ -16,7 +16,7 @@ export interface IdemRequest {
 }
 
 export interface LifecycleOptions<Tx> extends SavePolicy {
-  /** Where keys, saved responses and (in atomic mode) the work's transaction live. Required. */
+  /** Where keys, saved answers and (in atomic mode) the work's transaction live. Required. */
   store: AtomicStore<Tx>;
   /** Answer 400 when a request has no `Idempotency-Key`. Default: `true`. */
   required?: boolean;
@@ -31,7 +31,7 @@ export interface LifecycleOptions<Tx> extends SavePolicy {
    * claimed. Default: none.
    */
   repeatable?: readonly string[];
-  /** Response headers replayed with a saved response. Default: `DEFAULT_REPLAYED_HEADERS`. Never Set-Cookie. */
+  /** Response headers replayed with a saved answer. Default: `DEFAULT_REPLAYED_HEADERS`. Never Set-Cookie. */
   replayHeaders?: readonly string[];
   /** Called once per request with how it ended (for metrics and logs). Default: none. */
   onOutcome?: (event: OutcomeEvent) => void;
@@ -67,7 +67,7 @@ export type TraceContextMode = "continue" | "link";
 /** How a route saves its replies in compact form and rebuilds them (see `LifecycleOptions.compact`). */
 export interface CompactOptions<Tx> {
   /**
-   * The id of the resource a saved reply created (e.g. the payment id), or undefined to save this
+   * The id of the resource a saved answer created (e.g. the payment id), or undefined to save this
    * reply in full (e.g. a 402 decline that created nothing). Runs inside the work's transaction: if it
    * throws, the work rolls back.
    */

@@ -22,8 +22,8 @@ export interface LifecycleObserver {
     traceContext?: TraceContextMode,
   ): boolean;
   /**
-   * Run `run` (the claim, the work and the saved reply, or a phases runner) inside the request's span.
-   * `mode` says which: in atomic mode `work` marks where the claim ended and the saved reply begins.
+   * Run `run` (the claim, the work and the saved answer, or a phases runner) inside the request's span.
+   * `mode` says which: in atomic mode `work` marks where the claim ended and the saved answer begins.
    */
   run(claim: Claim, mode: "atomic" | "phases", run: () => Promise<AtomicOutcome>): Promise<AtomicOutcome>;
   /** Atomic mode: the handler's work, called once the key is claimed. */

@@ -60,7 +60,7 @@ export function isSaved(status: number, policy: SavePolicy = {}): boolean {
   return false;
 }
 
-/** A saved reply that cannot be sent as it is (a row altered by hand or by a bug): never replayed. */
+/** A saved answer that cannot be sent as it is (a row altered by hand or by a bug): never replayed. */
 export class DamagedReplyError extends Error {
   /** Always `"DamagedReplyError"`: the name logs and stack traces show. */
   override name = "DamagedReplyError";
@@ -70,7 +70,7 @@ export class DamagedReplyError extends Error {
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 
-/** A saved reply as read from its row, checked before it is replayed: `DamagedReplyError` otherwise. */
+/** A saved answer as read from its row, checked before it is replayed: `DamagedReplyError` otherwise. */
 export function checkedReply(status: unknown, headers: unknown, body: Uint8Array): StoredResponse {
   if (typeof status !== "number" || !Number.isInteger(status) || status < 200 || status > 599) {
     throw new DamagedReplyError(`the saved status ${String(status)} is not an HTTP status from 200 to 599`);

@@ -1,5 +1,5 @@
 /**
- * Encryption at rest of saved replies and stored inputs: AES-256-GCM under named keys.
+ * Encryption at rest of saved answers and stored inputs: AES-256-GCM under named keys.
  *
  * A sealed value describes itself, so that values written before encryption was turned on (plain
  * bytes) are still read, and so that a value names the key it was sealed with (rotation without
@@ -304,7 +304,7 @@ export function sealJson(sealer: Sealer | undefined, value: unknown, context: st
   return SEALED_JSON_PREFIX + Buffer.from(sealer.seal(plain, context)).toString("base64");
 }
 
-/** Saved reply headers as stored: sealed with a sealer (`sealJson`), as they are otherwise. */
+/** Saved answer headers as stored: sealed with a sealer (`sealJson`), as they are otherwise. */
 export function sealHeaders(
   sealer: Sealer | undefined,
   headers: Array<[string, string]>,
@@ -314,7 +314,7 @@ export function sealHeaders(
   return JSON.stringify(sealJson(sealer, headers, sealContext(scope, key, "headers")));
 }
 
-/** Saved reply headers as read back (`sealHeaders`' inverse); none stored: none. */
+/** Saved answer headers as read back (`sealHeaders`' inverse); none stored: none. */
 export function openHeaders(
   sealer: Sealer | undefined,
   stored: unknown,
@@ -326,7 +326,7 @@ export function openHeaders(
 }
 
 /**
- * The saved reply of a finished key, opened and checked: what a replay sends (atomic and phases mode
+ * The saved answer of a finished key, opened and checked: what a replay sends (atomic and phases mode
  * alike). A value that cannot be opened throws `SealedValueError`, a damaged one `DamagedReplyError`.
  */
 export function openReply(

@@ -60,7 +60,7 @@ export type AtomicOutcome =
   /** This request ran the work. `saved` tells whether its response was saved (and its writes committed). */
   (
     | { kind: "executed"; response: StoredResponse; saved: boolean; expiresAt: Date }
-    /** A request with this key finished before: its saved response, byte for byte. */
+    /** A request with this key finished before: its saved answer, byte for byte. */
     | { kind: "replayed"; response: StoredResponse; expiresAt: Date }
   ) & {
     /**

@@ -7,7 +7,7 @@
  *               `stored-value-unreadable`, `operation_state: uncertain`, a person looks (the ref)
  *   key-missing a value sealed with a key this instance lacks (a rotation rolling out): another
  *               instance, or this one once configured, opens it: 503 with Retry-After, same key
- *   damaged     a finished key's saved reply that is unusable (a row altered): the work is done and
+ *   damaged     a finished key's saved answer that is unusable (a row altered): the work is done and
  *               never run again, the reply never sent: 503 with Retry-After 60
  */
 import { IdemError, ProblemCode, RetryableError } from "./errors.ts";

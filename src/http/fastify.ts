@@ -117,7 +117,7 @@ async function payloadBytes(payload: unknown): Promise<Uint8Array> {
   if (payload instanceof Uint8Array) return payload;
   if (payload instanceof Response) return new Uint8Array(await payload.arrayBuffer());
   if (typeof payload === "object" && Symbol.asyncIterator in payload) {
-    // a node or web stream: the saved response needs all of it
+    // a node or web stream: the saved answer needs all of it
     const chunks: Buffer[] = [];
     for await (const chunk of payload as AsyncIterable<Uint8Array | string>) chunks.push(Buffer.from(chunk));
     return Buffer.concat(chunks);

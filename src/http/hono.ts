@@ -5,7 +5,7 @@
  *   app.post("/v1/payments", auth, validate, idempotency({ store, scope: (c) => c.var.accountId }), handler)
  *
  * Put validation before it, so that a bad request is answered without claiming the key. The handler
- * finds the transaction in `c.var.idempotency.tx` (its writes commit together with the saved response)
+ * finds the transaction in `c.var.idempotency.tx` (its writes commit together with the saved answer)
  * and the body as read once, the value that was fingerprinted, in `c.var.idempotency.body`. Both are
  * typed on the routes that use the middleware only (it is built with `createMiddleware`).
  */

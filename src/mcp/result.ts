@@ -50,7 +50,7 @@ function header(r: StoredResponse, wanted: string): string | undefined {
 const isJson = (type: string) => /^application\/([\w.+-]*\+)?json\b/i.test(type.trim());
 
 /**
- * The tool's answer from a stored response: a saved `CallToolResult` as it was; a route's JSON answer
+ * The tool's answer from a saved answer: a saved `CallToolResult` as it was; a route's JSON answer
  * (a phases runner shared with an HTTP route) as text plus `structuredContent`; a problem as a tool
  * error whose text is its `detail`.
  */

@@ -1,7 +1,7 @@
 /**
  * The server side's spans and metrics: one `idem.request` span per keyed request, with its
  * `idem.claim` (how long the key's lock was waited for, and what the claim found), `idem.work` (the
- * handler) and `idem.save` (the saved reply and the commit) children; and the request metrics.
+ * handler) and `idem.save` (the saved answer and the commit) children; and the request metrics.
  *
  * The request span's parent is the active span (the application's HTTP server span, when it has HTTP
  * instrumentation), else the W3C trace context of the request's own `traceparent` header, so a client

@@ -1,9 +1,9 @@
 /**
  * What the ORM integrations share: a `Db` (the interface idem's store runs on) built on an ORM's own
  * transactions, so that idem joins the ORM's transaction instead of opening one beside it. The store's
- * statements (claim, lookup, saved reply) run through the ORM's raw-SQL entry point on the ORM's
+ * statements (claim, lookup, saved answer) run through the ORM's raw-SQL entry point on the ORM's
  * transaction object, which the handler then gets back, typed, to write with idiomatic ORM code: the
- * claim, the handler's writes and the saved reply commit together or not at all.
+ * claim, the handler's writes and the saved answer commit together or not at all.
  *
  * Each integration (drizzle.ts, kysely.ts, knex.ts) only says how to run one statement on its ORM and
  * how to open a transaction; nothing here imports an ORM.
@@ -31,7 +31,7 @@ export interface OrmDriver<H, T extends H> {
 export interface OrmDb<T> extends Db {
   /**
    * The ORM's transaction of this request (`ctx.tx` of an atomic route): write through it, and the
-   * writes commit with the key and the saved reply. Throws when `tx` did not come from this `Db`.
+   * writes commit with the key and the saved answer. Throws when `tx` did not come from this `Db`.
    */
   tx(tx: Tx): T;
 }
