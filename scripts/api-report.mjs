@@ -51,7 +51,7 @@ const entries = Object.entries(pkg.exports)
   }));
 
 const silent = { logLevel: ExtractorLogLevel.None };
-const inReport = { logLevel: ExtractorLogLevel.None, addToApiReportFile: true };
+const collected = { logLevel: ExtractorLogLevel.Warning, addToApiReportFile: false };
 function configOf(entry) {
   return ExtractorConfig.prepare({
     configObject: {
@@ -70,9 +70,10 @@ function configOf(entry) {
       newlineKind: "lf",
       messages: {
         compilerMessageReporting: { default: silent },
-        // A name a public type uses but the entry point does not export is written into the report,
-        // where a review sees it. (A name without a doc comment is marked `// (undocumented)` there.)
-        extractorMessageReporting: { default: silent, "ae-forgotten-export": inReport },
+        // A name a public type uses but the entry point does not export is collected (`forgotten`)
+        // and must be exported by some entry point (step 3). (A name without a doc comment is marked
+        // `// (undocumented)` in the report.)
+        extractorMessageReporting: { default: silent, "ae-forgotten-export": collected },
         tsdocMessageReporting: { default: silent },
       },
     },
@@ -90,7 +91,18 @@ const compilerState = CompilerState.create(configs[0], {
 });
 const changed = stale.map((f) => `etc/api/${f}`);
 if (mode === "update") for (const f of stale) rmSync(join(reports, f));
+/** Names a public signature of an entry point uses that the entry point does not export. */
+const forgotten = [];
 for (const [i, config] of configs.entries()) {
+  const messageCallback = (message) => {
+    if (message.messageId === "ae-forgotten-export") {
+      const name = /The symbol "([^"]+)"/.exec(message.text)?.[1];
+      forgotten.push({ entry: entries[i], name, at: message.formatMessageWithLocation(root) });
+    } else if (message.logLevel === ExtractorLogLevel.Error) {
+      console.error(message.formatMessageWithLocation(root));
+    }
+    message.handled = true; // API Extractor's own progress lines are dropped
+  };
   const result = Extractor.invoke(config, { localBuild: mode === "update", compilerState, messageCallback });
   if (result.apiReportChanged) changed.push(`etc/api/${entries[i].name}.api.md`);
   if (result.errorCount > 0) process.exitCode = 1;
@@ -106,6 +118,49 @@ if (rootNames.length > ROOT_LIMIT) {
   console.error(`api:check: the root \`idem\` exports ${rootNames.length} names, more than ${ROOT_LIMIT}`);
   process.exitCode = 1;
 }
+// 3. A closed edge: every name a public signature uses can be imported from some entry point (not
+// necessarily the one whose signature uses it: `Tx` from `idem/store` serves `idem/hono` too). The
+// name API Extractor gives (`Headers_2` when it clashes in that entry) is looked up among idem's own
+// declarations; the one declared under that name must be exported by an entry point, and a name
+// declared twice must be exported by the entry using it (which one is meant cannot be told apart).
+const checker = program.getTypeChecker();
+const ALIAS = 2097152; // ts.SymbolFlags.Alias
+const exported = new Set();
+for (const e of entries) {
+  const file = program.getSourceFile(e.dts);
+  const mod = file && checker.getSymbolAtLocation(file);
+  for (const sym of mod ? checker.getExportsOfModule(mod) : []) {
+    const target = sym.flags & ALIAS ? checker.getAliasedSymbol(sym) : sym;
+    for (const d of target.declarations ?? []) exported.add(d);
+  }
+}
+const ownFiles = program.getSourceFiles().filter((f) => f.fileName.startsWith(dts));
+function declarationsNamed(name) {
+  const found = new Set();
+  for (const f of ownFiles) {
+    const mod = checker.getSymbolAtLocation(f);
+    for (const sym of [mod?.exports?.get(name), f.locals?.get(name)]) {
+      if (!sym || sym.flags & ALIAS) continue;
+      for (const d of (sym.exportSymbol ?? sym).declarations ?? []) found.add(d);
+    }
+  }
+  return [...found];
+}
+const unexported = forgotten.filter(({ name }) => {
+  const declarations = declarationsNamed(name.replace(/_\d+$/, ""));
+  const files = new Set(declarations.map((d) => d.getSourceFile()));
+  return files.size !== 1 || !declarations.some((d) => exported.has(d));
+});
+if (unexported.length) {
+  console.error(
+    `api:check: ${unexported.length} names used in public signatures cannot be imported from any entry point:`,
+  );
+  for (const u of unexported) console.error(`  ${u.name} (used by ${u.entry.name}: ${u.at})`);
+  console.error(
+    "Export each from an entry point (idem/store for the shared types), or keep it out of the signature.",
+  );
+  process.exitCode = 1;
+}
 const now = performance.now();
 const seconds = `${((now - started) / 1000).toFixed(1)} s: declarations ${((emitted - started) / 1000).toFixed(1)} s`;
 if (mode === "update") {
@@ -117,10 +172,4 @@ if (mode === "update") {
   process.exitCode = 1;
 } else {
   console.log(`api:check: ${entries.length} entry points match etc/api/ (${seconds})`);
-}
-
-/** Quiet: API Extractor's own progress lines are dropped; errors are printed. */
-function messageCallback(message) {
-  if (message.logLevel === ExtractorLogLevel.Error) console.error(message.formatMessageWithLocation(root));
-  message.handled = true;
 }

@@ -11,6 +11,7 @@ export type { ParkedEvent } from "../messaging/outbox-admin.ts";
 export { outboxLag, parkedEvents } from "../messaging/outbox-admin.ts";
 export type { AdminAction, NewAdminAction } from "../postgres/admin/admin-actions.ts";
 export { listActions, recordAction } from "../postgres/admin/admin-actions.ts";
+export type { AuditCheck, AuditResult } from "../postgres/admin/audit.ts";
 export type { KeyRef, KeyStory, TimelineEvent } from "../postgres/admin/key-admin.ts";
 export {
   BadOperationRefError,
@@ -27,13 +28,16 @@ export {
   type ForgetVerdict,
   forgetVerdict,
 } from "../postgres/admin/key-forget.ts";
+export type { KeyEvent, KeyEventKind } from "../postgres/phases/history.ts";
 export { type AdminConsoleOptions, adminConsole, toNodeListener } from "./console.ts";
 export {
   type AdminHandler,
   type AdminHandlerOptions,
+  type AdminRequestInfo,
   type Authorize,
   adminHandler,
   adminProblem,
 } from "./handler.ts";
 export { type AuditRun, type KeyListState, Operations, type OperationsOptions } from "./operations.ts";
+export type { AuthLimitOptions } from "./throttle.ts";
 export { bearerTokens, parseAdminTokens } from "./tokens.ts";

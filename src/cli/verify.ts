@@ -5,10 +5,10 @@ import {
   EffectCountError,
   type EffectCounter,
   FAULTS,
-  type Fault,
   formatReport,
   listEffects,
   sqlEffects,
+  type VerifyFault,
   type VerifyOptions,
   VerifyUsageError,
   verify,
@@ -125,12 +125,12 @@ export async function verifyCommand(argv: string[]): Promise<number> {
   const bearer2 = values["auth-bearer-2"] ?? process.env.IDEM_VERIFY_BEARER_2;
   const auth: Record<string, string> = bearer ? { authorization: `Bearer ${bearer}` } : {};
   const secondAuth = bearer2 ? { authorization: `Bearer ${bearer2}` } : undefined;
-  let faults: Fault[] | undefined;
+  let faults: VerifyFault[] | undefined;
   if (values.faults !== undefined) {
     faults = values.faults
       .split(",")
       .map((f) => f.trim())
-      .filter(Boolean) as Fault[];
+      .filter(Boolean) as VerifyFault[];
     const bad = faults.find((f) => !(FAULTS as readonly string[]).includes(f));
     if (bad) throw new CliError(`--faults: unknown fault "${bad}"; use ${FAULTS.join(",")}`, EXIT.usage);
     if (faults.includes("scope") && !secondAuth) {

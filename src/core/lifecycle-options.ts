@@ -89,3 +89,51 @@ export interface PhasesRunnerLike<I> {
 
 /** The options of a phases route's lifecycle: the runner holds the store, and a key is always required. */
 export type PhasesLifecycleOptions = Omit<LifecycleOptions<unknown>, "store" | "required" | "compact">;
+
+/**
+ * The route options every adapter takes beside the lifecycle's, documented once here. `A` is what the
+ * adapter hands its callbacks: its request (Express, Fastify, Node), Hono's `Context`, the request and
+ * the handler's context (web), the event and the invocation's context (Lambda). An adapter takes the
+ * ones it honours (`limit` and `onError` where it reads the body and answers a thrown error itself).
+ */
+export interface AdapterOptions<A extends unknown[]> {
+  /** The caller's scope (their account id), from authentication, never from the body. Required. */
+  scope: (...args: A) => string | undefined | Promise<string | undefined>;
+  /**
+   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
+   * 401 and sends nothing of the saved answer (e.g. the caller's API key was revoked meanwhile, or they
+   * left the account). Default: none (the authentication before idem is the check).
+   */
+  authorizeReplay?: (...args: A) => boolean | Promise<boolean>;
+  /**
+   * The largest request body read, in bytes (with Express: when no body parser read it before); a
+   * larger one is answered 413 problem+json. Default: 1 MiB.
+   */
+  limit?: number;
+  /**
+   * Called with an error the handler threw, after its transaction rolled back and before the 500
+   * problem+json answer. Default: `console.error`.
+   */
+  onError?: (err: unknown, request: A[0]) => void;
+}
+
+/**
+ * What a phases route takes in every adapter, beside its `AdapterOptions`: the runner, the runner's
+ * input and the route's answer bound. `A` as in {@link AdapterOptions}.
+ */
+export interface AdapterPhasesOptions<I, A extends unknown[]> extends PhasesLifecycleOptions {
+  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
+  runner: PhasesRunnerLike<I>;
+  /**
+   * The runner's input, from the (validated) request and the body as read once. It is stored as JSON
+   * for the completer, and a retry that resumes the key runs on the first request's input. Throw an
+   * `IdemError` (e.g. `InvalidBodyError`) to answer 400 before anything is claimed. Required.
+   */
+  input: (request: A[0], body: unknown, ...rest: A extends [unknown, ...infer R] ? R : []) => I | Promise<I>;
+  /**
+   * The route's answer bound in ms, published as `Idempotency-Answer-Within`: a request whose external
+   * call is still running then is answered 409 in flight with Retry-After while the phase goes on (on
+   * Lambda, an invocation's remaining time less `reserveMs` lowers it). Default: 5,000.
+   */
+  answerWithinMs?: number;
+}

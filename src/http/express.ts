@@ -32,11 +32,11 @@
 import { IncomingMessage, type ServerResponse } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
 import type {
+  AdapterOptions,
+  AdapterPhasesOptions,
   Begun,
   IdemRequest,
   LifecycleOptions,
-  PhasesLifecycleOptions,
-  PhasesRunnerLike,
   RequestBody,
   RunOptions,
   StoredResponse,
@@ -72,20 +72,13 @@ declare module "express-serve-static-core" {
   }
 }
 
-interface ExpressRouteOptions {
-  /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (req: Request) => string | undefined | Promise<string | undefined>;
-  /** The largest body read when no body parser ran before, in bytes (413 beyond). Default: 1 MiB. */
-  limit?: number;
-  /**
-   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
-   * 401 and sends nothing of the saved answer. Default: none.
-   */
-  authorizeReplay?: (req: Request) => boolean | Promise<boolean>;
-}
+/** The route options the Express middleware takes (`AdapterOptions`, documented there). */
+type ExpressRouteOptions = Pick<AdapterOptions<[Request]>, "scope" | "limit" | "authorizeReplay">;
 
 /** The options of `idempotency()`: the store, the scope and the route's rules. */
-export interface ExpressIdempotencyOptions extends LifecycleOptions<Tx>, ExpressRouteOptions {}
+export interface ExpressIdempotencyOptions
+  extends LifecycleOptions<Tx>,
+    Pick<AdapterOptions<[Request]>, "scope" | "limit" | "authorizeReplay"> {}
 
 /** A `verify` option for Express's body parsers that keeps the bytes as sent, for the fingerprint. */
 export function keepRawBody(req: IncomingMessage, _res: ServerResponse, buf: Buffer): void {
@@ -274,14 +267,9 @@ export function idempotency(options: ExpressIdempotencyOptions): RequestHandler 
 }
 
 /** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
-export interface ExpressPhasesOptions<I> extends PhasesLifecycleOptions, ExpressRouteOptions {
-  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
-  runner: PhasesRunnerLike<I>;
-  /** The runner's input, from the validated request and the body as read once (JSON). Required. */
-  input: (req: Request, body: unknown) => I | Promise<I>;
-  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
-  answerWithinMs?: number;
-}
+export interface ExpressPhasesOptions<I>
+  extends AdapterPhasesOptions<I, [Request]>,
+    Pick<AdapterOptions<[Request]>, "scope" | "limit" | "authorizeReplay"> {}
 
 /**
  * Express handler for a route in phases mode; it ends the request (a key is always required):

@@ -31,11 +31,11 @@ import type {
 } from "fastify";
 import fp from "fastify-plugin";
 import type {
+  AdapterOptions,
+  AdapterPhasesOptions,
   Begun,
   IdemRequest,
   LifecycleOptions,
-  PhasesLifecycleOptions,
-  PhasesRunnerLike,
   RequestBody,
   RunOptions,
   StoredResponse,
@@ -70,18 +70,13 @@ declare module "fastify" {
   }
 }
 
-interface FastifyRouteOptions {
-  /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (request: FastifyRequest) => string | undefined | Promise<string | undefined>;
-  /**
-   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
-   * 401 and sends nothing of the saved answer. Default: none.
-   */
-  authorizeReplay?: (request: FastifyRequest) => boolean | Promise<boolean>;
-}
+/** The route options the Fastify hooks take (`AdapterOptions`, documented there). */
+type FastifyRouteOptions = Pick<AdapterOptions<[FastifyRequest]>, "scope" | "authorizeReplay">;
 
 /** The options of `idempotency()`: the store, the scope and the route's rules. */
-export interface FastifyIdempotencyOptions extends LifecycleOptions<Tx>, FastifyRouteOptions {}
+export interface FastifyIdempotencyOptions
+  extends LifecycleOptions<Tx>,
+    Pick<AdapterOptions<[FastifyRequest]>, "scope" | "authorizeReplay"> {}
 
 /**
  * The hooks `idempotency()` returns, to spread into a route's options. The hooks that wait for nothing
@@ -352,14 +347,9 @@ export const idempotencyPlugin = fp<FastifyIdempotencyOptions>(
 );
 
 /** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
-export interface FastifyPhasesOptions<I> extends PhasesLifecycleOptions, FastifyRouteOptions {
-  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
-  runner: PhasesRunnerLike<I>;
-  /** The runner's input, from the validated request and the body as read once (JSON). Required. */
-  input: (request: FastifyRequest, body: unknown) => I | Promise<I>;
-  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
-  answerWithinMs?: number;
-}
+export interface FastifyPhasesOptions<I>
+  extends AdapterPhasesOptions<I, [FastifyRequest]>,
+    Pick<AdapterOptions<[FastifyRequest]>, "scope" | "authorizeReplay"> {}
 
 /**
  * A route in phases mode (a key is always required): spread it into the route's options.

@@ -13,12 +13,12 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Context, Env, MiddlewareHandler } from "hono";
 import { createMiddleware } from "hono/factory";
 import type {
+  AdapterOptions,
+  AdapterPhasesOptions,
   Begun,
   HangUp,
   IdemRequest,
   LifecycleOptions,
-  PhasesLifecycleOptions,
-  PhasesRunnerLike,
   RunOptions,
   StoredResponse,
   Tx,
@@ -58,19 +58,13 @@ export function idempotencyOutcome(c: Context): Outcome | undefined {
   return (c as Context<IdempotencyEnv>).get("idempotencyOutcome");
 }
 
-interface RouteOptions<E extends Env> {
-  /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (c: Context<E>) => string | undefined | Promise<string | undefined>;
-  /**
-   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
-   * 401 and sends nothing of the saved answer (e.g. the caller's API key was revoked meanwhile, or they
-   * left the account). Default: none (the authentication before this middleware is the check).
-   */
-  authorizeReplay?: (c: Context<E>) => boolean | Promise<boolean>;
-}
+/** The route options the Hono middleware takes (`AdapterOptions`, documented there). */
+type RouteOptions<E extends Env> = Pick<AdapterOptions<[Context<E>]>, "scope" | "authorizeReplay">;
 
 /** The options of `idempotency()`: the store, the scope and the route's rules. */
-export interface HonoIdempotencyOptions<E extends Env = any> extends LifecycleOptions<Tx>, RouteOptions<E> {}
+export interface HonoIdempotencyOptions<E extends Env = any>
+  extends LifecycleOptions<Tx>,
+    Pick<AdapterOptions<[Context<E>]>, "scope" | "authorizeReplay"> {}
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -255,21 +249,9 @@ export function idempotency<E extends Env = any>(options: HonoIdempotencyOptions
 }
 
 /** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
-export interface HonoPhasesOptions<I, E extends Env = any> extends PhasesLifecycleOptions, RouteOptions<E> {
-  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
-  runner: PhasesRunnerLike<I>;
-  /**
-   * The runner's input, from the validated request and the body as read once (JSON: it is stored for
-   * the completer, and a retry that resumes the key runs on the first request's input). Required.
-   */
-  input: (c: Context<E>, body: unknown) => I | Promise<I>;
-  /**
-   * The route's answer bound in ms: a request whose external call is still running then is answered
-   * 409 in-flight with Retry-After while the phase goes on. Published as `Idempotency-Answer-Within`.
-   * Default: 5,000.
-   */
-  answerWithinMs?: number;
-}
+export interface HonoPhasesOptions<I, E extends Env = any>
+  extends AdapterPhasesOptions<I, [Context<E>]>,
+    Pick<AdapterOptions<[Context<E>]>, "scope" | "authorizeReplay"> {}
 
 /**
  * Hono handler for a route in phases mode (recovery points, for work that calls other systems):

@@ -19,10 +19,10 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type {
+  AdapterOptions,
+  AdapterPhasesOptions,
   Begun,
   LifecycleOptions,
-  PhasesLifecycleOptions,
-  PhasesRunnerLike,
   RunOptions,
   StoredResponse,
   Tx,
@@ -68,25 +68,11 @@ export type NodeIdempotentHandler<Body = unknown, Keyed extends boolean = true> 
   ctx: NodeIdempotencyContext<Body, Keyed>,
 ) => Promise<NodeReply>;
 
-interface NodeRouteOptions {
-  /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (req: IncomingMessage) => string | undefined | Promise<string | undefined>;
-  /** The largest request body read, in bytes; a larger one is answered 413 problem+json. Default: 1 MiB. */
-  limit?: number;
-  /**
-   * Called with an error the handler threw, after the rollback and before the 500 problem+json answer.
-   * Default: `console.error`.
-   */
-  onError?: (err: unknown, req: IncomingMessage) => void;
-  /**
-   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
-   * 401 and sends nothing of the saved answer. Default: none.
-   */
-  authorizeReplay?: (req: IncomingMessage) => boolean | Promise<boolean>;
-}
+/** The route options the Node handler takes (`AdapterOptions`, documented there). */
+type NodeRouteOptions = AdapterOptions<[IncomingMessage]>;
 
 /** The options of `idempotency()`: the store, the scope and the route's rules. */
-export interface NodeIdempotencyOptions extends LifecycleOptions<Tx>, NodeRouteOptions {}
+export interface NodeIdempotencyOptions extends LifecycleOptions<Tx>, AdapterOptions<[IncomingMessage]> {}
 
 const encoder = new TextEncoder();
 
@@ -206,17 +192,9 @@ export function idempotency(
 export const idempotent: typeof idempotency = idempotency;
 
 /** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
-export interface NodePhasesOptions<I> extends PhasesLifecycleOptions, NodeRouteOptions {
-  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
-  runner: PhasesRunnerLike<I>;
-  /**
-   * The runner's input from the body as read once (JSON: it is stored for the completer). Throw an
-   * `IdemError` (e.g. `InvalidBodyError`) to answer 400 before anything is claimed. Required.
-   */
-  input: (req: IncomingMessage, body: unknown) => I | Promise<I>;
-  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
-  answerWithinMs?: number;
-}
+export interface NodePhasesOptions<I>
+  extends AdapterPhasesOptions<I, [IncomingMessage]>,
+    AdapterOptions<[IncomingMessage]> {}
 
 /** A `node:http` listener for a route in phases mode; a key is always required. */
 export function idempotentPhases<I>(

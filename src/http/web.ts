@@ -19,10 +19,11 @@
  * module at run time), so the same code runs on Node, Bun, Deno and edge runtimes.
  */
 import type {
+  AdapterOptions,
+  AdapterPhasesOptions,
   Begun,
   IdemRequest,
   LifecycleOptions,
-  PhasesRunnerLike,
   RunOptions,
   StoredResponse,
   Tx,
@@ -60,37 +61,18 @@ export type WebIdempotentHandler<C = unknown, Body = unknown, Keyed extends bool
 /** The wrapped route: the same shape as the handler's platform expects. */
 export type WebHandler<C = unknown> = (request: Request, context: C) => Promise<Response>;
 
-interface WebRouteOptions<C> {
-  /** The caller's scope (their account id), from authentication, never from the body. Required. */
-  scope: (request: Request, context: C) => string | undefined | Promise<string | undefined>;
-  /** The largest request body read, in bytes; a larger one is answered 413 problem+json. Default: 1 MiB. */
-  limit?: number;
-  /** Called with an error the handler threw, before the 500 problem+json answer. Default: `console.error`. */
-  onError?: (err: unknown, request: Request) => void;
-  /**
-   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
-   * 401 and sends nothing of the saved answer. Default: none.
-   */
-  authorizeReplay?: (request: Request, context: C) => boolean | Promise<boolean>;
-}
+/** The route options the web handler takes (`AdapterOptions`, documented there). */
+type WebRouteOptions<C> = AdapterOptions<[Request, C]>;
 
 /** The options of `idempotency()`: the store, the scope and the route's rules. */
-export interface WebIdempotencyOptions<C = unknown> extends LifecycleOptions<Tx>, WebRouteOptions<C> {}
+export interface WebIdempotencyOptions<C = unknown>
+  extends LifecycleOptions<Tx>,
+    AdapterOptions<[Request, C]> {}
 
 /** The options of `idempotentPhases()`: the runner, the input read from the request, the route's rules. */
 export interface WebPhasesOptions<I, C = unknown>
-  extends Omit<LifecycleOptions<Tx>, "store" | "required" | "compact">,
-    WebRouteOptions<C> {
-  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
-  runner: PhasesRunnerLike<I>;
-  /**
-   * The runner's input from the body as read once (JSON: it is stored for the completer). Throw an
-   * `IdemError` (e.g. `InvalidBodyError`) to answer 400 before anything is claimed. Required.
-   */
-  input: (request: Request, body: unknown, context: C) => I | Promise<I>;
-  /** The route's answer bound in ms (`Idempotency-Answer-Within`). Default: 5,000. */
-  answerWithinMs?: number;
-}
+  extends AdapterPhasesOptions<I, [Request, C]>,
+    AdapterOptions<[Request, C]> {}
 
 /** The lifecycle's view of a Fetch API request. */
 class WebIdemRequest implements IdemRequest {

@@ -12,7 +12,6 @@
 import type { IdemRequest, StoredResponse } from "../core/index.ts";
 
 type Headers = Record<string, string | undefined> | null;
-type MultiHeaders = Record<string, string[] | undefined> | null;
 type Query = Record<string, string | undefined> | null;
 type MultiQuery = Record<string, string[] | undefined> | null;
 
@@ -20,10 +19,10 @@ type MultiQuery = Record<string, string[] | undefined> | null;
 export interface RestApiEvent {
   httpMethod: string;
   path: string;
-  headers?: Headers;
-  multiValueHeaders?: MultiHeaders;
-  queryStringParameters?: Query;
-  multiValueQueryStringParameters?: MultiQuery;
+  headers?: Record<string, string | undefined> | null;
+  multiValueHeaders?: Record<string, string[] | undefined> | null;
+  queryStringParameters?: Record<string, string | undefined> | null;
+  multiValueQueryStringParameters?: Record<string, string[] | undefined> | null;
   body: string | null;
   isBase64Encoded: boolean;
   requestContext: object;

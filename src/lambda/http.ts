@@ -19,9 +19,10 @@
  * runs the work once.
  */
 import type {
+  AdapterOptions,
+  AdapterPhasesOptions,
   Begun,
   LifecycleOptions,
-  PhasesLifecycleOptions,
   PhasesRunnerLike,
   RunOptions,
   Settled,
@@ -84,18 +85,11 @@ export type LambdaHttpHandler<
   Ctx extends LambdaContextLike = LambdaContextLike,
 > = (event: E, context: Ctx) => Promise<LambdaReply>;
 
-interface LambdaRouteOptions<E, Ctx> {
-  /** The caller's scope (their account id), from the authorizer's claims, never from the body. Required. */
-  scope: (event: E, context: Ctx) => string | undefined | Promise<string | undefined>;
-  /** The largest request body read, in bytes; a larger one is answered 413 problem+json. Default: 1 MiB. */
-  limit?: number;
-  /** Called with an error the handler threw, before the 500 problem+json answer. Default: `console.error`. */
-  onError?: (err: unknown, event: E) => void;
-  /**
-   * Runs before a saved answer is replayed (or, in phases mode, an existing key resumed): false answers
-   * 401 and sends nothing of the saved answer. Default: none.
-   */
-  authorizeReplay?: (event: E, context: Ctx) => boolean | Promise<boolean>;
+/**
+ * The route options of a Lambda handler: those every adapter takes (`AdapterOptions`, documented there;
+ * the scope comes from the authorizer's claims), and the time kept back before the function's timeout.
+ */
+export interface LambdaRouteOptions<E, Ctx> extends AdapterOptions<[E, Ctx]> {
   /**
    * Time kept back, in ms, to send the answer before the function's timeout: a request still waiting
    * (on a duplicate, or its own work) this close to the timeout is answered 409 in flight, and its work
@@ -111,21 +105,8 @@ export interface LambdaIdempotencyOptions<E = LambdaHttpEvent, Ctx = LambdaConte
 
 /** The options of `idempotentPhases()`: the runner, the input read from the event, the route's rules. */
 export interface LambdaPhasesOptions<I, E = LambdaHttpEvent, Ctx = LambdaContextLike>
-  extends PhasesLifecycleOptions,
-    LambdaRouteOptions<E, Ctx> {
-  /** The phases runner that does the work (`definePhases` from `idem/postgres`). Required. */
-  runner: PhasesRunnerLike<I>;
-  /**
-   * The runner's input from the body as read once (JSON: it is stored for the completer). Throw an
-   * `IdemError` (e.g. `InvalidBodyError`) to answer 400 before anything is claimed. Required.
-   */
-  input: (event: E, body: unknown, context: Ctx) => I | Promise<I>;
-  /**
-   * The route's answer bound in ms (`Idempotency-Answer-Within`); an invocation's remaining time (less
-   * `reserveMs`) lowers it. Default: 5,000.
-   */
-  answerWithinMs?: number;
-}
+  extends AdapterPhasesOptions<I, [E, Ctx]>,
+    LambdaRouteOptions<E, Ctx> {}
 
 type Run<E, Ctx> = (
   event: E,

@@ -23,6 +23,7 @@ export {
   type LambdaIdempotencyOptions,
   type LambdaIdempotentHandler,
   type LambdaPhasesOptions,
+  type LambdaRouteOptions,
 } from "./http.ts";
 export {
   type SqsBatchOptions,

@@ -8,6 +8,7 @@
 // The intent stores and backoff of `idem/client`, which the agent side uses.
 export type { BackoffOptions } from "../client/backoff.ts";
 export type { IntentRecord, IntentStore } from "../client/intent-store.ts";
+export type { OperationState } from "../core/problem.ts";
 export {
   IdempotentToolCalls,
   type IdempotentToolCallsOptions,

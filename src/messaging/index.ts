@@ -11,11 +11,13 @@ export {
   listenWithPg,
   listenWithPglite,
   listenWithPostgresJs,
+  type PgNotifyClient,
 } from "../postgres/drivers/listen.ts";
 export type {
   ConsumerCrashPoint,
   ConsumerOptions,
   ConsumerStats,
+  DeliveryConsumerOptions,
   RunningConsumer,
 } from "./consumer.ts";
 export { type GaugeValues, IdemGauges } from "./gauges.ts";

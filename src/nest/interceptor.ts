@@ -293,7 +293,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
    * passes); without it answers are web `Response`s, which Nest sends as streams.
    */
   constructor(
-    private readonly options: HeldOptions,
+    private readonly options: IdempotencyModuleOptions<any>,
     adapter?: unknown,
   ) {
     // At bootstrap (the module's factory runs then), never per request.

@@ -20,7 +20,8 @@ import { type OrmDb, ormDb, resultOf } from "./shared.ts";
 
 export type { OrmDb } from "./shared.ts";
 
-type AnyPgDatabase = PgDatabase<any, any, any>;
+/** Any Drizzle PostgreSQL database (`drizzle(pool)` with node-postgres, postgres.js or PGlite). */
+export type AnyPgDatabase = PgDatabase<any, any, any>;
 
 /** The transaction object `db.transaction()` hands its callback, for this `db`'s type. */
 export type DrizzleTransaction<D extends AnyPgDatabase> = Parameters<Parameters<D["transaction"]>[0]>[0];

@@ -13,23 +13,32 @@ export {
   type OpenedDatabaseUrl,
   openDatabaseUrl,
 } from "./drivers/connect.ts";
-export { type FromPgOptions, fromPg, type PgPoolLike } from "./drivers/pg.ts";
+export {
+  type FromPgOptions,
+  fromPg,
+  type PgClientLike,
+  type PgPoolLike,
+  type PgQueryable,
+} from "./drivers/pg.ts";
 export {
   DataDirInUseError,
   fromPglite,
   openPgliteDir,
   type PgliteLike,
+  type PgliteQueryable,
 } from "./drivers/pglite.ts";
 export {
   CommitRolledBackError,
   type FromPostgresJsOptions,
   fromPostgresJs,
   type PostgresJsLike,
+  type PostgresJsQueryable,
   type PostgresJsReserved,
 } from "./drivers/postgres-js.ts";
+export type { TimeShift } from "./keys/db-time.ts";
 // Operation lookup (GET /v1/operations/{ref}): the store-side read.
 export { operationReader, readOperation } from "./keys/operations.ts";
-export { CompactWithoutRebuildError, type KeyRow } from "./keys/row.ts";
+export { CompactWithoutRebuildError } from "./keys/row.ts";
 export type { KeyStore } from "./keys/table.ts";
 export { type OutboxEvent, writeOutbox } from "./outbox.ts";
 export {
@@ -60,6 +69,7 @@ export {
   settleKey,
   settleReview,
 } from "./phases/index.ts";
+export type { PhaseNeeds } from "./phases/needs.ts";
 export { isCitus } from "./schema/citus.ts";
 export {
   type MigrateOptions,
@@ -72,7 +82,6 @@ export {
   MAX_LIVE_PARTITIONS,
   minPartitionSeconds,
   PartitionMissingError,
-  Partitions,
   PartitionWidthError,
 } from "./schema/partitions.ts";
 export { SealingKeyPromotionError } from "./secrets/sealing-keys.ts";

@@ -92,7 +92,7 @@ export class PostgresStore implements AtomicStore<Tx> {
   readonly sealer: Sealer | undefined;
   /** Seals the operation references clients are given (ref-keys.ts): opaque, unforgeable. */
   readonly refs: OperationRefs;
-  /** The keys table's partitions by time (their width and the bucket of an instant). */
+  /** @internal The keys table's partitions by time (their width and the bucket of an instant). */
   readonly partitions: Partitions;
   /** The database's clock as this store reads it, and the partitions of now (keys/clock.ts). */
   private readonly clock: KeyClock;
@@ -104,7 +104,7 @@ export class PostgresStore implements AtomicStore<Tx> {
   private readonly lockPlace: LockPlace;
   /** On Citus (citus.ts): the per-key lock is taken on the key's shard. */
   private onCitus = false;
-  /** Whether the keys table is distributed with Citus (found when the store opened; citus.ts). */
+  /** @internal Whether the keys table is distributed with Citus (found when the store opened; citus.ts). */
   get distributed(): boolean {
     return this.onCitus;
   }
@@ -155,7 +155,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     });
   }
 
-  /** The time the store's statements read: the database's `now()`, moved by the time shift (db-time.ts). */
+  /** @internal The time the store's statements read: the database's `now()`, moved by the time shift. */
   get dbTime(): DbTime {
     const t = this.clock.dbTime;
     if (t !== this.builtFor) {
@@ -171,8 +171,8 @@ export class PostgresStore implements AtomicStore<Tx> {
   }
 
   /**
-   * This process's estimate of the database's time (moved by the shift), in epoch ms: a hint, never a
-   * decision (which partitions a statement names, when to make partitions ahead); the statements decide.
+   * @internal This process's estimate of the database's time (moved by the shift), in epoch ms: a hint,
+   * never a decision (which partitions a statement names, when to make partitions ahead).
    */
   estimatedNowMs(): number {
     return this.clock.estimatedNowMs();
@@ -286,7 +286,7 @@ export class PostgresStore implements AtomicStore<Tx> {
     return this.runner.atomic(claim, work, options);
   }
 
-  /** What serialises every request for one (scope, key), sent with BEGIN (keys/lock.ts). */
+  /** @internal What serialises every request for one (scope, key), sent with BEGIN (keys/lock.ts). */
   lockSql(scope: string, key: string): string | { sql: string; params: readonly unknown[] } {
     return lockSql(this.lockPlace, scope, key);
   }

@@ -203,7 +203,20 @@ function listenerFaults(listener: RequestListener, options: StagingFaultOptions)
 }
 
 /** Staging fault wrappers: `stagingFaults.fetch(handler, options)`, `stagingFaults.listener(listener, options)`. */
-export const stagingFaults = { fetch: fetchFaults, listener: listenerFaults };
+export interface StagingFaults {
+  /** Wrap a fetch handler `(request, ...rest) => Response`. */
+  fetch<A extends unknown[]>(
+    handler: (request: Request, ...rest: A) => Response | Promise<Response>,
+    options: StagingFaultOptions,
+  ): (request: Request, ...rest: A) => Promise<Response>;
+  /**
+   * Wrap a node:http listener: a faulted request is sent to the same server again over loopback (twice
+   * for a duplicate), and its reply reaches the client late, or never.
+   */
+  listener(listener: RequestListener, options: StagingFaultOptions): RequestListener;
+}
+
+export const stagingFaults: StagingFaults = { fetch: fetchFaults, listener: listenerFaults };
 
 /**
  * Options from the environment, for a service to switch faults on in staging without a code change:

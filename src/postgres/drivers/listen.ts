@@ -31,7 +31,8 @@ export class ListenUnavailableError extends Error {
  */
 export type Listen = (channel: string, onNotify: () => void) => Promise<{ close(): Promise<void> }>;
 
-interface PgNotifyClient {
+/** The `pg` client `listenWithPg` listens on (a `pg.Client`, or a pool's client held for it). */
+export interface PgNotifyClient {
   query(text: string): Promise<unknown>;
   on(event: "notification", fn: () => void): unknown;
   on(event: "error" | "end", fn: (err?: Error) => void): unknown;

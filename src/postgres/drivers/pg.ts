@@ -2,6 +2,8 @@ import type { Db, QueryResult, Tx } from "../db.ts";
 import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "./after-commit-notify.ts";
 import { type PgQueryable, run } from "./pg-query.ts";
 
+export type { PgQueryable } from "./pg-query.ts";
+
 /** What `fromPg` needs of a `pg.Pool` (typed structurally, so `pg` is not imported at run time). */
 export interface PgPoolLike extends PgQueryable {
   /** Check a client out of the pool (for a transaction). */

@@ -4,7 +4,7 @@ import type { Db, QueryResult, Tx } from "../db.ts";
  * The slice of PGlite this adapter uses, typed structurally so `idem/postgres` never imports
  * `@electric-sql/pglite` at run time: a `PGlite` instance satisfies it.
  */
-interface PgliteQueryable {
+export interface PgliteQueryable {
   query<R>(sql: string, params?: any[]): Promise<{ rows: R[]; affectedRows?: number }>;
   exec(sql: string): Promise<unknown>;
 }

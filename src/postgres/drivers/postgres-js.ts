@@ -5,7 +5,7 @@ import { AfterCommitNotifier, CommitChannels, NOTIFY_SQL } from "./after-commit-
  * The slice of postgres.js this adapter uses, typed structurally so `idem/postgres` never imports
  * `postgres` at run time: the `sql` function returned by `postgres(url)` satisfies it.
  */
-interface PostgresJsQueryable {
+export interface PostgresJsQueryable {
   unsafe(query: string, params?: any[], options?: { prepare?: boolean }): Promise<any>;
 }
 /** A connection postgres.js set aside for one caller (`sql.reserve()`), until `release()`. */

@@ -26,7 +26,7 @@ export interface KeyTable {
   readonly lockTimeoutMs: number;
   /** Claims made this soon after a partition starts also mark the previous partition. */
   readonly boundaryOverlapMs: number;
-  /** The time its statements read: the database's clock (`now()`), moved by the store's time shift. */
+  /** @internal The time its statements read: the database's clock (`now()`), moved by the time shift. */
   readonly dbTime: DbTime;
   /** Seals saved bodies and stored inputs at rest (`PostgresStoreOptions.sealer`); none: in clear. */
   readonly sealer?: Sealer | undefined;

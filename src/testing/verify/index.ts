@@ -5,13 +5,13 @@ export { type EffectCounter, type ListEffectsOptions, listEffects, sqlEffects } 
 export { type CheckResult, type EffectCounts, type Violation, ViolationKind } from "./invariants.ts";
 export {
   DELIVERIES,
-  type Delivery,
   FAULTS,
-  type Fault,
   type IntentPlan,
   PROBES,
-  type Probe,
   planIntents,
+  type VerifyDelivery,
+  type VerifyFault,
+  type VerifyProbe,
 } from "./plan.ts";
 export {
   type Exchange,
@@ -22,6 +22,6 @@ export {
   startFaultProxy,
 } from "./proxy.ts";
 export { formatReport, type VerifyReport } from "./report.ts";
-export type { Answer, IntentRun, Outcome } from "./run.ts";
+export type { Answer, IntentRun, VerifyOutcome } from "./run.ts";
 export { PLACEHOLDERS, type Placeholder, type RequestTemplate, type TemplateVars } from "./template.ts";
 export { checkOptions, EffectCountError, type VerifyOptions, VerifyUsageError, verify } from "./verify.ts";

@@ -5,15 +5,18 @@
  */
 import { createRng, type Rng } from "../prng.ts";
 
-/** Ways an intent's request is delivered. */
-export const DELIVERIES = ["duplicate", "concurrent", "drop", "timeout"] as const;
-/** Probes sent after an intent's answer, with the same key. */
-export const PROBES = ["mismatch", "scope"] as const;
-export const FAULTS = [...DELIVERIES, ...PROBES] as const;
+/** How an intent of the plan is delivered (`verify`'s faults). */
+export type VerifyDelivery = "duplicate" | "concurrent" | "drop" | "timeout";
+/** A probe sent after an intent's answer, with the same key. */
+export type VerifyProbe = "mismatch" | "scope";
+/** One of the faults `verify` can enable: a delivery or a probe. */
+export type VerifyFault = VerifyDelivery | VerifyProbe;
 
-export type Delivery = (typeof DELIVERIES)[number];
-export type Probe = (typeof PROBES)[number];
-export type Fault = (typeof FAULTS)[number];
+/** Ways an intent's request is delivered. */
+export const DELIVERIES: readonly VerifyDelivery[] = ["duplicate", "concurrent", "drop", "timeout"];
+/** Probes sent after an intent's answer, with the same key. */
+export const PROBES: readonly VerifyProbe[] = ["mismatch", "scope"];
+export const FAULTS: readonly VerifyFault[] = [...DELIVERIES, ...PROBES];
 
 export interface IntentPlan {
   n: number;
@@ -23,7 +26,7 @@ export interface IntentPlan {
    * dropped by the proxy after the server answered, the client retries. `timeout`: the first reply
    * is held until the client's per-try timeout fires, the client retries.
    */
-  delivery: Delivery | "once";
+  delivery: VerifyDelivery | "once";
   /** Same key, changed body: expects 422 and no effect. */
   mismatch: boolean;
   /** Same key from a second account: expects a fresh answer of its own, not this intent's. */
@@ -48,7 +51,7 @@ function shuffled<T>(items: T[], rng: Rng): T[] {
  */
 export function planIntents(options: {
   intents: number;
-  faults: readonly Fault[];
+  faults: readonly VerifyFault[];
   seed: number;
 }): IntentPlan[] {
   const rng = createRng(options.seed);

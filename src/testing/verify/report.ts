@@ -2,9 +2,9 @@
  * The report of a run: a plain object (what `--json` prints) and its text form, a summary table.
  */
 import type { CheckResult, Violation, ViolationKind } from "./invariants.ts";
-import type { Delivery, Probe } from "./plan.ts";
+import type { VerifyDelivery, VerifyProbe } from "./plan.ts";
 import type { ReplyFate } from "./proxy.ts";
-import type { Outcome } from "./run.ts";
+import type { VerifyOutcome } from "./run.ts";
 
 /** What {@link verify} found: the run's figures, each check's result and every violation. */
 export interface VerifyReport {
@@ -19,9 +19,9 @@ export interface VerifyReport {
   /** How long the run took, in milliseconds. */
   durationMs: number;
   /** Intents per delivery fault, and probes sent. */
-  faults: Partial<Record<Delivery | "once" | Probe, number>>;
+  faults: Partial<Record<VerifyDelivery | "once" | VerifyProbe, number>>;
   /** Intents by how they ended. */
-  outcomes: Record<Outcome, number>;
+  outcomes: Record<VerifyOutcome, number>;
   /** What became of the server's replies in the fault proxy. */
   replies: Record<ReplyFate, number>;
   /** How effects were counted (null: not counted) and how many the run caused in all. */

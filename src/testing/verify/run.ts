@@ -30,7 +30,7 @@ export interface Answer {
   error?: string;
 }
 
-export type Outcome = "succeeded" | "rejected" | "unresolved";
+export type VerifyOutcome = "succeeded" | "rejected" | "unresolved";
 
 export interface IntentRun {
   plan: IntentPlan;
@@ -48,7 +48,7 @@ export interface IntentRun {
   stuckMs?: number;
   /** The first final answer to the original request, if any. */
   final?: Answer;
-  outcome: Outcome;
+  outcome: VerifyOutcome;
 }
 
 /** The values one intent and its probes are rendered with, drawn before anything is sent. */

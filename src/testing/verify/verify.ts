@@ -7,7 +7,7 @@
 import { randomInt, randomUUID } from "node:crypto";
 import type { EffectCounter } from "./effects.ts";
 import { checkInvariants, type EffectCounts, type ViolationKind } from "./invariants.ts";
-import { DELIVERIES, FAULTS, type Fault, PROBES, planIntents } from "./plan.ts";
+import { DELIVERIES, FAULTS, PROBES, planIntents, type VerifyFault } from "./plan.ts";
 import { startFaultProxy } from "./proxy.ts";
 import type { VerifyReport } from "./report.ts";
 import { type Answer, drawValues, type IntentRun, runIntents, sendWithoutKey } from "./run.ts";
@@ -37,7 +37,7 @@ export interface VerifyOptions {
   /** Seed of the fault plan. Default 1. */
   seed?: number;
   /** Faults to use. Default: all of them (`scope` only with `secondAuth`). */
-  faults?: readonly Fault[];
+  faults?: readonly VerifyFault[];
   /** Sends of a `concurrent` intent. Default 3. */
   copies?: number;
   /**
@@ -222,7 +222,7 @@ export async function verify(options: VerifyOptions): Promise<VerifyReport> {
   const faultCounts: VerifyReport["faults"] = {};
   for (const d of ["once", ...DELIVERIES] as const) {
     const count = plans.filter((p) => p.delivery === d).length;
-    if (count || faults.includes(d as Fault)) faultCounts[d] = count;
+    if (count || faults.includes(d as VerifyFault)) faultCounts[d] = count;
   }
   for (const probe of PROBES) {
     if (faults.includes(probe)) faultCounts[probe] = plans.filter((p) => p[probe]).length;
