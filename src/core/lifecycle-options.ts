@@ -9,12 +9,15 @@ import type { AtomicOutcome, AtomicStore, Claim, CompactSaved, HangUp } from "./
 
 /** A request as the lifecycle sees it; each adapter builds one from its framework's request. */
 export interface IdemRequest {
+  /** The HTTP method, upper case. */
   method: string;
   /** Path with query string. */
   path: string;
+  /** A request header by its lower-case name. */
   header(name: string): string | null | undefined;
 }
 
+/** What every route tells the request lifecycle: its store, its key rule, its fingerprint, its telemetry. */
 export interface LifecycleOptions<Tx> extends SavePolicy {
   /** Where keys, saved answers and (in atomic mode) the work's transaction live. Required. */
   store: AtomicStore<Tx>;
@@ -82,6 +85,7 @@ export interface CompactOptions<Tx> {
 
 /** What a phases route needs of its runner (`definePhases` from `idem/postgres` returns one). */
 export interface PhasesRunnerLike<I> {
+  /** Claim the key, run (or resume) the phases on `input`, and answer as the key stands. */
   run(claim: Claim, input: I, options?: { signal?: HangUp; answerWithinMs?: number }): Promise<AtomicOutcome>;
   /** The runner's key store; when it can `inspect(scope, key)`, `authorizeReplay` runs before a resume. */
   readonly store?: unknown;

@@ -8,11 +8,13 @@ import type { OperationRefCodec } from "./operation-ref.ts";
 import type { StoredResponse } from "./response.ts";
 import type { CompactSaved } from "./store.ts";
 
+/** One operation as the lookup reads it (`OperationReader`). */
 export interface OperationRecord {
   /** This claim of the key (`keys.claim_id`); null for a row claimed before claim ids existed. */
   claimId: string | null;
   /** `in_progress` (claimed, not finished), `done`, or `needs_review` (outcome unknown, for a person). */
   state: "in_progress" | "done" | "needs_review";
+  /** When the key was claimed (the database's clock). */
   createdAt: Date;
   /** The last step recorded (phases mode), else null. */
   updatedAt: Date | null;

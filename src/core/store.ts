@@ -3,7 +3,9 @@ import type { StoredResponse } from "./response.ts";
 
 /** What a request claims: its key within its scope, and the fingerprint of what it asks for. */
 export interface Claim {
+  /** Whose key it is (the caller's account, from authentication): keys of two scopes never meet. */
   scope: string;
+  /** The `Idempotency-Key` as sent. */
   key: string;
   /** SHA-256 of the request (see `fingerprint`). */
   fingerprint: Uint8Array;
@@ -27,7 +29,9 @@ export interface WorkResult {
 
 /** What a key saved in compact form keeps: the reply's status and the id of the resource it created. */
 export interface CompactSaved {
+  /** The saved answer's status. */
   status: number;
+  /** The id of the resource the first request created (`CompactOptions.id`). */
   id: string;
 }
 
@@ -36,6 +40,7 @@ export interface CompactSaved {
  * the socket only when asked (one AbortController per request costs more than the check it serves).
  */
 export interface HangUp {
+  /** True once the client went away. */
   readonly aborted: boolean;
 }
 
@@ -56,6 +61,7 @@ export interface AtomicRunOptions<Tx> {
   speculate?: boolean;
 }
 
+/** How an atomic run ended: this request ran the work, or a saved answer is replayed. */
 export type AtomicOutcome =
   /** This request ran the work. `saved` tells whether its response was saved (and its writes committed). */
   (
@@ -115,7 +121,9 @@ export interface AtomicStore<Tx> {
  * through the store's API, never by raw SQL on its tables, whose internal columns may change.
  */
 export interface KeyInspection {
+  /** The key's scope. */
   scope: string;
+  /** The key as sent. */
   key: string;
   /** The opaque reference clients receive as `operation_ref` (the store's `refs`: opaque, sealed). */
   ref: string;
@@ -128,9 +136,11 @@ export interface KeyInspection {
   state: "in_progress" | "done" | "needs_review";
   /** The recovery point (phases mode), `done` when finished. */
   recoveryPoint: string;
+  /** When the key was claimed (the database's clock). */
   createdAt: Date;
   /** When the key is forgotten: after it, the same key is new. */
   expiresAt: Date;
+  /** The last step recorded (phases mode), else null. */
   updatedAt: Date | null;
   /** The lease (phases mode) when one is held. */
   lease: { token: string; until: Date } | null;
