@@ -108,7 +108,7 @@ export async function withPartitions<T>(table: KeyTable, fn: () => Promise<T>): 
 }
 
 /**
- * The live row of ($1 scope, $2 key) (live.ts), the newest bucket first, as a FROM clause: for readers
+ * @internal The live row of ($1 scope, $2 key) (live.ts), the newest bucket first, as a FROM clause: for readers
  * (inspection, the operation lookup, the console).
  */
 export function liveKeyRow(table: Pick<KeyTable, "schema" | "dbTime">): string {
