@@ -20,7 +20,6 @@ import {
   sqlStateOf,
 } from "../../core/index.ts";
 import { sentToReview, traceClaim, traceLookup, tracePhase } from "../../core/observe.ts";
-import { commit, endTx, rollback } from "../../core/tx-end.ts";
 import { KeyGate } from "../keys/gate.ts";
 import { expiryOf, RECOVERY_DONE } from "../keys/row.ts";
 import { type KeyTable, type PhaseStore, tableFor } from "../keys/table.ts";
