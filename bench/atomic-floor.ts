@@ -2,7 +2,8 @@
  * idem's atomic keyed path against the hand-written transaction (bench/compare/hand.ts) without HTTP:
  * the same one-INSERT payment, one new key per call, from 32 concurrent callers on one pg pool of 10
  * (pipeline), in one process. Interleaved rounds; per variant the median throughput, and CPU per call
- * of this process (node) and of the database's backends (PostgreSQL, from /proc).
+ * of this process (node) and of the database's backends (PostgreSQL, from /proc). bare and hand-tx send
+ * their statements named (prepared once per connection), as idem does.
  *
  *   npx tsx --conditions=source bench/atomic-floor.ts   (DATABASE_URL; a database of its own, dropped)
  *
@@ -29,6 +30,12 @@ const INSERT =
 const CLAIM = "INSERT INTO hand_keys (key) VALUES ($1) ON CONFLICT DO NOTHING";
 const SAVE = "UPDATE hand_keys SET status = $2, body = $3 WHERE key = $1";
 
+/** Named, so prepared once per connection as idem's own statements are (issue 65). */
+const named = (name: string, text: string) => (values: unknown[]) => ({ name, text, values });
+const insert = named("hand_insert", INSERT);
+const claimKey = named("hand_claim", CLAIM);
+const saveReply = named("hand_save", SAVE);
+
 type Wire = { cork(): void; uncork(): void };
 const wireOf = (c: pg.PoolClient) => (c as unknown as { connection: { stream: Wire } }).connection.stream;
 
@@ -38,15 +45,15 @@ async function handTx(pool: pg.Pool, key: string): Promise<void> {
   try {
     wire.cork();
     const begin = client.query("BEGIN");
-    const claimed = client.query(CLAIM, [key]);
-    const paid = client.query(INSERT, [key, 5000, "eur"]);
+    const claimed = client.query(claimKey([key]));
+    const paid = client.query(insert([key, 5000, "eur"]));
     wire.uncork();
     paid.catch(() => {});
     await begin;
     if ((await claimed).rowCount === 0) throw new Error("taken");
     const body = JSON.stringify((await paid).rows[0]);
     wire.cork();
-    const save = client.query(SAVE, [key, 201, body]);
+    const save = client.query(saveReply([key, 201, body]));
     const commit = client.query("COMMIT");
     wire.uncork();
     await save;
@@ -93,7 +100,7 @@ try {
     return { response, save: response };
   };
   const variants: Record<string, () => Promise<unknown>> = {
-    bare: () => handPool.query(INSERT, [randomUUID(), 5000, "eur"]),
+    bare: () => handPool.query(insert([randomUUID(), 5000, "eur"])),
     "hand-tx": () => handTx(handPool, randomUUID()),
     "idem atomic": () => {
       const claim: Claim = { scope: "acct_bench", key: randomUUID(), fingerprint: randomBytes(32) };

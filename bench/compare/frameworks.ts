@@ -15,7 +15,7 @@ import { idempotency as honoIdempotency } from "idem/hono";
 import { idempotency } from "idem/node";
 import { fromPg, PostgresStore } from "idem/postgres";
 import pg from "pg";
-import { CRASH_HEADER, CREATED, insertPayment, PATH, type Payment } from "./handler.ts";
+import { CRASH_HEADER, CREATED, insertPayment, PATH, type Payment, prepared } from "./handler.ts";
 import { POOL_SIZE, SCOPE, type Variant } from "./variants.ts";
 
 /** A listening server's port. */
@@ -67,7 +67,7 @@ export function readJson(req: IncomingMessage): Promise<Payment> {
 }
 
 async function bare(v: Variant, url: string): Started {
-  const db = pool(url);
+  const db = prepared(pool(url));
   switch (v.framework) {
     case "express": {
       const app = express();

@@ -21,7 +21,7 @@ import { NestFactory } from "@nestjs/core";
 import { IdempotencyCtx, IdempotencyModule, Idempotent, type NestIdempotencyContext } from "idem/nestjs";
 import { fromPg, PostgresStore } from "idem/postgres";
 import { pool, type Started } from "./frameworks.ts";
-import { CRASH_HEADER, insertPayment, PATH, type Payment } from "./handler.ts";
+import { CRASH_HEADER, insertPayment, PATH, type Payment, prepared } from "./handler.ts";
 import { SCOPE, type Variant } from "./variants.ts";
 
 async function listen(module: object, options: { rawBody?: boolean } = {}): Started {
@@ -33,7 +33,7 @@ async function listen(module: object, options: { rawBody?: boolean } = {}): Star
 /** bare-nest and idem-nest. */
 export async function startNest(v: Variant, url: string): Started {
   if (v.kind === "bare") {
-    const db = pool(url);
+    const db = prepared(pool(url));
     @Controller()
     class Payments {
       @Post(PATH)

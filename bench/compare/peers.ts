@@ -17,7 +17,7 @@ import { createClient } from "@redis/client";
 import express, { type RequestHandler } from "express";
 import expressIdempotency from "express-idempotency";
 import { listenExpress, pool, type Started } from "./frameworks.ts";
-import { CRASH_HEADER, CREATED, insertPayment, PATH, type Payment } from "./handler.ts";
+import { CRASH_HEADER, CREATED, insertPayment, PATH, type Payment, prepared } from "./handler.ts";
 import { REDIS_URL } from "./redis.ts";
 import { POWERTOOLS_REMAINING_MS, type Variant } from "./variants.ts";
 
@@ -27,7 +27,7 @@ const require = createRequire(import.meta.url);
 const { default: ExpressRedisAdapter } = require("express-idempotency-redis-adapter");
 
 export async function startPeer(v: Variant, url: string): Started {
-  const db = pool(url);
+  const db = prepared(pool(url));
   const app = express();
   const crash = (req: express.Request) => req.get(CRASH_HEADER) !== undefined;
   switch (v.name) {
