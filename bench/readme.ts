@@ -19,8 +19,10 @@ const f0 = (n: number) => n.toLocaleString("en-US", { maximumFractionDigits: 0 }
 const f2 = (n: number) => n.toFixed(2);
 const day = (iso: string) => iso.slice(0, 10);
 const ratio = (r: Ratio | undefined) => (r ? `${f2(r.median)} (${f2(r.min)}–${f2(r.max)})` : "");
-const us = (m: ModeStats | undefined) =>
-  m ? `${f0(m.nodeUs)} + ${f0(m.postgresUs)}${m.redisUs >= 1 ? ` + ${f0(m.redisUs)} Redis` : ""}` : "?";
+const us = (m: (Pick<ModeStats, "nodeUs" | "postgresUs"> & { redisUs?: number }) | undefined) =>
+  m
+    ? `${f0(m.nodeUs)} + ${f0(m.postgresUs)}${(m.redisUs ?? 0) >= 1 ? ` + ${f0(m.redisUs!)} Redis` : ""}`
+    : "?";
 
 interface Row {
   what: string;
@@ -42,11 +44,16 @@ function comparisonRows(report: Report): Row[] {
     c.data.rows.find((x) => x.kind === "bare" && x.framework === r.framework)?.modes.bare;
   const rows: Row[] = [];
   for (const r of c.data.rows.filter((x) => x.kind === "idem" || x.kind === "peer")) {
-    const hand = r.handRatio ? ` · keyed / hand-written transaction ${ratio(r.handRatio)}` : "";
+    const yardstick =
+      r.yardstick === "hand-cte" ? "hand-written single statement" : "hand-written transaction";
+    const hand = r.handRatio ? ` · keyed / ${yardstick} (prepared) ${ratio(r.handRatio)}` : "";
+    const handCpu = r.handCpu
+      ? ` · keyed beside the ${yardstick}: ${us(r.handCpu.idem)} against ${us(r.handCpu.hand)}`
+      : "";
     rows.push({
       what: `${r.label} against a bare handler (wrk, ${c.data.settings.connections} connections)`,
       figure: `keyed ${ratio(r.keyedRatio)} · replay ${ratio(r.replayRatio)}${hand}`,
-      cpu: `keyed ${us(r.modes.keyed)} · replay ${us(r.modes.replay)} · bare ${us(bareOf(r))} µs (server + PostgreSQL)`,
+      cpu: `keyed ${us(r.modes.keyed)} · replay ${us(r.modes.replay)} · bare ${us(bareOf(r))}${handCpu} µs (server + PostgreSQL)`,
       date,
     });
   }

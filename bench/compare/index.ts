@@ -74,6 +74,12 @@ export interface ModeStats {
   errors: number;
 }
 
+/** CPU per request, µs: the server's process and this database's PostgreSQL backends. */
+export interface PairCpu {
+  nodeUs: number;
+  postgresUs: number;
+}
+
 export interface Ratio {
   /** Median of the per-round ratios, and the lowest and highest. */
   median: number;
@@ -92,8 +98,18 @@ export interface CompareRow {
   replayRatio?: Ratio;
   /** Replays of one hot key (every connection the same finished key) over bare. */
   hotRatio?: Ratio;
-  /** idem's keyed first-time over hand-tx's on the same framework, in the slice beside it. */
+  /**
+   * idem's keyed first-time over the hand-written variant's (`yardstick`: hand-tx on the same framework,
+   * hand-cte for single-statement mode), in the slice beside it.
+   */
   handRatio?: Ratio;
+  /** The hand-written variant of handRatio. */
+  yardstick?: string;
+  /**
+   * CPU per keyed request over the slices of handRatio's pairs (weighted by their requests): idem's and
+   * the yardstick's, node and PostgreSQL. On a shared machine the steadier of the two figures.
+   */
+  handCpu?: { idem: PairCpu; hand: PairCpu };
   sameKey?: SameKey;
   sameKeyVerdict?: string;
   crash?: Crash;
@@ -280,6 +296,7 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
       samples.set(k, [...(samples.get(k) ?? []), sample]);
       console.log(
         `  round ${round + 1}/${settings.rounds} ${v.name.padEnd(20)} ${mode.padEnd(6)} ${sample.rps.toFixed(0).padStart(6)} req/s` +
+          `  node ${sample.nodeUs.toFixed(0).padStart(4)} + pg ${sample.postgresUs.toFixed(0).padStart(4)} µs/req` +
           (w.errors ? ` (${w.errors} errors)` : ""),
       );
       return sample;
@@ -291,9 +308,10 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
     // slice also has a keyed slice of hand-tx on its framework beside it (before it in one round, after
     // it in the next): keyed / hand-tx is that pair's ratio. Compared with hand-tx's own slice of the
     // round, up to a minute away, two identical runs on this machine gave idem/node 1.15 and 0.71.
-    const ratios = new Map<string, { keyed: number[]; replay: number[]; hot: number[]; hand: number[] }>(
-      keyed.map((v) => [v.name, { keyed: [], replay: [], hot: [], hand: [] }]),
-    );
+    const ratios = new Map<
+      string,
+      { keyed: number[]; replay: number[]; hot: number[]; hand: number[]; pairs: [Sample, Sample][] }
+    >(keyed.map((v) => [v.name, { keyed: [], replay: [], hot: [], hand: [], pairs: [] }]));
     type Step = { v: Variant; mode: Mode; as: Mode | "hand" };
     for (let round = 0; round < settings.rounds; round++) {
       const shift = (round * 3) % keyed.length;
@@ -313,7 +331,10 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         r.keyed.push(got.keyed!.rps / got.bare!.rps);
         r.replay.push(got.replay!.rps / got.bare!.rps);
         r.hot.push(got.hot!.rps / got.bare!.rps);
-        if (got.hand) r.hand.push(got.keyed!.rps / got.hand.rps);
+        if (got.hand) {
+          r.hand.push(got.keyed!.rps / got.hand.rps);
+          r.pairs.push([got.keyed!, got.hand]);
+        }
       }
     }
 
@@ -337,7 +358,11 @@ export async function compareBench(options: { quick?: boolean } = {}): Promise<C
         row.hotRatio = spread(r.hot);
       }
       // Keyed first-time over the hand-tx keyed slice beside it (issue 30's yardstick).
-      if (r?.hand.length) row.handRatio = spread(r.hand);
+      if (r?.hand.length) {
+        row.handRatio = spread(r.hand);
+        row.yardstick = handTxOf(v, variants)?.name;
+        row.handCpu = { idem: pairCpu(r.pairs.map((p) => p[0])), hand: pairCpu(r.pairs.map((p) => p[1])) };
+      }
       return row;
     });
 
@@ -419,6 +444,17 @@ function stats(s: Sample[]): ModeStats {
     redisUs: perRequest((x) => x.redisUs),
     requests,
     errors: s.reduce((n, x) => n + x.errors, 0),
+  };
+}
+
+function pairCpu(s: Sample[]): PairCpu {
+  const requests = Math.max(
+    1,
+    s.reduce((n, x) => n + x.requests, 0),
+  );
+  return {
+    nodeUs: s.reduce((n, x) => n + x.nodeUs * x.requests, 0) / requests,
+    postgresUs: s.reduce((n, x) => n + x.postgresUs * x.requests, 0) / requests,
   };
 }
 

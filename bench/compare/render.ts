@@ -28,19 +28,29 @@ export function compareMarkdown(c: Comparison): string[] {
       "median (lowest–highest round). **hand-tx** and **hand-cte** are keyed handlers written by hand " +
       "(bench/compare/hand.ts: a pipelined transaction claiming the key with ON CONFLICT DO NOTHING, on each " +
       "framework, and one autocommitted statement on node:http), without idem's fingerprint, retention or " +
-      "bounded waits; keyed / hand-tx is idem's keyed first-time throughput over that of a keyed slice of " +
-      "hand-tx on the same framework run beside it. " +
+      "bounded waits; keyed / hand-written is idem's keyed first-time throughput over that of a keyed slice of " +
+      "hand-tx on the same framework (hand-cte for single-statement mode) run beside it. The bare handlers, " +
+      "the hand-written variants and the peers send their statements named (prepared once per connection), as " +
+      "idem does; since issue 65 (before it, they were sent unnamed and PostgreSQL planned them on every request). " +
       `Measured in ${f0(c.seconds)} s.`,
     "",
-    "| variant | keyed first-time / bare | keyed / hand-tx | replay / bare | one hot key / bare | CPU per request / bare, keyed · replay | runs each key once under 50 concurrent | survives a crash |",
-    "|---|---:|---:|---:|---:|---:|---|---|",
+    "| variant | keyed first-time / bare | keyed / hand-written | replay / bare | one hot key / bare | CPU µs per request, node + PostgreSQL: keyed · replay (/ bare) | CPU µs per keyed request beside the hand-written slices: idem · hand-written | runs each key once under 50 concurrent | survives a crash |",
+    "|---|---:|---:|---:|---:|---:|---:|---|---|",
   ];
   for (const r of c.rows.filter((x) => x.kind !== "bare" || x.sameKeyVerdict)) {
     const bare = r.kind === "bare";
     const base = c.rows.find((x) => x.kind === "bare" && x.framework === r.framework)?.modes.bare;
-    const cpu = (m: ModeStats | undefined) => (m && base ? f2(cpuOf(m) / cpuOf(base)) : "");
+    const cpu = (m: ModeStats | undefined) =>
+      m && base ? `${cpuUs(m)} (${f2(cpuOf(m) / cpuOf(base))})` : "";
+    const handCell =
+      r.kind === "hand"
+        ? "1 (reference)"
+        : r.handRatio
+          ? `${ratioCell(r.handRatio, s.rounds)}${r.yardstick === "hand-cte" ? " (/ hand-cte)" : ""}`
+          : "";
+    const handCpu = r.handCpu ? `${cpuUs(r.handCpu.idem)} · ${cpuUs(r.handCpu.hand)}` : "";
     out.push(
-      `| ${cell(r.label)} | ${bare ? "1 (reference)" : ratioCell(r.keyedRatio, s.rounds)} | ${r.kind === "hand" ? (r.name.startsWith("hand-tx") ? "1 (reference)" : "") : ratioCell(r.handRatio, s.rounds)} | ${bare ? "" : ratioCell(r.replayRatio, s.rounds)} | ${bare ? "" : ratioCell(r.hotRatio, s.rounds)} | ${bare ? "1" : `${cpu(r.modes.keyed)} · ${cpu(r.modes.replay)}`} | ${cell(r.sameKeyVerdict ?? "not measured")} | ${cell(r.crashVerdict ?? "not measured")} |`,
+      `| ${cell(r.label)} | ${bare ? "1 (reference)" : ratioCell(r.keyedRatio, s.rounds)} | ${handCell} | ${bare ? "" : ratioCell(r.replayRatio, s.rounds)} | ${bare ? "" : ratioCell(r.hotRatio, s.rounds)} | ${bare ? (base ? cpuUs(base) : "") : `${cpu(r.modes.keyed)} · ${cpu(r.modes.replay)}`} | ${handCpu} | ${cell(r.sameKeyVerdict ?? "not measured")} | ${cell(r.crashVerdict ?? "not measured")} |`,
     );
   }
   out.push(
@@ -80,12 +90,18 @@ export function compareMarkdown(c: Comparison): string[] {
     "",
     "CPU per request from /proc: the server's process, the PostgreSQL backends of the bench's database (other " +
       "databases on the server are not counted), and the Redis server (shared with whatever else uses it). " +
-      "CPU per request / bare: node + PostgreSQL + Redis CPU per request over the bare handler's on the same " +
-      "framework; on a busy shared machine it is steadier than throughput. Errors: connection errors, timeouts " +
+      "CPU per request: node + PostgreSQL (+ Redis for the peers) µs, and in parentheses their sum over the bare " +
+      "handler's on the same framework; beside keyed / hand-written, the CPU per keyed request of idem's slices " +
+      "and of the hand-written slices paired with them. On a busy shared machine CPU per request is steadier " +
+      "than throughput (about ±0.05 between runs, where throughput ratios swing ±0.2). Errors: connection errors, timeouts " +
       "and answers of 400 or more.",
   );
   return out;
 }
+
+/** CPU per request as `node + PostgreSQL` µs (and Redis, for the peers). */
+const cpuUs = (m: { nodeUs: number; postgresUs: number; redisUs?: number }) =>
+  `${f0(m.nodeUs)} + ${f0(m.postgresUs)}${(m.redisUs ?? 0) >= 1 ? ` + ${f0(m.redisUs!)}` : ""}`;
 
 /** CPU of one request, all processes counted (the server, PostgreSQL, Redis). */
 const cpuOf = (m: ModeStats) => m.nodeUs + m.postgresUs + m.redisUs;
@@ -104,7 +120,7 @@ function shortVerdict(v: string | undefined): string {
 }
 
 /**
- * Up to three bars per keyed variant (keyed first-time / bare; for idem, keyed / hand-tx on its framework;
+ * Up to three bars per keyed variant (keyed first-time / bare; for idem, keyed / hand-tx on its framework or hand-cte;
  * replay / bare), a line at 1 (= bare, or hand-tx), and the two checks.
  */
 export function compareSvg(c: Comparison, footer: string): string {
@@ -172,12 +188,12 @@ export function compareSvg(c: Comparison, footer: string): string {
 <text x="16" y="28" class="title">Throughput relative to a bare handler (same framework, same run), and two correctness checks</text>
 <text x="16" y="48" class="sub">${esc(footer)}</text>
 <rect x="${LABEL_W}" y="60" width="12" height="10" fill="${KEYED}"/><text x="${LABEL_W + 16}" y="69" class="axis">keyed first-time / bare</text>
-<rect x="${LABEL_W + 150}" y="60" width="12" height="10" fill="${HAND}"/><text x="${LABEL_W + 166}" y="69" class="axis">keyed / hand-tx</text>
+<rect x="${LABEL_W + 150}" y="60" width="12" height="10" fill="${HAND}"/><text x="${LABEL_W + 166}" y="69" class="axis">keyed / by hand</text>
 <rect x="${LABEL_W + 265}" y="60" width="12" height="10" fill="${REPLAY}"/><text x="${LABEL_W + 281}" y="69" class="axis">replay / bare</text>
 <text x="${CHECK_X}" y="69" class="axis">runs each key once (50 at once)</text>
 <text x="${CHECK_X + 190}" y="69" class="axis">survives a crash (kill -9, retry)</text>
 <line x1="${one.toFixed(1)}" x2="${one.toFixed(1)}" y1="${top - 6}" y2="${top + rows.length * ROW_H}" stroke="#59636e" stroke-dasharray="4 3"/>
-<text x="${one.toFixed(1)}" y="${top + rows.length * ROW_H + 14}" class="axis" text-anchor="middle">1 = bare (hand-tx for the middle bar)</text>
+<text x="${one.toFixed(1)}" y="${top + rows.length * ROW_H + 14}" class="axis" text-anchor="middle">1 = bare (hand-tx or hand-cte for the middle bar)</text>
 ${parts.join("\n")}
 <text x="16" y="${H - 12}" class="axis">${esc(`wrk, ${c.settings.connections} connections, pg pool of ${c.settings.poolSize}; ${c.settings.rounds} round(s) of ${c.settings.sliceSeconds} s slices, interleaved; bar = median ratio, line = lowest to highest round.`)}</text>
 </svg>

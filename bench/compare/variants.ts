@@ -140,12 +140,18 @@ export const VARIANTS: readonly Variant[] = [
 
 /**
  * The variants a run measures: all, or those named in BENCH_COMPARE_ONLY (comma-separated; the bare
- * handlers and hand-tx of their frameworks come with them, and hand-tx on node:http always).
+ * handlers and hand-tx of their frameworks come with them, hand-tx on node:http always, and hand-cte
+ * with single-statement mode).
  */
 export function chosenVariants(): readonly Variant[] {
   const only = process.env.BENCH_COMPARE_ONLY?.split(",").filter(Boolean);
   if (!only?.length) return VARIANTS;
-  const named = VARIANTS.filter((v) => only.includes(v.name) || v.name === "hand-tx");
+  const named = VARIANTS.filter(
+    (v) =>
+      only.includes(v.name) ||
+      v.name === "hand-tx" ||
+      (v.name === "hand-cte" && only.includes("idem-statement")),
+  );
   return VARIANTS.filter(
     (v) =>
       named.includes(v) ||
@@ -156,8 +162,12 @@ export function chosenVariants(): readonly Variant[] {
 /** hand-tx on any framework (`hand-tx`, `hand-tx-express`, ...). */
 export const isHandTx = (v: Variant) => v.kind === "hand" && v.name.startsWith("hand-tx");
 
-/** The hand-tx an idem variant is compared with: the one on its framework, among `variants`. */
+/**
+ * The hand-written variant an idem variant is compared with, among `variants`: hand-cte for
+ * single-statement mode (the same one-statement shape), else the hand-tx on its framework.
+ */
 export function handTxOf(v: Variant, variants: readonly Variant[]): Variant | undefined {
+  if (v.name === "idem-statement") return variants.find((h) => h.name === "hand-cte");
   return variants.find((h) => isHandTx(h) && h.framework === v.framework);
 }
 
