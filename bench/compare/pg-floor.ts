@@ -25,6 +25,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fromPg, migrate, PostgresStore } from "idem/postgres";
 import pg from "pg";
+import type { AtomicSql } from "../../src/postgres/atomic/sql.ts";
 import { freshBenchDatabase } from "../http.ts";
 import { backendsCpu, backendsDelta } from "./cpu.ts";
 import { PAYMENTS_DDL } from "./handler.ts";
@@ -34,58 +35,59 @@ const SECONDS = Number(process.env.PG_FLOOR_SECONDS ?? 6);
 const ROUNDS = Number(process.env.PG_FLOOR_ROUNDS ?? 1);
 const CLIENTS = 10; // the comparison's pool size
 
-function scripts(bucket: number): Record<string, string> {
-  const key = "'k' || :n";
+/** What a statement of the store's reads as a pgbench command: its parameters as SQL expressions. */
+function bind(sql: string, params: string[]): string {
+  return `${sql.replace(/\$(\d+)/g, (_, i: string) => params[Number(i) - 1]!).replace(/\s+/g, " ")};`;
+}
+
+/**
+ * The scripts, from the statements the store sends today (`store`: its lock and atomic/sql.ts), so
+ * that they follow the code; the hand-written transaction's are bench/compare/hand.ts's.
+ */
+function scripts(store: PostgresStore, bucket: number): Record<string, string> {
+  const key = "('k' || :n)";
+  const sql = (store as unknown as { statements: AtomicSql }).statements;
+  const lock = store.lockSql("acct_bench", "k");
+  const insertDone = bind(sql.insertDone, [
+    "'acct_bench'",
+    key,
+    `sha256(${key}::bytea)`,
+    "201",
+    `'[["content-type","application/json"]]'`,
+    "'\\x7b226964223a317d'::bytea",
+    "NULL",
+    "gen_random_uuid()",
+  ]);
   const parts = {
     begin: "BEGIN;",
-    timeout: "SET LOCAL lock_timeout = '10ms';",
-    lock: "SELECT pg_advisory_xact_lock(:n);",
-    reset: "SET LOCAL lock_timeout TO DEFAULT;",
-    lookup:
-      "SELECT bucket, fingerprint, created_at, recovery_point, status, headers, body, resource_id FROM idem.keys " +
-      `WHERE scope = 'POST /v1/payments' AND key = ${key} AND NOT marker AND bucket >= :b ` +
-      "AND created_at > now() - interval '1 day' ORDER BY bucket DESC LIMIT 1;",
+    lock:
+      typeof lock === "string"
+        ? lock.replace(/pg_advisory_xact_lock\(\S+\)/, "pg_advisory_xact_lock(:n)")
+        : bind(lock.sql, [":n"]),
+    lookup: bind(sql.lockedLookupAround(Date.now()), ["'acct_bench'", key]),
     insert: `INSERT INTO payments (idem_key, amount_cents, currency) VALUES (${key}, 5000, 'eur') RETURNING id, amount_cents, currency;`,
-    keyRow:
-      "WITH put AS (INSERT INTO idem.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, " +
-      `headers, body, resource_id) VALUES (:c, 'POST /v1/payments', ${key}, sha256(${key}::bytea), now(), 'done', 201, ` +
-      `'{"content-type":"application/json"}'::text::jsonb, '\\x7b226964223a317d', null) ` +
-      "ON CONFLICT (scope, key, bucket) DO UPDATE SET marker = false WHERE idem.keys.created_at <= now() - interval '1 day' " +
-      "RETURNING 1) INSERT INTO idem.keys (bucket, scope, key, fingerprint, created_at) " +
-      `SELECT :c, 'POST /v1/payments', ${key}, '\\x00', now() WHERE NOT EXISTS (SELECT 1 FROM put);`,
-    // The key row as a plain INSERT: what it would cost without the expired-row upsert around it.
-    plainKeyRow:
-      "INSERT INTO idem.keys (bucket, scope, key, fingerprint, created_at, recovery_point, status, " +
-      `headers, body, resource_id) VALUES (:c, 'POST /v1/payments', ${key}, sha256(${key}::bytea), now(), 'done', 201, ` +
-      `'{"content-type":"application/json"}'::text::jsonb, '\\x7b226964223a317d', null);`,
-    tryLock: "SELECT pg_try_advisory_xact_lock(:n);",
+    keyRow: insertDone,
+    // The key row into its partition by name, its bucket a constant (no routing, no bucket worked out).
+    keyRowDirect: insertDone
+      .replace(/INSERT INTO (\S+)\.keys \(/, `INSERT INTO $1.keys_b${bucket} (`)
+      .replace(/VALUES \(floor\(extract\(epoch FROM now\(\)\) \* 1000 \/ \d+\)::int,/, `VALUES (${bucket},`),
+    handClaim: `INSERT INTO hand_keys (key) VALUES (${key}) ON CONFLICT DO NOTHING;`,
+    handSave: `UPDATE hand_keys SET status = 201, body = '{"id":1}' WHERE key = ${key};`,
     commit: "COMMIT;",
   };
-  const head = `\\set n random(1, 1000000000000000)\n\\set b ${bucket - 1}\n\\set c ${bucket}\n`;
+  const head = "\\set n random(1, 1000000000000000)\n";
   const piped = (names: (keyof typeof parts)[]) =>
     `${head}\\startpipeline\n${names.map((n) => parts[n]).join("\n")}\n\\endpipeline\n`;
-  const all: (keyof typeof parts)[] = [
-    "begin",
-    "timeout",
-    "lock",
-    "reset",
-    "lookup",
-    "insert",
-    "keyRow",
-    "commit",
-  ];
+  const all: (keyof typeof parts)[] = ["begin", "lock", "lookup", "insert", "keyRow", "commit"];
   const without = (...drop: (keyof typeof parts)[]) => all.filter((p) => !drop.includes(p));
   return {
     bare: `${head}${parts.insert}\n`,
+    "hand-tx": piped(["begin", "handClaim", "insert", "handSave", "commit"]),
     keyed: piped(all),
-    "keyed without the lock timeout": piped(without("timeout", "reset")),
-    "keyed without the lock": piped(without("timeout", "lock", "reset")),
+    "keyed without the lock": piped(without("lock")),
     "keyed without the lookup": piped(without("lookup")),
     "keyed without the key row": piped(without("keyRow")),
-    "keyed, the key row a plain INSERT": piped(all.map((p) => (p === "keyRow" ? "plainKeyRow" : p))),
-    "keyed, a try-lock without timeout": piped(
-      without("timeout", "reset").map((p) => (p === "lock" ? "tryLock" : p)),
-    ),
+    "keyed, the key row into its partition": piped(all.map((p) => (p === "keyRow" ? "keyRowDirect" : p))),
     "the INSERT in a transaction": piped(["begin", "insert", "commit"]),
   };
 }
@@ -132,16 +134,16 @@ try {
   const pool = new pg.Pool({ connectionString: db.url, max: 1 });
   await pool.query(PAYMENTS_DDL);
   await migrate(fromPg(pool, { owned: false }));
-  await PostgresStore.open(fromPg(pool, { owned: false })); // creates today's partitions
+  const store = await PostgresStore.open(fromPg(pool, { owned: false })); // creates today's partitions
   await pool.end();
   const name = new URL(db.url).pathname.slice(1);
-  const bucket = Math.floor(Date.now() / 86_400_000);
+  const bucket = store.partitions.bucketOf(Date.now());
   console.log(
     `PostgreSQL CPU per request, pgbench -M prepared, ${CLIENTS} clients, ${SECONDS} s each, ${ROUNDS} round(s): median (range)`,
   );
   // Rounds of every script in turn (PG_FLOOR_ROUNDS, default 1): the server's CPU per statement drifts
   // over minutes on a shared machine, so compare medians of interleaved rounds, not one pass.
-  const all = Object.entries(scripts(bucket));
+  const all = Object.entries(scripts(store, bucket));
   const only = process.env.PG_FLOOR_ONLY?.split(",");
   const chosen = all.filter(([label]) => label === "bare" || !only || only.some((o) => label.includes(o)));
   const got = new Map<string, { tps: number; cpuUs: number }[]>();

@@ -41,7 +41,7 @@ export function compareMarkdown(c: Comparison): string[] {
     const bare = r.kind === "bare";
     const base = c.rows.find((x) => x.kind === "bare" && x.framework === r.framework)?.modes.bare;
     const cpu = (m: ModeStats | undefined) =>
-      m && base ? `${cpuUs(m)} (${f2(cpuOf(m) / cpuOf(base))})` : "";
+      m && base ? `${cpuUs(m, r.kind === "peer")} (${f2(cpuOf(m) / cpuOf(base))})` : "";
     const handCell =
       r.kind === "hand"
         ? "1 (reference)"
@@ -99,9 +99,9 @@ export function compareMarkdown(c: Comparison): string[] {
   return out;
 }
 
-/** CPU per request as `node + PostgreSQL` µs (and Redis, for the peers). */
-const cpuUs = (m: { nodeUs: number; postgresUs: number; redisUs?: number }) =>
-  `${f0(m.nodeUs)} + ${f0(m.postgresUs)}${(m.redisUs ?? 0) >= 1 ? ` + ${f0(m.redisUs!)}` : ""}`;
+/** CPU per request as `node + PostgreSQL` µs (and `+ Redis`, for the peers). */
+const cpuUs = (m: { nodeUs: number; postgresUs: number; redisUs?: number }, redis = false) =>
+  `${f0(m.nodeUs)} + ${f0(m.postgresUs)}${redis ? ` + ${f0(m.redisUs ?? 0)}` : ""}`;
 
 /** CPU of one request, all processes counted (the server, PostgreSQL, Redis). */
 const cpuOf = (m: ModeStats) => m.nodeUs + m.postgresUs + m.redisUs;
