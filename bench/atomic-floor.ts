@@ -7,7 +7,8 @@
  *
  *   npx tsx --conditions=source bench/atomic-floor.ts   (DATABASE_URL; a database of its own, dropped)
  *
- * FLOOR_ROUNDS (default 5), FLOOR_SECONDS (default 2), FLOOR_ONLY=idem (bare and hand-tx always run).
+ * FLOOR_ROUNDS (default 5), FLOOR_SECONDS (default 2), FLOOR_ONLY=idem (bare and hand-tx always run;
+ * `atomic,lock`: idem's path as it is and without the key's lock, to price the lock).
  */
 import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
@@ -90,6 +91,11 @@ try {
     insertDone: old.replaceDone,
     lockedLookupAround: () => old.lockedLookup,
   };
+  // What the key's lock costs (FLOOR_ONLY=lock): the same path without it. Not safe (duplicates in
+  // other processes are no longer serialised): a price, the most that folding the lock into the
+  // lookup could save.
+  const unlocked = await PostgresStore.open(db);
+  (unlocked as unknown as { lockSql(): string }).lockSql = () => "";
   const pay = async (tx: { query: typeof db.query }, key: string) => {
     const { rows } = await tx.query<{ id: string }>(INSERT, [key, 5000, "eur"]);
     const response: StoredResponse = {
@@ -105,6 +111,10 @@ try {
     "idem atomic": () => {
       const claim: Claim = { scope: "acct_bench", key: randomUUID(), fingerprint: randomBytes(32) };
       return store.atomic(claim, (tx) => pay(tx, claim.key), { speculate: true });
+    },
+    "idem without the lock": () => {
+      const claim: Claim = { scope: "acct_bench", key: randomUUID(), fingerprint: randomBytes(32) };
+      return unlocked.atomic(claim, (tx) => pay(tx, claim.key), { speculate: true });
     },
     "idem before": () => {
       const claim: Claim = { scope: "acct_bench", key: randomUUID(), fingerprint: randomBytes(32) };

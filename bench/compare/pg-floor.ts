@@ -5,15 +5,18 @@
  *
  *   npx tsx --conditions=source bench/compare/pg-floor.ts      (DATABASE_URL; needs pgbench, Linux)
  *
- * Scripts (each request a new key):
- *   bare   the handler's INSERT, autocommitted (the comparison's bare handler);
- *   keyed  what idem's atomic mode sends for it, pipelined as with `effectsInTxOnly` (one Sync, the
- *          best case for the server): BEGIN, the lock and its timeout, the lookup, the INSERT, the key row
- *          with its reply, COMMIT, as named prepared statements;
- *   then keyed without one part at a time, to price each part, and with two cheaper-looking forms
- *   (the key row as a plain INSERT, without the expired-row upsert; a try-lock instead of the lock and
- *   its timeout). In 5 interleaved rounds on 1 Dec neither was cheaper than what idem sends: keyed
- *   291 µs (282-343), plain key row 290 (252-383), try-lock 369 (287-407), bare 163 (138-177).
+ * Scripts (each request a new key), built from the statements the store sends today (its lock and
+ * atomic/sql.ts), so they follow the code:
+ *   bare     the handler's INSERT, autocommitted (the comparison's bare handler);
+ *   hand-tx  bench/compare/hand.ts's transaction (claim ON CONFLICT DO NOTHING, INSERT, UPDATE);
+ *   keyed    what idem's atomic mode sends for it, pipelined as with `effectsInTxOnly` (one Sync, the
+ *            best case for the server): BEGIN, the lock, the locked lookup, the INSERT, the key row
+ *            with its reply, COMMIT, as named prepared statements;
+ *   then keyed without one part at a time, to price each part, and with two other forms tried for
+ *   issue 65 (the key row into its partition by name; the lock tried first, its timeout set only when
+ *   it is busy): neither was cheaper (docs/decisions/keyed-path-yardstick.md). node-postgres sends a
+ *   Sync after every statement, and PostgreSQL answers each with a flush of its own: a part's price
+ *   here, under one Sync, leaves that out (bench/atomic-floor.ts prices it through the driver).
  * PG_FLOOR_ROUNDS repeats the scripts in interleaved rounds (medians); PG_FLOOR_ONLY=keyed,plain picks
  * scripts by part of their label (bare always runs).
  * On a machine where node and PostgreSQL share the cores, keyed/bare here bounds what keyed/bare
@@ -66,6 +69,8 @@ function scripts(store: PostgresStore, bucket: number): Record<string, string> {
         : bind(lock.sql, [":n"]),
     lookup: bind(sql.lockedLookupAround(Date.now()), ["'acct_bench'", key]),
     insert: `INSERT INTO payments (idem_key, amount_cents, currency) VALUES (${key}, 5000, 'eur') RETURNING id, amount_cents, currency;`,
+    // The lock tried first, waited for (with its timeout) only when another transaction holds it.
+    tryLock: `SELECT FROM (SELECT pg_try_advisory_xact_lock(:n::bigint) AS got OFFSET 0) t WHERE CASE WHEN t.got THEN true ELSE (SELECT set_config('lock_timeout', w.prev, true) IS NOT NULL FROM (SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', '10ms', true) AS wait, pg_advisory_xact_lock(:n::bigint) AS locked OFFSET 0) w) END;`,
     keyRow: insertDone,
     // The key row into its partition by name, its bucket a constant (no routing, no bucket worked out).
     keyRowDirect: insertDone
@@ -83,11 +88,12 @@ function scripts(store: PostgresStore, bucket: number): Record<string, string> {
   return {
     bare: `${head}${parts.insert}\n`,
     "hand-tx": piped(["begin", "handClaim", "insert", "handSave", "commit"]),
-    keyed: piped(all),
+    "keyed as sent today": piped(all),
     "keyed without the lock": piped(without("lock")),
     "keyed without the lookup": piped(without("lookup")),
     "keyed without the key row": piped(without("keyRow")),
     "keyed, the key row into its partition": piped(all.map((p) => (p === "keyRow" ? "keyRowDirect" : p))),
+    "keyed, the lock tried first": piped(all.map((p) => (p === "lock" ? "tryLock" : p))),
     "the INSERT in a transaction": piped(["begin", "insert", "commit"]),
   };
 }
