@@ -24,6 +24,10 @@ const us = (m: (Pick<ModeStats, "nodeUs" | "postgresUs"> & { redisUs?: number })
     ? `${f0(m.nodeUs)} + ${f0(m.postgresUs)}${(m.redisUs ?? 0) >= 1 ? ` + ${f0(m.redisUs!)} Redis` : ""}`
     : "?";
 
+/** The Redis server's CPU counts for the peers only (for the others it is whatever else uses Redis). */
+const peerCpu = (r: CompareRow, m: ModeStats | undefined) =>
+  m && r.kind !== "peer" ? { ...m, redisUs: 0 } : m;
+
 interface Row {
   what: string;
   figure: string;
@@ -53,7 +57,7 @@ function comparisonRows(report: Report): Row[] {
     rows.push({
       what: `${r.label} against a bare handler (wrk, ${c.data.settings.connections} connections)`,
       figure: `keyed ${ratio(r.keyedRatio)} · replay ${ratio(r.replayRatio)}${hand}`,
-      cpu: `keyed ${us(r.modes.keyed)} · replay ${us(r.modes.replay)} · bare ${us(bareOf(r))}${handCpu} µs (server + PostgreSQL)`,
+      cpu: `keyed ${us(peerCpu(r, r.modes.keyed))} · replay ${us(peerCpu(r, r.modes.replay))} · bare ${us(peerCpu(r, bareOf(r)))}${handCpu} µs (server + PostgreSQL${r.kind === "peer" ? " + Redis" : ""})`,
       date,
     });
   }

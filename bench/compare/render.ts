@@ -31,7 +31,7 @@ export function compareMarkdown(c: Comparison): string[] {
       "bounded waits; keyed / hand-written is idem's keyed first-time throughput over that of a keyed slice of " +
       "hand-tx on the same framework (hand-cte for single-statement mode) run beside it. The bare handlers, " +
       "the hand-written variants and the peers send their statements named (prepared once per connection), as " +
-      "idem does; since issue 65 (before it, they were sent unnamed and PostgreSQL planned them on every request). " +
+      "idem does (since issue 65; before, they were sent unnamed and PostgreSQL planned them on every request). " +
       `Measured in ${f0(c.seconds)} s.`,
     "",
     "| variant | keyed first-time / bare | keyed / hand-written | replay / bare | one hot key / bare | CPU µs per request, node + PostgreSQL: keyed · replay (/ bare) | CPU µs per keyed request beside the hand-written slices: idem · hand-written | runs each key once under 50 concurrent | survives a crash |",
