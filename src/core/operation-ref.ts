@@ -26,6 +26,7 @@
  * expired is a new operation, and the old reference no longer finds it. A reference made where the
  * claim is not known (an answer given before any row was read) names whatever live claim the key has.
  */
+import * as crypto from "node:crypto";
 import { createCipheriv, createDecipheriv, createHmac, hkdfSync, randomBytes } from "node:crypto";
 import { isValidKey } from "./key.ts";
 
@@ -39,6 +40,9 @@ const MAX_REF_LENGTH = 2048;
 /** Longest scope a reference carries. */
 const MAX_SCOPE_BYTES = 1024;
 const HAS_CLAIM = 1;
+/** How many references of claims `OperationRefs` remembers (a few hundred KiB at most). */
+const MADE_MAX = 1_024;
+const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 
 /** What an operation reference names. `claimId` is absent for a reference that names no claim. */
 export interface DecodedOperationRef {
@@ -70,6 +74,33 @@ interface Derived {
   header: Buffer;
   enc: Buffer;
   iv: Buffer;
+  /** The IV key XOR 0x36 and XOR 0x5c, padded to SHA-256's block: HMAC as two plain hashes (`ivOf`). */
+  ipad: Buffer;
+  opad: Buffer;
+}
+
+/** One-shot hashing (`crypto.hash`, Node 20.12+): no Hash object per call. */
+const oneShot = (crypto as { hash?: (algorithm: string, data: Uint8Array, encoding: "binary") => string })
+  .hash;
+const SHA256_BLOCK = 64;
+
+/** `key` (at most one block) XOR `byte`, zero-padded to a block, as HMAC's inner or outer key. */
+function pad(key: Buffer, byte: number): Buffer {
+  const out = Buffer.alloc(SHA256_BLOCK, byte);
+  for (let i = 0; i < key.length; i++) out[i] = key[i]! ^ byte;
+  return out;
+}
+
+/**
+ * The synthetic IV: the first IV_BYTES of HMAC-SHA256(k.iv, plain). With one-shot hashing, HMAC's own
+ * definition, H(opad || H(ipad || plain)), over pads made once: the same bytes as `createHmac`, in
+ * about half its time (1.05 against 2.29 µs per call, 5 Dec 2026), which made a HMAC object per call.
+ */
+function ivOf(k: Derived, plain: Buffer): Buffer {
+  if (!oneShot) return createHmac("sha256", k.iv).update(plain).digest().subarray(0, IV_BYTES);
+  const inner = oneShot("sha256", Buffer.concat([k.ipad, plain]), "binary");
+  const outer = oneShot("sha256", Buffer.concat([k.opad, Buffer.from(inner, "latin1")]), "binary");
+  return Buffer.from(outer.slice(0, IV_BYTES), "latin1");
 }
 
 /**
@@ -79,6 +110,12 @@ interface Derived {
 export class OperationRefs implements OperationRefCodec {
   readonly #keys = new Map<string, Derived>();
   readonly #current: () => string;
+  /**
+   * References made lately, by secret, claim, scope and key: the same claim always gets the same one,
+   * and a replay of a claim answered lately (a client's retry) need not seal it again (7.8 µs per seal,
+   * 5 Dec 2026). Bounded: cleared when full.
+   */
+  readonly #made = new Map<string, string>();
 
   constructor(keys: readonly RefKey[], current?: () => string) {
     if (keys.length === 0) throw new RangeError("OperationRefs needs at least one secret");
@@ -89,10 +126,13 @@ export class OperationRefs implements OperationRefCodec {
       const derive = (label: string) =>
         Buffer.from(hkdfSync("sha256", secret, new Uint8Array(0), `idem operation_ref ${label}`, 32));
       const idBytes = Buffer.from(id, "ascii");
+      const iv = derive("iv");
       this.#keys.set(id, {
         header: Buffer.concat([Buffer.from([VERSION, idBytes.length]), idBytes]),
         enc: derive("enc"),
-        iv: derive("iv"),
+        iv,
+        ipad: pad(iv, 0x36),
+        opad: pad(iv, 0x5c),
       });
     }
     const first = keys[0]!.id;
@@ -106,9 +146,25 @@ export class OperationRefs implements OperationRefCodec {
 
   encode(scope: string, key: string, claimId?: string | null): string {
     const id = this.#current();
+    // Unambiguous: the id and a UUID hold no NUL, and the scope's length says where the key begins.
+    const remembered =
+      claimId && UUID.test(claimId) ? `${id}\0${claimId}\0${scope.length}\0${scope}\0${key}` : undefined;
+    if (remembered !== undefined) {
+      const made = this.#made.get(remembered);
+      if (made !== undefined) return made;
+    }
+    const ref = this.#seal(id, scope, key, claimId);
+    if (remembered !== undefined) {
+      if (this.#made.size >= MADE_MAX) this.#made.clear();
+      this.#made.set(remembered, ref);
+    }
+    return ref;
+  }
+
+  #seal(id: string, scope: string, key: string, claimId: string | null | undefined): string {
     const k = this.#keys.get(id) ?? this.#keys.values().next().value!;
     const plain = plaintextOf(scope, key, claimId);
-    const iv = createHmac("sha256", k.iv).update(plain).digest().subarray(0, IV_BYTES);
+    const iv = ivOf(k, plain);
     const cipher = createCipheriv("aes-256-gcm", k.enc, iv);
     cipher.setAAD(k.header);
     const body = cipher.update(plain);
@@ -154,12 +210,21 @@ export function refsOf(store: unknown): OperationRefCodec {
   return processRefs;
 }
 
+/** flags | scope length (2 bytes) | claim id (16 bytes, when there is one) | scope | key: one buffer. */
 function plaintextOf(scope: string, key: string, claimId: string | null | undefined): Buffer {
-  const s = Buffer.from(scope, "utf8");
-  const claim = claimId ? Buffer.from(claimId.replaceAll("-", ""), "hex") : undefined;
-  if (claim && claim.length !== 16) throw new RangeError(`claim id ${claimId} is not a UUID`);
-  const head = Buffer.from([claim ? HAS_CLAIM : 0, s.length >> 8, s.length & 0xff]);
-  return Buffer.concat(claim ? [head, claim, s, Buffer.from(key, "utf8")] : [head, s, Buffer.from(key)]);
+  const scopeBytes = Buffer.byteLength(scope, "utf8");
+  const claimHex = claimId ? claimId.replaceAll("-", "") : undefined;
+  if (claimHex !== undefined && !/^[0-9a-fA-F]{32}$/.test(claimHex))
+    throw new RangeError(`claim id ${claimId} is not a UUID`);
+  const claimBytes = claimHex === undefined ? 0 : 16;
+  const out = Buffer.allocUnsafe(3 + claimBytes + scopeBytes + Buffer.byteLength(key, "utf8"));
+  out[0] = claimHex === undefined ? 0 : HAS_CLAIM;
+  out[1] = scopeBytes >> 8;
+  out[2] = scopeBytes & 0xff;
+  if (claimHex !== undefined) out.write(claimHex, 3, "hex");
+  out.write(scope, 3 + claimBytes, "utf8");
+  out.write(key, 3 + claimBytes + scopeBytes, "utf8");
+  return out;
 }
 
 function parsePlaintext(plain: Buffer): DecodedOperationRef | undefined {

@@ -45,6 +45,42 @@ describe("OperationRefs", () => {
     }
   });
 
+  it("seals the same bytes as ever: references handed out before still name their claim", () => {
+    // Made with the codec of 4 Dec 2026 (createHmac for the IV); a retry's answer must carry the
+    // reference the first attempt's did, across a deploy.
+    const fixed = new OperationRefs([
+      { id: "golden", secret: Uint8Array.from({ length: 32 }, (_, i) => i + 1) },
+    ]);
+    expect(fixed.encode("acct_é", "k-ü-1", "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")).toBe(
+      "op_AQZnb2xkZW6Zndi-lzNcOpCNR9z-cg5eSdaL4js4JCRdSzYrK_n0ghUh8wZQePqSlSFluU3Fekk3dFWsAGW2UXlaZMA",
+    );
+    expect(fixed.encode("acct_é", "k-ü-1")).toBe(
+      "op_AQZnb2xkZW6cl3Mm_ZMhyRB4JCG2FFmrRVKgBTWj5D4nqmU0e0wMBnPMmmPf0VKKMVUyIQ",
+    );
+    expect(() => fixed.encode("acct", "k", "not-a-uuid")).toThrow(RangeError);
+  });
+
+  it("seals with the secret current at each call, whatever it sealed the same claim with before", () => {
+    let current = "a";
+    const two = new OperationRefs(
+      [
+        { id: "a", secret: randomBytes(32) },
+        { id: "b", secret: randomBytes(32) },
+      ],
+      () => current,
+    );
+    const withA = two.encode("acct", "k", CLAIM);
+    current = "b";
+    const withB = two.encode("acct", "k", CLAIM);
+    expect(withB).not.toBe(withA);
+    expect(two.decode(withB)).toEqual({ scope: "acct", key: "k", claimId: CLAIM });
+    current = "a";
+    expect(two.encode("acct", "k", CLAIM)).toBe(withA);
+    // Scope and key are told apart however they split.
+    expect(two.encode("ab", "c", CLAIM)).not.toBe(two.encode("a", "bc", CLAIM));
+    expect(two.decode(two.encode("a", "bc", CLAIM))).toEqual({ scope: "a", key: "bc", claimId: CLAIM });
+  });
+
   it("carries nothing a reader can use: not the account, not the key, not the claim id", () => {
     const scope = "acct_4711";
     const key = "order-2026-05-06-0001";
