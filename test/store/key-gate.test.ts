@@ -13,7 +13,7 @@ import { migrate } from "../../src/postgres/schema/migrate.ts";
 import { SingleStatementStore, type StatementSpec } from "../../src/postgres/statement/store.ts";
 import { PostgresStore } from "../../src/postgres/store.ts";
 import { paymentClaim } from "../helpers/claim.ts";
-import { type OpenDb, serverBackends } from "../helpers/db.ts";
+import { type OpenDb, sayWhySkippedWithoutServer, serverBackends } from "../helpers/db.ts";
 import { latch } from "../helpers/latch.ts";
 import { TestTime } from "../helpers/time.ts";
 
@@ -41,6 +41,8 @@ async function setUp(open: OpenDb): Promise<void> {
     "CREATE TABLE gate_effects (id serial PRIMARY KEY, note text NOT NULL, amount_cents int, claim_id uuid)",
   );
 }
+
+sayWhySkippedWithoutServer();
 
 describe.each(serverBackends)("the key gate in atomic mode on $name", (backend) => {
   let open: OpenDb;
