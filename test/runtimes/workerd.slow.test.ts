@@ -43,8 +43,9 @@ async function bundle(): Promise<void> {
       js: 'import { createRequire } from "node:module"; const require = createRequire("file:///bundle/worker.js");',
     },
     // Where idem's migrations are read from: workerd's read-only /bundle, which holds the sql/ files
-    // embedded beside the Worker (config below), at the same place relative to src/postgres/ as in the package.
-    define: { "import.meta.url": '"file:///bundle/src/postgres/worker.js"' },
+    // embedded beside the Worker (config below), at the same place relative to src/postgres/schema/
+    // (where migrate.ts reads them from) as in the package.
+    define: { "import.meta.url": '"file:///bundle/src/postgres/schema/worker.js"' },
     outfile: join(dir, "worker.js"),
     logLevel: "error",
   });

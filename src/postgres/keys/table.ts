@@ -49,9 +49,9 @@ export interface KeyTable {
 export interface KeyStore extends KeyTable {
   /** Seals the operation references of its keys. */
   readonly refs: OperationRefCodec;
-  /** Whether the keys table is distributed with Citus (its lock is taken on the key's shard). */
+  /** @internal Whether the keys table is distributed with Citus (its lock is taken on the key's shard). */
   readonly distributed: boolean;
-  /** This process's estimate of the database's time, in epoch ms (keys/clock.ts): a hint. */
+  /** @internal This process's estimate of the database's time, in epoch ms (keys/clock.ts): a hint. */
   estimatedNowMs(): number;
   /** One key as an operator sees it, or undefined when it is not live. */
   inspect(scope: string, key: string): Promise<KeyInspection | undefined>;
@@ -117,7 +117,7 @@ export function liveKeyRow(table: Pick<KeyTable, "schema" | "dbTime">): string {
       ORDER BY bucket DESC LIMIT 1`;
 }
 
-/** The live row of (`scope`, `key`) in one keys table, its `columns` (SQL), or undefined when none. */
+/** @internal The live row of (`scope`, `key`) in one keys table, its `columns` (SQL), or undefined when none. */
 export async function readLiveKey<R>(
   table: Pick<KeyTable, "db" | "schema" | "dbTime">,
   columns: string,
